@@ -1,0 +1,40 @@
+# Two entry points: `make run` and `make test`. Each sets up what it needs (idempotently) first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PARAMS ?= params/default.yaml
+
+.PHONY: setup run test lint bench lab clean-venv
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@# CPU machines get PyTorch's CPU build, GPU machines the default (CUDA) build.
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(PY) -m pip install -q "torch>=2.4"; \
+	else \
+		$(PY) -m pip install -q "torch==2.13.0"; \
+	fi
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+run: setup
+	$(PY) -m c2llm_lib.demo
+
+test: setup lint
+	$(PY) -m pytest
+
+lint: setup
+	$(PY) -m ruff check c2llm_lib tests benchmarks
+
+bench: setup
+	$(PY) benchmarks/encode_bench.py
+
+lab: setup
+	$(PY) -m ipykernel install --user --name c2llm --display-name "Python (c2llm)"
+	$(VENV)/bin/jupyter lab notebooks
+
+clean-venv:
+	rm -rf $(VENV)
