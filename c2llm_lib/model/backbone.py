@@ -1,0 +1,177 @@
+"""The causal backbone (paper section 3 and 4.1): Qwen2.5-Coder as a base model, LoRA, checkpointing.
+
+`transformers.AutoModel` gives the base model: the last hidden states after the final norm, and no LM
+head (the released remote code computes the full vocabulary projection and throws it away). Causal
+attention stays as pretrained. Sources:
+- a hub id with a pinned revision (a warning says so when the revision is not pinned);
+- a local directory in the transformers layout;
+- a GGUF file inside a directory (`gguf_file=`), de-quantised to dense floats at load time (newer
+  transformers could keep the blocks packed, which LoRA and saving cannot use); the
+  quantisation record is dropped at once so that peft and `save_pretrained` see a plain float model;
+- `TINY_BACKBONE`, a 2-layer random Qwen2 built in memory with the real Qwen2.5 tokenizer, for tests
+  and smoke runs (it never pretends to be a trained model).
+
+Attention runs with flash-attention 2 when the package is installed and CUDA is present (bf16/fp16
+only), else PyTorch's sdpa. dtype is bf16 on CUDA and float32 on CPU unless asked otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, Qwen2Config
+
+from ..config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+TINY_BACKBONE = "tiny-random-qwen2"
+TOKENIZER_ASSET = Path(__file__).resolve().parent.parent / "assets" / "qwen2.5-coder-tokenizer"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {name!r} was asked for, but CUDA is not available on this machine")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+def flash_attention_available() -> bool:
+    from transformers.utils import is_flash_attn_2_available
+
+    return torch.cuda.is_available() and is_flash_attn_2_available()
+
+
+def resolve_attn_implementation(name: str, device: torch.device, dtype: torch.dtype) -> str:
+    half = dtype in (torch.bfloat16, torch.float16)
+    if name == "auto":
+        return "flash_attention_2" if device.type == "cuda" and half and flash_attention_available() else "sdpa"
+    if name == "flash_attention_2":
+        if not flash_attention_available() or device.type != "cuda":
+            raise RuntimeError("attn_implementation='flash_attention_2' needs CUDA and the flash-attn package")
+        if not half:
+            raise RuntimeError("flash_attention_2 runs in bfloat16 or float16 only; set dtype accordingly")
+    return name
+
+
+def tiny_qwen2_config(vocab_size: int = 151936, **overrides) -> Qwen2Config:
+    """A 2-layer Qwen2 small enough for CPU tests, with the real tokenizer's vocabulary size."""
+    values = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+    )
+    values.update(overrides)
+    return Qwen2Config(**values)
+
+
+def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
+    """The tokenizer of the backbone, padding on the left as C2LLM does, with a pad token set."""
+    if cfg.backbone == TINY_BACKBONE:
+        tok = AutoTokenizer.from_pretrained(TOKENIZER_ASSET)
+    else:
+        tok = AutoTokenizer.from_pretrained(cfg.backbone, revision=cfg.backbone_revision, gguf_file=cfg.gguf_file)
+    return prepare_tokenizer(tok)
+
+
+def prepare_tokenizer(tok: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    if tok.eos_token_id is None:
+        raise ValueError(f"the tokenizer {tok.name_or_path!r} has no EOS token; last-token pooling needs one")
+    return tok
+
+
+def _is_hub_id(source: str) -> bool:
+    return not Path(source).expanduser().exists()
+
+
+def _dequantized_gguf(gguf_file: str | None) -> dict:
+    """Newer transformers may keep GGUF weights packed (hub kernels); LoRA and saving need dense weights."""
+    if gguf_file is None:
+        return {}
+    try:
+        from transformers import GgufConfig
+    except ImportError:  # older transformers always de-quantise
+        return {}
+    return {"quantization_config": GgufConfig(gguf_file=gguf_file, dequantize=True)}
+
+
+def load_backbone(cfg: ModelConfig, device: torch.device | None = None) -> PreTrainedModel:
+    """The base model named by `cfg` on `device`, in the configured dtype and attention implementation."""
+    device = device or resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    attn = resolve_attn_implementation(cfg.attn_implementation, device, dtype)
+    if cfg.backbone == TINY_BACKBONE:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = AutoModel.from_config(tiny_qwen2_config(), attn_implementation=attn, dtype=dtype)
+    else:
+        if _is_hub_id(cfg.backbone) and cfg.backbone_revision is None:
+            warnings.warn(
+                f"loading {cfg.backbone!r} from the hub without a pinned revision: set backbone_revision "
+                "to a commit hash for a reproducible run",
+                stacklevel=2,
+            )
+        model = AutoModel.from_pretrained(
+            cfg.backbone,
+            revision=cfg.backbone_revision,
+            gguf_file=cfg.gguf_file,
+            dtype=dtype,
+            attn_implementation=attn,
+            **_dequantized_gguf(cfg.gguf_file),
+        )
+        if getattr(model, "hf_quantizer", None) is not None:  # GGUF: the weights are plain floats by now
+            model.hf_quantizer.remove_quantization_config(model)
+    model.config.use_cache = False
+    return model.to(device)
+
+
+def add_lora(model: PreTrainedModel, cfg: ModelConfig) -> torch.nn.Module:
+    """Wraps the backbone with LoRA adapters (paper: r=64, alpha=32, all projections); base frozen."""
+    from peft import LoraConfig, get_peft_model
+
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = sorted(set(cfg.lora_targets) - names)
+    if missing:
+        raise ValueError(f"lora_targets {missing} name no module of the backbone ({type(model).__name__})")
+    lora = LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=list(cfg.lora_targets),
+        bias="none",
+    )
+    return get_peft_model(model, lora)
+
+
+def enable_gradient_checkpointing(model: PreTrainedModel) -> None:
+    """Non-reentrant checkpointing: the variant that works with LoRA's frozen inputs and with DDP."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.23 renamed it
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def is_checkpointing(model: PreTrainedModel) -> bool:
+    return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())

