@@ -1,0 +1,336 @@
+"""`C2LLMEncoder`: backbone + pooler, the encode/save/load API (paper section 3 and table 1).
+
+Text formatting follows the released model (mteb's registration of C2LLM): a query is
+`instruction + "\\n" + text` (the newline is added when the instruction lacks it), a document is
+`"Retrieved Answer:" + text` with no separator. Tokens are truncated on the right, so the
+instruction survives; for last-token pooling the EOS token is appended *after* truncation, so an
+over-long text still ends in EOS. Rows are padded on the left, and position ids count real tokens
+only, so padding neither shifts positions nor changes an embedding.
+
+`forward` returns unnormalised float32 embeddings with gradient (for training); `encode` returns a
+float32 numpy array, L2-normalised by default, one row per input in input order, batching texts
+sorted by length so that little compute is spent on padding.
+
+A saved directory is self-contained, in safetensors only:
+    c2llm_config.json   the ModelConfig, the format version, where the backbone came from
+    backbone/           config.json + model.safetensors of the base weights (LoRA not merged in)
+    adapter/            peft's adapter files, when the encoder has LoRA (absent otherwise)
+    pooler.safetensors  the PMA head (empty for mean / last-token pooling)
+    tokenizer/          the tokenizer files
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
+
+from ..config import ModelConfig, from_dict
+from . import released
+from .backbone import (
+    add_lora,
+    enable_gradient_checkpointing,
+    load_backbone,
+    load_tokenizer,
+    prepare_tokenizer,
+    resolve_attn_implementation,
+    resolve_device,
+    resolve_dtype,
+)
+from .poolers import build_pooler
+
+FORMAT_VERSION = 1
+KINDS = ("query", "document")
+
+
+def _check_texts(texts: Any) -> list[str]:
+    if isinstance(texts, str):
+        raise TypeError("encode() takes a list of texts, got a single str; wrap it: encode([text])")
+    if not isinstance(texts, Sequence):
+        raise TypeError(f"encode() takes a list of texts, got {type(texts).__name__}")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"text {i} is {type(text).__name__}, not str: {text!r:.80}")
+    return list(texts)
+
+
+class C2LLMEncoder(nn.Module):
+    """A code embedding model: causal backbone, then PMA (or a baseline pooler)."""
+
+    def __init__(self, backbone: nn.Module, tokenizer: PreTrainedTokenizerBase, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.backbone = backbone
+        self.tokenizer = prepare_tokenizer(tokenizer)
+        hidden = self.backbone_config.hidden_size
+        self.pooler = build_pooler(
+            config.pooling, hidden, config.embedding_dim, config.pma_heads, config.pma_score_scale
+        ).to(device=self.device, dtype=torch.float32)
+
+    # construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, config: ModelConfig | dict[str, Any]) -> C2LLMEncoder:
+        """A fresh encoder: backbone as configured, a newly initialised head, LoRA if asked for."""
+        cfg = config if isinstance(config, ModelConfig) else from_dict(ModelConfig, config, "model config")
+        backbone = load_backbone(cfg)
+        if cfg.gradient_checkpointing:
+            enable_gradient_checkpointing(backbone)
+        if cfg.use_lora:
+            backbone = add_lora(backbone, cfg)
+        return cls(backbone, load_tokenizer(cfg), cfg)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.backbone.parameters()).device
+
+    @property
+    def backbone_config(self):
+        return self.base_model.config
+
+    @property
+    def base_model(self) -> nn.Module:
+        """The transformers base model, under the LoRA wrapper if there is one."""
+        return self.backbone.get_base_model() if hasattr(self.backbone, "get_base_model") else self.backbone
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.config.embedding_dim or self.backbone_config.hidden_size
+
+    # text -> tokens ----------------------------------------------------------------------------
+    def format_texts(self, texts: Sequence[str], kind: str = "query", instruction: str | None = None) -> list[str]:
+        """Prompted texts: `instruction\\n` before queries, the document prefix before documents."""
+        if kind not in KINDS:
+            raise ValueError(f"kind must be 'query' or 'document', got {kind!r}")
+        if kind == "query":
+            prefix = "" if not instruction else instruction if instruction.endswith("\n") else instruction + "\n"
+        else:
+            prefix = self.config.document_prefix if instruction is None else instruction
+        return [prefix + t for t in texts]
+
+    def tokenize(
+        self,
+        texts: Sequence[str],
+        kind: str = "query",
+        instruction: str | None = None,
+        max_length: int | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Left-padded `input_ids` and `attention_mask` (B, T), EOS appended after truncation if configured."""
+        max_length = max_length or self.config.max_length
+        eos = [self.tokenizer.eos_token_id] if self.config.eos_appended else []
+        if max_length < len(eos) + 1:
+            raise ValueError(f"max_length={max_length} leaves no room for text")
+        ids = self.tokenizer(
+            self.format_texts(texts, kind, instruction),
+            add_special_tokens=False,
+            truncation=True,
+            max_length=max_length - len(eos),
+            return_attention_mask=False,
+        )["input_ids"]
+        rows = [row + eos for row in ids]
+        width = max(1, max(len(r) for r in rows))
+        input_ids = torch.full((len(rows), width), self.tokenizer.pad_token_id, dtype=torch.long)  # (B, T)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T)
+        for i, row in enumerate(rows):
+            if row:
+                input_ids[i, width - len(row) :] = torch.tensor(row)
+                attention_mask[i, width - len(row) :] = 1
+        return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+    # tokens -> embeddings ----------------------------------------------------------------------
+    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The backbone's last hidden states (B, T, d_LLM), zero at padded positions."""
+        input_ids = input_ids.to(self.device)
+        mask = attention_mask.to(self.device)
+        position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): real tokens count 0, 1, ...
+        out = self.backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False)
+        hidden = out.last_hidden_state  # (B, T, d_LLM)
+        return hidden.masked_fill(~mask.bool()[..., None], 0.0)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, return_attention: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Unnormalised float32 embeddings (B, d) [and PMA attention (B, H, T)]."""
+        hidden = self.hidden_states(input_ids, attention_mask)  # (B, T, d_LLM)
+        mask = attention_mask.to(self.device)
+        if return_attention:
+            if self.config.pooling != "pma":
+                raise ValueError(f"return_attention needs pooling='pma', this encoder uses {self.config.pooling!r}")
+            return self.pooler(hidden, mask, return_attention=True)
+        return self.pooler(hidden, mask)  # (B, d)
+
+    def encode(
+        self,
+        texts: Sequence[str],
+        *,
+        kind: str = "query",
+        instruction: str | None = None,
+        batch_size: int = 32,
+        max_length: int | None = None,
+        normalize: bool = True,
+        show_progress: bool | None = None,
+        sort_by_length: bool = True,
+    ) -> np.ndarray:
+        """Embeddings of `texts` as float32 (N, d), in input order."""
+        texts = _check_texts(texts)
+        if kind not in KINDS:
+            raise ValueError(f"kind must be 'query' or 'document', got {kind!r}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        out = np.empty((len(texts), self.embedding_dim), dtype=np.float32)
+        if not texts:
+            return out
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i])) if sort_by_length else list(range(len(texts)))
+        starts = range(0, len(texts), batch_size)
+        show = len(starts) > 8 if show_progress is None else show_progress
+        was_training = self.training
+        self.eval()
+        try:
+            with torch.inference_mode():
+                for start in tqdm(starts, desc=f"encode {kind}s", disable=not show):
+                    idx = order[start : start + batch_size]
+                    batch = self.tokenize([texts[i] for i in idx], kind, instruction, max_length)
+                    emb = self(**batch)  # (b, d)
+                    if normalize:
+                        emb = F.normalize(emb, dim=-1)
+                    out[idx] = emb.float().cpu().numpy()
+        finally:
+            self.train(was_training)
+        return out
+
+    # persistence -------------------------------------------------------------------------------
+    def save_pretrained(self, directory: str | os.PathLike, overwrite: bool = False) -> Path:
+        """Writes a self-contained directory (see the module docstring), atomically."""
+        target = Path(directory)
+        if target.exists() and any(target.iterdir()) and not overwrite:
+            raise FileExistsError(f"{target} exists and is not empty; pass overwrite=True to replace it")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            base = self.base_model
+            weights = {
+                k.replace(".base_layer", ""): v.detach().contiguous().cpu()
+                for k, v in base.state_dict().items()
+                if "lora_" not in k
+            }
+            (staging / "backbone").mkdir()
+            base.config.save_pretrained(staging / "backbone")
+            save_file(weights, staging / "backbone" / "model.safetensors", metadata={"format": "pt"})
+            if base is not self.backbone:
+                self.backbone.save_pretrained(staging / "adapter")
+            pooler = {k: v.detach().contiguous().cpu() for k, v in self.pooler.state_dict().items()}
+            save_file(pooler, staging / "pooler.safetensors", metadata={"format": "pt"})
+            self.tokenizer.save_pretrained(staging / "tokenizer")
+            record = {
+                "format_version": FORMAT_VERSION,
+                "model": self.config.to_dict(),
+                "hidden_size": self.backbone_config.hidden_size,
+                "embedding_dim": self.embedding_dim,
+                "backbone_dtype": str(next(base.parameters()).dtype).removeprefix("torch."),
+            }
+            (staging / "c2llm_config.json").write_text(json.dumps(record, indent=2) + "\n")
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(staging, target)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return target
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        directory: str | os.PathLike,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        trainable: bool = False,
+    ) -> C2LLMEncoder:
+        """Loads a directory written by `save_pretrained` (LoRA kept as an adapter, trainable if asked)."""
+        root = Path(directory)
+        record_path = root / "c2llm_config.json"
+        if not record_path.is_file():
+            raise FileNotFoundError(
+                f"{record_path} not found: {root} is not a C2LLMEncoder directory "
+                "(for a released codefuse-ai checkpoint use C2LLMEncoder.from_released)"
+            )
+        record = json.loads(record_path.read_text())
+        if record.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{record_path}: format_version {record.get('format_version')} is not {FORMAT_VERSION}")
+        saved = from_dict(ModelConfig, record["model"], str(record_path))
+        cfg = dataclasses.replace(
+            saved,
+            device=device or saved.device,
+            dtype=dtype or record.get("backbone_dtype", saved.dtype),
+            gradient_checkpointing=saved.gradient_checkpointing and trainable,
+        )
+        target_device = resolve_device(cfg.device)
+        torch_dtype = resolve_dtype(cfg.dtype, target_device)
+        backbone = AutoModel.from_pretrained(
+            root / "backbone",
+            dtype=torch_dtype,
+            attn_implementation=resolve_attn_implementation(cfg.attn_implementation, target_device, torch_dtype),
+        ).to(target_device)
+        backbone.config.use_cache = False
+        if cfg.gradient_checkpointing:
+            enable_gradient_checkpointing(backbone)
+        if (root / "adapter").is_dir():
+            from peft import PeftModel
+
+            backbone = PeftModel.from_pretrained(backbone, root / "adapter", is_trainable=trainable)
+        tokenizer = AutoTokenizer.from_pretrained(root / "tokenizer")
+        encoder = cls(backbone, tokenizer, cfg)
+        encoder.pooler.load_state_dict(load_file(root / "pooler.safetensors"))
+        return encoder
+
+    @classmethod
+    def from_released(
+        cls,
+        directory: str | os.PathLike,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        attn_implementation: str = "auto",
+        max_length: int = 2048,
+    ) -> C2LLMEncoder:
+        """Loads a codefuse-ai/C2LLM checkpoint directory (config.json + weights + tokenizer), no remote code."""
+        from transformers import Qwen2Config
+
+        root = Path(directory)
+        pooler_settings, backbone_fields = released.read_released_config(root)
+        cfg = ModelConfig(
+            backbone=str(root),
+            pooling="pma",
+            device=device,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            max_length=max_length,
+            **pooler_settings,
+        )
+        target_device = resolve_device(device)
+        torch_dtype = resolve_dtype(dtype, target_device)
+        qwen = Qwen2Config(**backbone_fields)
+        backbone = AutoModel.from_config(
+            qwen,
+            dtype=torch_dtype,
+            attn_implementation=resolve_attn_implementation(attn_implementation, target_device, torch_dtype),
+        )
+        backbone.config.use_cache = False
+        tokenizer = AutoTokenizer.from_pretrained(root)
+        encoder = cls(backbone.to(target_device), tokenizer, cfg)
+        expected = set(encoder.state_dict())
+        state = released.map_released_state_dict(released.read_released_weights(root), expected)
+        encoder.load_state_dict(state, strict=True)
+        return encoder

@@ -1,0 +1,127 @@
+"""Reading the released codefuse-ai/C2LLM checkpoints (paper section 3) without their remote code.
+
+The release ships `C2LLMForEmbedding` as remote code that needs deepspeed, breaks on transformers 5,
+forces flash-attention and computes the LM head. Its weights are plain tensors, so we read them into
+our own modules through one small table. The table is the only place that knows the released names;
+the names marked [verify] in the reference (PMA under `mha_pma.`, the backbone under `plm_model.`)
+come from the public ancestor code (CodeFuse-CGE) and a port of the released file. If the real
+checkpoint differs, fix `KEY_RULES` and the tests that write a checkpoint in this layout.
+
+Released config fields used: `embedding_method` (must be "pma" here), `pma_num_heads`, `pma_ln`
+(must be true), `pma_norm_mode` (must be "post_normal"), `compressed_dim`; `pma_norm` only chose
+whether the remote code normalised, and `encode(normalize=...)` decides that for us.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+# (released prefix, our prefix or None to drop); the first matching rule wins.
+KEY_RULES: tuple[tuple[str, str | None], ...] = (
+    ("plm_model.lm_head.", None),  # the LM head: never computed by an encoder
+    ("lm_head.", None),
+    ("plm_model.model.", "backbone."),  # plm_model is a *ForCausalLM wrapping the base model
+    ("plm_model.", "backbone."),  # ... or the base model itself
+    ("mha_pma.S", "pooler.seed"),  # the learned query, (1, 1, d)
+    ("mha_pma.mab.", "pooler."),  # fc_q, fc_k, fc_v, fc_o, ln0, ln1
+)
+RELEASED_ONLY_CONFIG_KEYS = (
+    "embedding_method",
+    "pma_num_heads",
+    "pma_ln",
+    "pma_norm",
+    "pma_norm_mode",
+    "compressed_dim",
+    "padding_side",
+    "inf_seq_length",
+    "keep_max_layer",
+    "auto_map",
+    "architectures",
+    "model_type",
+    "torch_dtype",
+    "dtype",
+    "attn_implementation",
+    "_attn_implementation",
+    "transformers_version",
+    "_name_or_path",
+)
+
+
+class ReleasedCheckpointError(ValueError):
+    """The directory is not a released C2LLM checkpoint we can read; the message says why."""
+
+
+def rename_key(key: str) -> str | None:
+    """Our name for a released weight name, None when the weight is deliberately dropped."""
+    for old, new in KEY_RULES:
+        if key.startswith(old):
+            return None if new is None else new + key[len(old) :]
+    raise KeyError(key)
+
+
+def read_released_config(directory: Path) -> tuple[dict, dict]:
+    """(pooler settings, backbone config dict) from a released `config.json`."""
+    path = directory / "config.json"
+    if not path.is_file():
+        raise ReleasedCheckpointError(f"{path} does not exist: not a released C2LLM checkpoint directory")
+    raw = json.loads(path.read_text())
+    method = raw.get("embedding_method", "pma")
+    if method != "pma":
+        raise ReleasedCheckpointError(f"{path}: embedding_method is {method!r}; only 'pma' checkpoints are read")
+    if not raw.get("pma_ln", True):
+        raise ReleasedCheckpointError(f"{path}: pma_ln is false; the released head uses post-LayerNorm")
+    mode = raw.get("pma_norm_mode", "post_normal")
+    if mode != "post_normal":
+        raise ReleasedCheckpointError(f"{path}: pma_norm_mode {mode!r} is not the released 'post_normal'")
+    missing = [k for k in ("pma_num_heads", "hidden_size") if k not in raw]
+    if missing:
+        raise ReleasedCheckpointError(f"{path}: missing config keys {missing}")
+    pooler = {"pma_heads": raw["pma_num_heads"], "embedding_dim": raw.get("compressed_dim", raw["hidden_size"])}
+    backbone = {k: v for k, v in raw.items() if k not in RELEASED_ONLY_CONFIG_KEYS}
+    return pooler, backbone
+
+
+def read_released_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """All tensors of the checkpoint (single or sharded safetensors, or a PyTorch .bin)."""
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        tensors: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            tensors.update(load_file(directory / shard))
+        return tensors
+    single = directory / "model.safetensors"
+    if single.is_file():
+        return load_file(single)
+    legacy = directory / "pytorch_model.bin"
+    if legacy.is_file():
+        return torch.load(legacy, map_location="cpu", weights_only=True)
+    raise ReleasedCheckpointError(f"{directory}: no model.safetensors, sharded index or pytorch_model.bin found")
+
+
+def map_released_state_dict(tensors: dict[str, torch.Tensor], expected: set[str]) -> dict[str, torch.Tensor]:
+    """Released tensors under our names; raises listing every unexpected or missing key."""
+    mapped, unexpected = {}, []
+    for key, value in tensors.items():
+        try:
+            new = rename_key(key)
+        except KeyError:
+            unexpected.append(key)
+            continue
+        if new is None:
+            continue
+        if new not in expected:
+            unexpected.append(f"{key} (as {new})")
+        mapped[new] = value
+    missing = sorted(expected - set(mapped))
+    if unexpected or missing:
+        raise ReleasedCheckpointError(
+            "the checkpoint does not match the released C2LLM layout: "
+            f"unexpected keys {sorted(unexpected)}; missing keys {missing}. "
+            "If the release names its weights differently, fix KEY_RULES in c2llm_lib/model/released.py"
+        )
+    return mapped
