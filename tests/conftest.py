@@ -1,0 +1,49 @@
+"""Shared fixtures. Tests run offline: every hub access is disabled before transformers is imported."""
+
+import os
+
+for _var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    os.environ[_var] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from c2llm_lib import C2LLMEncoder, ModelConfig  # noqa: E402
+from c2llm_lib.model import TINY_BACKBONE  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+requires_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
+
+
+@pytest.fixture
+def make_encoder():
+    """Builds a tiny random encoder (2-layer Qwen2, real Qwen2.5 tokenizer) with overrides."""
+
+    def build(seed: int = 0, **overrides) -> C2LLMEncoder:
+        values = {"backbone": TINY_BACKBONE, "device": "cpu", "dtype": "float32", **overrides}
+        torch.manual_seed(seed)  # the PMA head's initialisation
+        return C2LLMEncoder.from_config(ModelConfig(**values))
+
+    return build
+
+
+def randomize_lora(encoder: C2LLMEncoder, seed: int = 1) -> None:
+    """LoRA's B starts at zero (a no-op adapter); give it values so that tests can see the adapter."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in encoder.backbone.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.05)
+
+
+def right_pad(batch: dict[str, torch.Tensor], pad_id: int) -> dict[str, torch.Tensor]:
+    """The same rows as a left-padded batch, padded on the right instead."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    new_ids, new_mask = torch.full_like(ids, pad_id), torch.zeros_like(mask)
+    for i in range(ids.shape[0]):
+        n = int(mask[i].sum())
+        if n:
+            new_ids[i, :n] = ids[i, ids.shape[1] - n :]
+            new_mask[i, :n] = 1
+    return {"input_ids": new_ids, "attention_mask": new_mask}

@@ -1,0 +1,52 @@
+"""LoRA and gradient checkpointing on the backbone (paper section 4.1): where gradients go."""
+
+import pytest
+import torch
+
+from c2llm_lib.model.backbone import is_checkpointing
+
+from conftest import randomize_lora
+
+TEXTS = ["def add(a, b):\n    return a + b", "print('hello')", "x = [i * i for i in range(10)]"]
+
+
+def embedding_loss(enc):
+    batch = enc.tokenize(TEXTS, "document")
+    emb = enc(**batch)
+    return (emb @ emb.T).sum()
+
+
+def test_gradients_reach_head_and_lora_only(make_encoder):
+    enc = make_encoder(use_lora=True, lora_r=4, lora_alpha=8, pma_heads=4)
+    randomize_lora(enc)  # with B = 0 (peft's init) A would get no gradient
+    enc.train()
+    embedding_loss(enc).backward()
+    lora = {n: p for n, p in enc.backbone.named_parameters() if "lora_" in n}
+    assert lora and all(p.requires_grad for p in lora.values())
+    targets = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in lora}
+    assert targets == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    for name, param in lora.items():
+        assert param.grad is not None and param.grad.abs().sum() > 0, name
+    for name, param in enc.pooler.named_parameters():
+        assert param.grad is not None and param.grad.abs().sum() > 0, name
+    frozen = [(n, p) for n, p in enc.backbone.named_parameters() if "lora_" not in n]
+    assert frozen and all(not p.requires_grad and p.grad is None for _, p in frozen)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(make_encoder):
+    grads = []
+    for checkpointing in (False, True):
+        enc = make_encoder(use_lora=True, lora_r=4, pma_heads=4, gradient_checkpointing=checkpointing)
+        randomize_lora(enc)
+        enc.train()
+        embedding_loss(enc).backward()
+        assert is_checkpointing(enc.base_model) == checkpointing
+        grads.append({n: p.grad.clone() for n, p in enc.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_unknown_lora_target_is_named(make_encoder):
+    with pytest.raises(ValueError, match="qkv_proj"):
+        make_encoder(use_lora=True, lora_targets=["q_proj", "qkv_proj"])
