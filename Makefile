@@ -28,6 +28,7 @@ test: setup lint
 
 lint: setup
 	$(PY) -m ruff check c2llm_lib tests benchmarks
+	$(PY) -m ruff format --check c2llm_lib tests benchmarks
 
 bench: setup
 	$(PY) benchmarks/encode_bench.py

@@ -43,9 +43,7 @@ def write_qwen2_gguf(model, tokenizer, path: Path) -> Path:
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_rope_freq_base(getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"])
     vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-    special = set(tokenizer.all_special_ids) | {
-        i for i, t in tokenizer.added_tokens_decoder.items() if t.special
-    }
+    special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
     merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("qwen2")

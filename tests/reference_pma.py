@@ -33,6 +33,15 @@ def released_pma(S, fc_q, fc_k, fc_v, fc_o, ln0, ln1, X, pad_mask, num_heads, sc
 def reference_of(head, X, mask, scale_width=None):
     """Runs the transcription with the weights of our `PMAHead`: (B, d)."""
     return released_pma(
-        head.seed, head.fc_q, head.fc_k, head.fc_v, head.fc_o, head.ln0, head.ln1,
-        X.float(), mask.float(), head.num_heads, scale_width,
+        head.seed,
+        head.fc_q,
+        head.fc_k,
+        head.fc_v,
+        head.fc_o,
+        head.ln0,
+        head.ln1,
+        X.float(),
+        mask.float(),
+        head.num_heads,
+        scale_width,
     ).squeeze(1)

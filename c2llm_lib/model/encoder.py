@@ -128,12 +128,16 @@ class C2LLMEncoder(nn.Module):
         max_length: int | None = None,
     ) -> dict[str, torch.Tensor]:
         """Left-padded `input_ids` and `attention_mask` (B, T), EOS appended after truncation if configured."""
+        return self.tokenize_formatted(self.format_texts(texts, kind, instruction), max_length)
+
+    def tokenize_formatted(self, texts: Sequence[str], max_length: int | None = None) -> dict[str, torch.Tensor]:
+        """Like `tokenize`, for texts that already carry their instruction or document prefix."""
         max_length = max_length or self.config.max_length
         eos = [self.tokenizer.eos_token_id] if self.config.eos_appended else []
         if max_length < len(eos) + 1:
             raise ValueError(f"max_length={max_length} leaves no room for text")
         ids = self.tokenizer(
-            self.format_texts(texts, kind, instruction),
+            list(texts),
             add_special_tokens=False,
             truncation=True,
             max_length=max_length - len(eos),

@@ -49,8 +49,7 @@ class PMAHead(nn.Module):
         dim = embedding_dim or hidden_size
         if dim % num_heads:
             raise ValueError(
-                f"PMA embedding_dim {dim} is not divisible by pma_heads {num_heads}; "
-                "heads are equal feature slices"
+                f"PMA embedding_dim {dim} is not divisible by pma_heads {num_heads}; heads are equal feature slices"
             )
         if score_scale not in ("full_width", "per_head"):
             raise ValueError(f"PMA score_scale must be 'full_width' or 'per_head', got {score_scale!r}")
