@@ -1,0 +1,104 @@
+"""Hard-negative mining (paper section 4.1: K = 7 hard negatives per query).
+
+For each query, the candidates are the positives of the other rows of its own (dataset, language)
+group, which is also the group its training batch is drawn from. They are ranked by BM25 (`bm25s`)
+or, optionally, by an encoder used as a teacher, and the top K are kept that are neither the row's
+positive nor a near-duplicate of it. A near-duplicate has the same normalised text, or a token-set
+Jaccard similarity with the positive of at least `near_duplicate` (0.9 by default). A group too small
+to supply K negatives gives fewer, and the miner says how many rows came up short.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from .records import text_key
+
+_TOKEN = re.compile(r"\w+")
+
+
+def token_set(text: str) -> frozenset[str]:
+    return frozenset(t.lower() for t in _TOKEN.findall(text))
+
+
+def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
+    return len(a & b) / len(a | b) if a or b else 1.0
+
+
+def bm25_scores_topk(queries: Sequence[str], corpus: Sequence[str], k: int) -> np.ndarray:
+    """Indices (Q, k) of the best-scoring corpus documents for each query under BM25."""
+    import bm25s
+
+    k = min(k, len(corpus))
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize(list(corpus), stopwords=None, show_progress=False), show_progress=False)
+    results, _ = retriever.retrieve(
+        bm25s.tokenize(list(queries), stopwords=None, show_progress=False), k=k, show_progress=False, n_threads=1
+    )
+    return np.asarray(results)
+
+
+def encoder_topk(
+    encode: Callable[..., np.ndarray], queries: Sequence[str], corpus: Sequence[str], k: int
+) -> np.ndarray:
+    """Indices (Q, k) of the nearest corpus documents by cosine under an encoder (the teacher option)."""
+    q = encode(list(queries), kind="query")
+    d = encode(list(corpus), kind="document")
+    scores = q @ d.T  # (Q, N)
+    k = min(k, len(corpus))
+    top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    order = np.take_along_axis(scores, top, axis=1).argsort(axis=1)[:, ::-1]
+    return np.take_along_axis(top, order, axis=1)
+
+
+def select_negatives(
+    candidates: np.ndarray,
+    positives: Sequence[str],
+    k: int,
+    near_duplicate: float = 0.9,
+) -> list[list[int]]:
+    """For row i, up to k candidate indices that are not row i's positive nor a near-duplicate of it."""
+    keys = [text_key(p) for p in positives]
+    tokens = [token_set(p) for p in positives]
+    chosen = []
+    for i, row in enumerate(candidates):
+        picked: list[int] = []
+        for j in map(int, row):
+            if j == i or keys[j] == keys[i] or jaccard(tokens[i], tokens[j]) >= near_duplicate:
+                continue
+            if j not in picked:
+                picked.append(j)
+            if len(picked) == k:
+                break
+        chosen.append(picked)
+    return chosen
+
+
+def mine_negatives(
+    queries: Sequence[str],
+    positives: Sequence[str],
+    k: int = 7,
+    method: str = "bm25",
+    encode: Callable[..., np.ndarray] | None = None,
+    near_duplicate: float = 0.9,
+    oversample: int = 4,
+) -> list[list[str]]:
+    """Hard negatives (texts) for each (query, positive) row of one group, mined among the group's positives."""
+    if len(queries) != len(positives):
+        raise ValueError(f"{len(queries)} queries but {len(positives)} positives")
+    if not queries or k == 0:
+        return [[] for _ in queries]
+    depth = k * oversample + 1
+    if method == "bm25":
+        candidates = bm25_scores_topk(queries, positives, depth)
+    elif method == "encoder":
+        if encode is None:
+            raise ValueError("method='encoder' needs `encode` (e.g. C2LLMEncoder.encode) as the teacher")
+        candidates = encoder_topk(encode, queries, positives, depth)
+    else:
+        raise ValueError(f"unknown mining method {method!r}; choose 'bm25' or 'encoder'")
+    picked = select_negatives(candidates, positives, k, near_duplicate)
+    return [[positives[j] for j in row] for row in picked]

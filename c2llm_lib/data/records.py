@@ -1,0 +1,146 @@
+"""The unified training record and the text checks every source goes through (paper section 4.1).
+
+Every source becomes rows of one schema:
+    dataset      the source's name (the MTEB(Code) task it trains for)
+    language     programming language ("python", "sql", ...; "mixed" for text-and-code QA)
+    query        the query text, without its instruction
+    positive     the relevant document, without the document prefix
+    negatives    hard negatives (K = 7 in the paper), filled in by mining
+    instruction  the task instruction of the paper's table 1
+
+Bad rows are never dropped silently: `RowChecker` counts each skip by source and reason and keeps a
+few row ids per reason for the report; a problem that makes the whole source unusable (a missing
+column, no rows left) raises `DataError` naming the source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+RECORD_COLUMNS = ("dataset", "language", "query", "positive", "negatives", "instruction")
+LANGUAGES = frozenset(
+    {
+        "python", "javascript", "typescript", "java", "go", "ruby", "php", "c", "c++", "c#", "rust",
+        "swift", "kotlin", "scala", "shell", "sql", "r", "perl", "lua", "haskell", "mixed",
+    }
+)  # fmt: skip
+_SPACE = re.compile(r"\s+")
+
+
+class DataError(ValueError):
+    """A source or row that cannot be used; the message names the source, and the row or column."""
+
+
+def normalize_text(text: str) -> str:
+    """NFC, whitespace runs collapsed to one space, stripped: equal under formatting-only changes."""
+    return _SPACE.sub(" ", unicodedata.normalize("NFC", text)).strip()
+
+
+def text_key(text: str) -> str:
+    """A 128-bit hash of the normalised text, used for deduplication and decontamination."""
+    return hashlib.blake2b(normalize_text(text).encode("utf-8"), digest_size=16).hexdigest()
+
+
+def as_text(value: Any) -> str | None:
+    """The value as valid UTF-8 text, or None if it is not text or is not valid UTF-8."""
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    if not isinstance(value, str):
+        return None
+    try:
+        value.encode("utf-8")  # lone surrogates from a bad decode fail here
+    except UnicodeEncodeError:
+        return None
+    return value
+
+
+@dataclass
+class SkipReport:
+    """Rows kept and skipped per source, with the reason and a few example row ids."""
+
+    kept: Counter = field(default_factory=Counter)
+    skipped: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    examples: dict[tuple[str, str], list[str]] = field(default_factory=lambda: defaultdict(list))
+
+    def skip(self, source: str, reason: str, row_id: str) -> None:
+        self.skipped[source][reason] += 1
+        if len(self.examples[source, reason]) < 5:
+            self.examples[source, reason].append(row_id)
+
+    def as_dict(self) -> dict[str, Any]:
+        sources = sorted(set(self.kept) | set(self.skipped))
+        return {
+            s: {
+                "kept": self.kept[s],
+                "skipped": dict(self.skipped[s]),
+                "examples": {r: self.examples[s, r] for r in self.skipped[s]},
+            }
+            for s in sources
+        }
+
+    def lines(self) -> list[str]:
+        out = []
+        for source, entry in self.as_dict().items():
+            reasons = ", ".join(f"{n} {r} (e.g. rows {entry['examples'][r]})" for r, n in entry["skipped"].items())
+            out.append(f"{source}: kept {entry['kept']}" + (f"; skipped {reasons}" if reasons else ""))
+        return out
+
+
+class RowChecker:
+    """Turns raw (query, positive, language) values into records or counted skips, per source."""
+
+    def __init__(self, report: SkipReport, dedupe: bool = True) -> None:
+        self.report = report
+        self.dedupe = dedupe
+        self._seen: dict[str, set[str]] = defaultdict(set)
+
+    def record(
+        self,
+        source: str,
+        row_id: str,
+        query: Any,
+        positive: Any,
+        language: Any,
+        instruction: str,
+        negatives: list[str] | None = None,
+    ) -> dict[str, Any] | None:
+        q, p = as_text(query), as_text(positive)
+        if q is None or p is None:
+            self.report.skip(source, "non-text or non-UTF-8 text", row_id)
+            return None
+        if not q.strip() or not p.strip():
+            self.report.skip(source, "empty text", row_id)
+            return None
+        lang = str(language).strip().lower() if language is not None else ""
+        if lang not in LANGUAGES:
+            self.report.skip(source, f"unknown language {lang!r}", row_id)
+            return None
+        if self.dedupe:
+            pair = text_key(q) + text_key(p)
+            if pair in self._seen[source]:
+                self.report.skip(source, "duplicate row", row_id)
+                return None
+            self._seen[source].add(pair)
+        self.report.kept[source] += 1
+        return {
+            "dataset": source,
+            "language": lang,
+            "query": q,
+            "positive": p,
+            "negatives": list(negatives or []),
+            "instruction": instruction,
+        }
+
+
+def require_columns(source: str, table: str, columns: list[str], needed: tuple[str, ...]) -> None:
+    missing = [c for c in needed if c not in columns]
+    if missing:
+        raise DataError(f"source {source}: {table} has no column {missing} (columns: {sorted(columns)})")

@@ -1,0 +1,78 @@
+"""Every registry source read from its hand-made fixture; bad rows are counted and named, never silent."""
+
+import json
+
+import pytest
+from source_fixtures import write_fixtures
+
+from c2llm_lib.data import SOURCES, TABLE_1, DataError, RowChecker, SkipReport, iter_records
+
+
+@pytest.fixture(scope="module")
+def fixture_root(tmp_path_factory):
+    return write_fixtures(tmp_path_factory.mktemp("hub"))
+
+
+def test_the_registry_covers_the_paper_sources():
+    assert len(SOURCES) == 12 and set(SOURCES) == set(TABLE_1)
+    for source in SOURCES.values():
+        assert len(source.revision) == 40 and source.instruction == TABLE_1[source.name]
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_each_loader_maps_its_schema(fixture_root, name):
+    source = SOURCES[name]
+    report = SkipReport()
+    rows = list(iter_records(source, RowChecker(report), fixture_root))
+    subsets = len(source.languages)
+    assert len(rows) == 2 * subsets  # two good pairs per subset, the score-0 qrel is not a pair
+    assert report.kept[name] == len(rows)
+    for row in rows:
+        assert set(row) == {"dataset", "language", "query", "positive", "negatives", "instruction"}
+        assert row["dataset"] == name and row["instruction"] == TABLE_1[name] and row["negatives"] == []
+        assert row["language"] in source.languages
+    first = rows[0]
+    if source.layout == "pairs":
+        assert first["query"].startswith("fix bug") and first["positive"].startswith("- old line")
+    elif source.swap:  # text -> code read from CoIR's code -> text layout
+        assert first["positive"] in ("compute the area of a circle", "say hello to someone by name")
+    else:
+        assert first["query"] in ("compute the area of a circle", "say hello to someone by name")
+
+
+def test_planted_problems_are_counted_with_row_ids(fixture_root):
+    report = SkipReport()
+    list(iter_records(SOURCES["CosQA"], RowChecker(report), fixture_root))
+    skipped = report.as_dict()["CosQA"]
+    assert skipped["kept"] == 2
+    assert skipped["skipped"] == {"empty text": 1, "duplicate row": 1, "qrel names a missing query or document": 1}
+    assert skipped["examples"]["empty text"] == ["train:q0->d_empty"]
+    assert any("CosQA: kept 2; skipped" in line for line in report.lines())
+
+
+def test_a_missing_column_names_source_and_column(fixture_root, tmp_path):
+    import shutil
+
+    root = tmp_path / "hub"
+    shutil.copytree(fixture_root, root)
+    path = root / "CoIR-Retrieval__apps" / "corpus" / "corpus.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({"_id": r["_id"], "body": r["text"]}) + "\n" for r in rows))
+    with pytest.raises(DataError, match=r"source AppsRetrieval: corpus has no column \['text'\]"):
+        list(iter_records(SOURCES["AppsRetrieval"], RowChecker(SkipReport()), root))
+
+
+def test_an_unreachable_source_is_named(tmp_path):
+    with pytest.raises(DataError, match="source AppsRetrieval: no local file"):
+        list(iter_records(SOURCES["AppsRetrieval"], RowChecker(SkipReport()), tmp_path))
+
+
+def test_unknown_language_and_non_utf8_are_skips():
+    report = SkipReport()
+    checker = RowChecker(report)
+    assert checker.record("S", "r1", "q", "p", "klingon", "i") is None
+    assert checker.record("S", "r2", b"\xff\xfe", "p", "python", "i") is None
+    assert checker.record("S", "r3", "q\ud800", "p", "python", "i") is None
+    assert checker.record("S", "r4", 5, "p", "python", "i") is None
+    assert checker.record("S", "r5", "q", "p", "Python", "i")["language"] == "python"
+    assert report.skipped["S"] == {"unknown language 'klingon'": 1, "non-text or non-UTF-8 text": 3}
