@@ -1,0 +1,67 @@
+"""Contrastive losses (paper section 4.1): in-batch InfoNCE over the global batch plus a hard-negative
+term over 1 + K candidates, both at temperature tau = 0.05, summed with weight 1.
+
+Pure tensor functions. Similarities are cosines divided by tau. With several processes, each rank
+scores its local queries against the positives of the *whole* global batch, gathered **with
+gradient** (`distributed.gather_with_grad`). Averaged by DDP, the resulting gradients equal those of
+one process on the concatenated batch. `gather_without_grad` reproduces the F2LLM trainer's accelerate.gather, whose
+output has no autograd history: there the in-batch term trains no passage at all. It is kept for
+comparison only.
+
+Options: `joint=True` puts the hard negatives into the in-batch softmax (one softmax over all
+global positives and the row's own hard negatives) instead of a second term; `weight` scales the
+whole loss, e.g. the per-dataset weight of a single-dataset batch (the paper weights CodeEditSearch
+differently).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .distributed import gather_with_grad, gather_without_grad, world
+
+
+def cosine_logits(q: torch.Tensor, d: torch.Tensor, tau: float) -> torch.Tensor:
+    """q (B, dim), d (N, dim) -> (B, N) cosine similarities / tau."""
+    return F.normalize(q, dim=-1) @ F.normalize(d, dim=-1).T / tau
+
+
+def contrastive_loss(
+    queries: torch.Tensor,
+    positives: torch.Tensor,
+    negatives: torch.Tensor | None = None,
+    tau: float = 0.05,
+    joint: bool = False,
+    gather_grad: bool = True,
+    weight: float = 1.0,
+) -> dict[str, torch.Tensor]:
+    """queries, positives (b, dim) local rows; negatives (b, K, dim) or None.
+
+    Returns {"loss", "in_batch", "hard_negative"}: the in-batch InfoNCE over the global batch and the
+    hard-negative InfoNCE over [positive, K negatives], averaged over local queries, and their sum
+    times `weight` (with `joint`, "in_batch" is the joint softmax and "hard_negative" is 0).
+    """
+    if queries.shape != positives.shape:
+        raise ValueError(f"queries {tuple(queries.shape)} and positives {tuple(positives.shape)} differ")
+    if tau <= 0:
+        raise ValueError(f"tau must be positive, got {tau}")
+    rank, _ = world()
+    b = queries.shape[0]
+    gather = gather_with_grad if gather_grad else gather_without_grad
+    all_pos = gather(positives)  # (W*b, dim)
+    labels = torch.arange(b, device=queries.device) + rank * b  # (b,) own positive in the global batch
+    in_batch_logits = cosine_logits(queries, all_pos, tau)  # (b, W*b)
+    zero = queries.new_zeros(())
+    if negatives is not None and negatives.shape[1] > 0 and joint:
+        hard = torch.einsum("bd,bkd->bk", F.normalize(queries, dim=-1), F.normalize(negatives, dim=-1)) / tau
+        in_batch = F.cross_entropy(torch.cat([in_batch_logits, hard], dim=1), labels)  # (b, W*b + K)
+        hard_negative = zero
+    else:
+        in_batch = F.cross_entropy(in_batch_logits, labels)
+        hard_negative = zero
+        if negatives is not None and negatives.shape[1] > 0:
+            candidates = torch.cat([positives[:, None], negatives], dim=1)  # (b, 1+K, dim)
+            hard = torch.einsum("bd,bkd->bk", F.normalize(queries, dim=-1), F.normalize(candidates, dim=-1)) / tau
+            hard_negative = F.cross_entropy(hard, torch.zeros(b, dtype=torch.long, device=queries.device))
+    return {"loss": weight * (in_batch + hard_negative), "in_batch": in_batch, "hard_negative": hard_negative}
