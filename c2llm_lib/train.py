@@ -1,0 +1,345 @@
+"""Contrastive LoRA training (paper section 4.1), on torchrun + DDP or a single process.
+
+One optimizer step = one global batch from one (dataset, language) group (`samplers.py`): each rank
+embeds its slice of queries (with the row's instruction), positives and K hard negatives (with the
+document prefix) in one forward pass, and `losses.contrastive_loss` scores local queries against the
+whole global batch. The LoRA adapters and the PMA head train (the head may have its own learning
+rate), with AdamW, linear warmup then cosine decay counted in *optimizer steps* (the scheduler is
+stepped once per step on every rank, never once per process), and gradient clipping.
+
+GradCache (`grad_cache=True`): embed all texts in chunks without a graph, compute the loss and its
+gradient with respect to the embeddings, then re-embed chunk by chunk with a graph and backpropagate
+the cached gradients. Memory then depends on the chunk, not the global batch, and the loss and
+gradients are those of the plain step (tested).
+
+Checkpoints are written at the configured global steps, atomically (a staging folder renamed into
+place): the LoRA adapter and PMA head in safetensors, and the optimizer, scheduler, sampler and RNG
+states, so that a killed run resumed from its last checkpoint ends with the same weights as an
+uninterrupted one (tested). A non-finite loss stops the run with a message naming the step and
+dataset, before any update or checkpoint, so the last good checkpoint stays intact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch.nn.parallel import DistributedDataParallel
+from tqdm.auto import tqdm
+
+from .config import ModelConfig, check_types, from_dict, require
+from .data.records import text_key
+from .distributed import world
+from .losses import contrastive_loss
+from .model import C2LLMEncoder
+from .samplers import GroupedBatchSampler
+
+
+@dataclass
+class TrainConfig:
+    """The training recipe; defaults from the paper's section 4.1 where it gives them."""
+
+    epochs: int = 3
+    max_steps: int | None = None  # stop after this many optimizer steps (short runs)
+    global_batch_size: int = 64  # not stated in the paper; all ranks together
+    num_negatives: int = 7  # K
+    tau: float = 0.05
+    joint_softmax: bool = False  # one softmax over global positives and own hard negatives
+    gather_with_grad: bool = True  # False reproduces the F2LLM trainer's gradient-less gather
+    learning_rate: float = 1e-4
+    pma_learning_rate: float | None = None  # None: same as learning_rate
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0  # cosine decays to learning_rate * min_lr_ratio
+    max_grad_norm: float = 1.0
+    max_length: int = 1024
+    loss_weights: dict[str, float] = field(default_factory=dict)  # dataset -> weight (default 1)
+    checkpoint_steps: list[int] = field(default_factory=list)
+    seed: int = 0
+    grad_cache: bool = False
+    grad_cache_chunk: int = 16  # texts per chunk
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self.epochs >= 1, "epochs", f"must be at least 1, got {self.epochs}")
+        require(self.max_steps is None or self.max_steps >= 1, "max_steps", "must be at least 1")
+        require(self.global_batch_size >= 2, "global_batch_size", "must be at least 2 (in-batch negatives)")
+        require(self.num_negatives >= 0, "num_negatives", "must be >= 0")
+        require(self.tau > 0, "tau", f"must be positive, got {self.tau}")
+        require(self.learning_rate > 0, "learning_rate", "must be positive")
+        require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+        require(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", "must be in [0, 1]")
+        require(self.grad_cache_chunk >= 1, "grad_cache_chunk", "must be at least 1")
+        require(all(w >= 0 for w in self.loss_weights.values()), "loss_weights", "must be non-negative")
+        require(all(s >= 1 for s in self.checkpoint_steps), "checkpoint_steps", "must be positive step numbers")
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN or infinite; the run stopped before updating anything."""
+
+
+def lr_lambda(warmup: int, total: int, min_ratio: float):
+    """Multiplier of the peak learning rate at optimizer step s (0-based): linear warmup, then cosine."""
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(directory: Path, encoder: C2LLMEncoder, trainer_state: dict[str, Any] | None = None) -> Path:
+    """Adapter + PMA head (safetensors) + the model config [+ trainer state], written atomically."""
+    if encoder.base_model is encoder.backbone:
+        raise ValueError("checkpoints hold a LoRA adapter; this encoder has none (use_lora=False)")
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        encoder.backbone.save_pretrained(staging / "adapter")
+        pooler = {k: v.detach().contiguous().cpu() for k, v in encoder.pooler.state_dict().items()}
+        save_file(pooler, staging / "pooler.safetensors", metadata={"format": "pt"})
+        (staging / "model_config.json").write_text(json.dumps(encoder.config.to_dict(), indent=2) + "\n")
+        if trainer_state is not None:
+            torch.save(trainer_state, staging / "trainer_state.pt")
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(staging, directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return directory
+
+
+def load_checkpoint_weights(directory: Path, encoder: C2LLMEncoder) -> None:
+    """Loads a checkpoint's adapter and PMA head into an encoder built with the same ModelConfig."""
+    from peft import set_peft_model_state_dict
+
+    directory = Path(directory)
+    if not (directory / "adapter").is_dir():
+        raise FileNotFoundError(f"{directory} is not a training checkpoint (no adapter/ folder)")
+    result = set_peft_model_state_dict(encoder.backbone, load_file(directory / "adapter" / "adapter_model.safetensors"))
+    unexpected = getattr(result, "unexpected_keys", [])
+    if unexpected:
+        raise ValueError(f"{directory}: adapter weights do not fit this encoder: {unexpected[:5]}")
+    encoder.pooler.load_state_dict(load_file(directory / "pooler.safetensors"))
+
+
+def encoder_from_checkpoint(directory: Path, device: str | None = None) -> C2LLMEncoder:
+    """A fresh encoder (base backbone as configured) carrying the checkpoint's adapter and head."""
+    cfg = from_dict(ModelConfig, json.loads((Path(directory) / "model_config.json").read_text()), str(directory))
+    if device:
+        cfg.device = device
+    encoder = C2LLMEncoder.from_config(cfg)
+    load_checkpoint_weights(directory, encoder)
+    return encoder
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    metrics: list[dict[str, Any]]
+    checkpoints: list[str]
+    seconds: float
+
+
+class Trainer:
+    """Trains `encoder` (with LoRA) on `rows` (a datasets.Dataset of unified records)."""
+
+    def __init__(self, encoder: C2LLMEncoder, rows, cfg: TrainConfig, checkpoint_root: str | Path | None = None):
+        if encoder.base_model is encoder.backbone:
+            raise ValueError("training needs LoRA: build the encoder with use_lora=True")
+        self.encoder, self.rows, self.cfg = encoder, rows, cfg
+        self.checkpoint_root = Path(checkpoint_root) if checkpoint_root is not None else None
+        if cfg.checkpoint_steps and self.checkpoint_root is None:
+            raise ValueError("checkpoint_steps are set but no checkpoint_root was given")
+        self.rank, self.world_size = world()
+        self.model = DistributedDataParallel(encoder) if self.world_size > 1 else encoder
+        torch.manual_seed(cfg.seed)
+        self.sampler = GroupedBatchSampler(
+            list(zip(rows["dataset"], rows["language"], strict=True)),
+            [text_key(t) for t in rows["query"]],
+            [text_key(t) for t in rows["positive"]],
+            cfg.global_batch_size,
+            self.world_size,
+            self.rank,
+            cfg.seed,
+        )
+        steps_per_epoch = len(self.sampler)
+        if steps_per_epoch == 0:
+            raise ValueError(
+                f"no global batch of {cfg.global_batch_size} rows can be formed: every (dataset, language) group "
+                "is smaller; lower global_batch_size"
+            )
+        self.total_steps = min(cfg.max_steps or steps_per_epoch * cfg.epochs, steps_per_epoch * cfg.epochs)
+        pma_lr = cfg.pma_learning_rate or cfg.learning_rate
+        groups = [
+            {"params": [p for p in encoder.backbone.parameters() if p.requires_grad], "lr": cfg.learning_rate},
+            {"params": list(encoder.pooler.parameters()), "lr": pma_lr},
+        ]
+        self.optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio)
+        )
+        self.step = 0
+        self.metrics: list[dict[str, Any]] = []
+        self.checkpoints: list[str] = []
+
+    # one step ------------------------------------------------------------------------------------
+    def texts(self, batch: dict[str, list]) -> tuple[list[str], int]:
+        """Formatted [queries; positives; negatives (row-major)] and the K used for this batch."""
+        enc = self.encoder
+        k = min([self.cfg.num_negatives, *(len(n) for n in batch["negatives"])])
+        queries = [
+            enc.format_texts([q], "query", ins)[0] for q, ins in zip(batch["query"], batch["instruction"], strict=True)
+        ]
+        documents = enc.format_texts(
+            batch["positive"] + [n for negs in batch["negatives"] for n in negs[:k]], "document"
+        )
+        return queries + documents, k
+
+    def embed(self, texts: list[str]) -> torch.Tensor:
+        batch = self.encoder.tokenize_formatted(texts, self.cfg.max_length)
+        return self.model(**batch)  # (N, d)
+
+    def loss_from(self, emb: torch.Tensor, b: int, k: int, dataset: str) -> dict[str, torch.Tensor]:
+        q, p = emb[:b], emb[b : 2 * b]  # (b, d) each
+        n = emb[2 * b :].view(b, k, -1) if k else None  # (b, K, d)
+        weight = self.cfg.loss_weights.get(dataset, 1.0)
+        return contrastive_loss(q, p, n, self.cfg.tau, self.cfg.joint_softmax, self.cfg.gather_with_grad, weight)
+
+    def forward_backward(self, batch: dict[str, list]) -> dict[str, torch.Tensor]:
+        texts, k = self.texts(batch)
+        b, dataset = len(batch["query"]), batch["dataset"][0]
+        if not self.cfg.grad_cache:
+            out = self.loss_from(self.embed(texts), b, k, dataset)
+            self.check_finite(out["loss"], dataset)
+            out["loss"].backward()
+            return out
+        chunks = [texts[i : i + self.cfg.grad_cache_chunk] for i in range(0, len(texts), self.cfg.grad_cache_chunk)]
+        states, parts = [], []
+        with torch.no_grad():
+            for chunk in chunks:
+                states.append(rng_state())
+                parts.append(self.embed(chunk))
+        cached = torch.cat(parts).detach().requires_grad_()  # (N, d)
+        out = self.loss_from(cached, b, k, dataset)
+        self.check_finite(out["loss"], dataset)
+        out["loss"].backward()
+        grads = cached.grad.split([len(c) for c in chunks])
+        for i, (chunk, state, grad) in enumerate(zip(chunks, states, grads, strict=True)):
+            last = i == len(chunks) - 1
+            sync = (
+                self.model.no_sync()
+                if isinstance(self.model, DistributedDataParallel) and not last
+                else contextlib.nullcontext()
+            )
+            with sync:
+                set_rng_state(state)  # the same dropout masks as in the graph-free pass
+                self.embed(chunk).backward(grad)
+        return {key: value.detach() for key, value in out.items()}
+
+    def check_finite(self, loss: torch.Tensor, dataset: str) -> None:
+        if not torch.isfinite(loss):
+            last = self.checkpoints[-1] if self.checkpoints else "none written yet"
+            raise NonFiniteLoss(
+                f"the loss is {loss.item()} at step {self.step + 1} (dataset {dataset}); stopping before the update. "
+                f"The last good checkpoint is {last}"
+            )
+
+    # the loop ------------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_state(),
+            "metrics": self.metrics,
+            "checkpoints": self.checkpoints,
+        }
+
+    def resume(self, checkpoint: str | Path) -> None:
+        """Continues from a checkpoint written by this trainer (same data, config and world size)."""
+        checkpoint = Path(checkpoint)
+        state_file = checkpoint / "trainer_state.pt"
+        if not state_file.is_file():
+            raise FileNotFoundError(f"{state_file} not found: cannot resume from {checkpoint}")
+        load_checkpoint_weights(checkpoint, self.encoder)
+        state = torch.load(state_file, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.step, self.metrics, self.checkpoints = state["step"], state["metrics"], state["checkpoints"]
+        set_rng_state(state["rng"])
+
+    def train(self) -> TrainResult:
+        start = time.perf_counter()
+        self.encoder.train()
+        bar = tqdm(total=self.total_steps, initial=self.step, disable=self.rank != 0, desc="train")
+        while self.step < self.total_steps:
+            for indices in self.sampler:
+                batch = self.rows[indices]
+                tick = time.perf_counter()
+                self.optimizer.zero_grad(set_to_none=True)
+                out = self.forward_backward(batch)
+                norm = torch.nn.utils.clip_grad_norm_(
+                    [p for g in self.optimizer.param_groups for p in g["params"]], self.cfg.max_grad_norm
+                )
+                lr = self.optimizer.param_groups[0]["lr"]
+                self.optimizer.step()
+                self.scheduler.step()
+                self.step += 1
+                self.metrics.append({
+                    "step": self.step, "epoch": self.sampler.epoch, "dataset": batch["dataset"][0],
+                    "language": batch["language"][0], "loss": out["loss"].item(), "in_batch": out["in_batch"].item(),
+                    "hard_negative": float(out["hard_negative"].detach()), "lr": lr, "grad_norm": float(norm),
+                    "seconds": time.perf_counter() - tick,
+                })  # fmt: skip
+                bar.update(1)
+                bar.set_postfix(loss=f"{out['loss'].item():.3f}", data=batch["dataset"][0][:20])
+                if self.step in self.cfg.checkpoint_steps:
+                    self.save(self.step)
+                if self.step >= self.total_steps:
+                    break
+            else:
+                self.sampler.set_epoch(self.sampler.epoch + 1)
+        bar.close()
+        return TrainResult(self.step, self.metrics, self.checkpoints, time.perf_counter() - start)
+
+    def save(self, step: int) -> None:
+        path = self.checkpoint_root / f"step-{step:06d}"
+        self.checkpoints.append(str(path))  # before the state is taken, so a resumed run lists it too
+        if self.rank == 0:
+            save_checkpoint(path, self.encoder, self.state())
+        if self.world_size > 1:
+            torch.distributed.barrier()

@@ -1,0 +1,203 @@
+"""Trainer on a tiny model: GradCache equality, exact resume, NaN stop, 2 processes == 1 process."""
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from c2llm_lib.train import NonFiniteLoss, TrainConfig, Trainer, encoder_from_checkpoint, lr_lambda
+
+SNIPPETS = [
+    "def add(a, b):\n    return a + b", "def sub(a, b):\n    return a - b", "def mul(a, b):\n    return a * b",
+    "def neg(x):\n    return -x", "def inc(x):\n    return x + 1", "def dec(x):\n    return x - 1",
+    "def sq(x):\n    return x * x", "def half(x):\n    return x / 2", "def first(xs):\n    return xs[0]",
+    "def last(xs):\n    return xs[-1]", "def size(xs):\n    return len(xs)", "def rev(xs):\n    return xs[::-1]",
+]  # fmt: skip
+
+
+def make_rows():
+    from datasets import Dataset
+
+    records = []
+    for g, language in enumerate(("python", "go")):
+        for i, code in enumerate(SNIPPETS[:8]):
+            negs = [SNIPPETS[(i + j) % len(SNIPPETS)] for j in (3, 5)]
+            records.append(
+                {
+                    "dataset": f"Set{g}",
+                    "language": language,
+                    "query": f"task {i} of set {g}: {code[4:9]}",
+                    "positive": code + f"  # {g}",
+                    "negatives": negs,
+                    "instruction": "Find the code:",
+                }
+            )
+    return Dataset.from_list(records)
+
+
+def tiny(make_encoder, seed=0):
+    return make_encoder(use_lora=True, lora_r=4, lora_alpha=8, pma_heads=4, seed=seed)
+
+
+CFG = dict(global_batch_size=4, num_negatives=2, learning_rate=5e-3, warmup_steps=2, max_length=64, seed=0)
+
+
+def trainable(encoder):
+    return {n: p.detach().clone() for n, p in encoder.named_parameters() if p.requires_grad}
+
+
+def test_grad_cache_equals_the_plain_step(make_encoder):
+    rows = make_rows()
+    grads, losses = [], []
+    for grad_cache in (False, True):
+        enc = tiny(make_encoder)
+        trainer = Trainer(enc, rows, TrainConfig(**CFG, grad_cache=grad_cache, grad_cache_chunk=3))
+        batch = rows[next(iter(trainer.sampler))]
+        out = trainer.forward_backward(batch)
+        losses.append(out["loss"].item())
+        grads.append({n: p.grad.clone() for n, p in enc.named_parameters() if p.grad is not None})
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_resume_after_a_kill_ends_with_the_same_weights(make_encoder, tmp_path, monkeypatch):
+    rows = make_rows()
+    cfg = TrainConfig(**CFG, max_steps=6, checkpoint_steps=[3])
+    straight = tiny(make_encoder)
+    result = Trainer(straight, rows, cfg, tmp_path / "a").train()
+    assert result.steps == 6 and len(result.metrics) == 6
+
+    killed = Trainer(tiny(make_encoder), rows, cfg, tmp_path / "b")
+    original = Trainer.forward_backward
+
+    def dies_at_step_4(self, batch):
+        if self.step == 3:
+            raise KeyboardInterrupt("killed")
+        return original(self, batch)
+
+    monkeypatch.setattr(Trainer, "forward_backward", dies_at_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        killed.train()
+    monkeypatch.setattr(Trainer, "forward_backward", original)
+
+    resumed_encoder = tiny(make_encoder, seed=123)  # a different init: everything must come from the checkpoint
+    resumed = Trainer(resumed_encoder, rows, cfg, tmp_path / "b")
+    resumed.resume(tmp_path / "b" / "step-000003")
+    result_b = resumed.train()
+    assert result_b.steps == 6 and [m["loss"] for m in result_b.metrics] == [m["loss"] for m in result.metrics]
+    for name, value in trainable(straight).items():
+        assert torch.equal(value, trainable(resumed_encoder)[name]), name
+
+
+def test_a_nan_loss_stops_and_keeps_the_last_checkpoint(make_encoder, tmp_path, monkeypatch):
+    import c2llm_lib.train as train_mod
+
+    rows = make_rows()
+    real = train_mod.contrastive_loss
+    calls = {"n": 0}
+
+    def nan_on_second_step(*args, **kwargs):
+        calls["n"] += 1
+        out = real(*args, **kwargs)
+        if calls["n"] == 2:
+            out["loss"] = out["loss"] * float("nan")
+        return out
+
+    monkeypatch.setattr(train_mod, "contrastive_loss", nan_on_second_step)
+    enc = tiny(make_encoder)
+    trainer = Trainer(enc, rows, TrainConfig(**CFG, max_steps=4, checkpoint_steps=[1]), tmp_path)
+    with pytest.raises(NonFiniteLoss, match=r"loss is nan at step 2 \(dataset Set\d\).*step-000001"):
+        trainer.train()
+    assert trainer.step == 1
+    reloaded = encoder_from_checkpoint(tmp_path / "step-000001", device="cpu")
+    torch.testing.assert_close(reloaded.pooler.state_dict(), enc.pooler.state_dict())  # no update after the NaN
+
+
+def test_warmup_then_cosine_in_optimizer_steps():
+    f = lr_lambda(warmup=4, total=10, min_ratio=0.1)
+    assert [f(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert f(4) == pytest.approx(1.0) and f(9) == pytest.approx(
+        0.1 + 0.9 * 0.5 * (1 + torch.cos(torch.tensor(5 / 6 * torch.pi)).item())
+    )
+    assert f(10) == pytest.approx(0.1)
+
+
+def test_bad_training_config():
+    from c2llm_lib.config import ConfigError
+
+    with pytest.raises(ConfigError, match="global_batch_size"):
+        TrainConfig(global_batch_size=1)
+    with pytest.raises(ConfigError, match="loss_weights"):
+        TrainConfig(loss_weights={"CodeEditSearchRetrieval": -1.0})
+
+
+def _train_worker(rank, world, init_file, out):
+    import torch.distributed as dist
+
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        from c2llm_lib import C2LLMEncoder, ModelConfig
+        from c2llm_lib.model import TINY_BACKBONE
+
+        torch.manual_seed(0)
+        enc = C2LLMEncoder.from_config(
+            ModelConfig(
+                backbone=TINY_BACKBONE,
+                device="cpu",
+                dtype="float32",
+                use_lora=True,
+                lora_r=4,
+                lora_alpha=8,
+                pma_heads=4,
+            )
+        )
+        trainer = Trainer(enc, make_rows(), TrainConfig(**CFG, max_steps=4))
+        result = trainer.train()
+        out[rank] = {
+            "groups": [(m["dataset"], m["language"]) for m in result.metrics],
+            "lrs": [m["lr"] for m in result.metrics],
+            "weights": trainable(enc),
+        }
+        del trainer
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_processes_train_like_one(make_encoder):
+    with tempfile.TemporaryDirectory() as tmp:
+        manager = mp.Manager()
+        out = manager.dict()
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=_train_worker, args=(r, 2, os.path.join(tmp, "init"), out)) for r in range(2)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(timeout=300)
+            assert proc.exitcode == 0, f"worker exited with {proc.exitcode}"
+        two = dict(out)
+        manager.shutdown()
+    assert two[0]["groups"] == two[1]["groups"]  # every rank drew the same (dataset, language) at every step
+    peak = CFG["learning_rate"]
+    assert two[0]["lrs"][:2] == pytest.approx([peak / 2, peak])  # warmup in optimizer steps, not per process
+    enc = tiny(make_encoder)
+    single = Trainer(enc, make_rows(), TrainConfig(**CFG, max_steps=4)).train()
+    assert [(m["dataset"], m["language"]) for m in single.metrics] == two[0]["groups"]
+    # fc_k's bias adds the same number to every key score of a head, which the softmax cancels: its true
+    # gradient is 0, and Adam turns the rounding noise into lr-sized steps. It cannot change an output.
+    irrelevant = {"pooler.fc_k.bias"}
+    for name, value in trainable(enc).items():
+        if name in irrelevant:
+            continue
+        torch.testing.assert_close(two[0]["weights"][name], value, rtol=1e-4, atol=2e-5, msg=name)
+        torch.testing.assert_close(two[1]["weights"][name], value, rtol=1e-4, atol=2e-5, msg=name)
+    before = enc.encode(SNIPPETS, kind="document")
+    with torch.no_grad():
+        enc.pooler.fc_k.bias.copy_(two[0]["weights"]["pooler.fc_k.bias"])
+    np.testing.assert_allclose(enc.encode(SNIPPETS, kind="document"), before, rtol=1e-5, atol=1e-6)
