@@ -1,0 +1,126 @@
+"""Retrieval evaluation (paper section 4.2: nDCG@10 on MTEB(Code) retrieval tasks).
+
+This module holds the pieces every evaluation shares:
+- `RetrievalTask`: queries, a corpus and graded relevance (qrels), in mteb's shape;
+- `offline_tasks`: tasks built from the held-out split of the offline real-code dataset (one per
+  (recipe, language)) and from HumanEval. Every held-out positive is in the corpus, so each query
+  competes against all held-out documents of its task;
+- `chunked_topk`: exact top-k by cosine over a corpus scored in chunks. Memory is bounded by
+  queries x chunk plus queries x k, never queries x corpus, because a CodeSearchNet corpus has about
+  1M documents;
+- `ndcg_at_k` and `recall_at_k` on ranked ids (binary or graded relevance, the standard log2 discount);
+- `evaluate_encoder` and `evaluate_bm25` (bm25s), scored the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .data.offline import TEXT_TO_CODE, humaneval_records, load_snapshot
+from .data.sources import TABLE_1
+
+
+@dataclass
+class RetrievalTask:
+    name: str
+    queries: dict[str, str]  # query id -> text
+    corpus: dict[str, str]  # doc id -> text
+    qrels: dict[str, dict[str, int]]  # query id -> {doc id: relevance}
+    instruction: str  # the query instruction (table 1)
+
+
+def task_from_rows(name: str, rows: Sequence[dict], instruction: str) -> RetrievalTask:
+    """One query per row, its positive the one relevant document; identical documents share an id."""
+    corpus, ids, queries, qrels = {}, {}, {}, {}
+    for i, row in enumerate(rows):
+        doc_id = ids.setdefault(row["positive"], f"d{len(ids)}")
+        corpus[doc_id] = row["positive"]
+        queries[f"q{i}"] = row["query"]
+        qrels[f"q{i}"] = {doc_id: 1}
+    return RetrievalTask(name, queries, corpus, qrels, instruction)
+
+
+def offline_tasks(limit: int | None = None, include_humaneval: bool = True) -> list[RetrievalTask]:
+    """Held-out offline tasks, one per (recipe, language), plus HumanEval; `limit` caps queries per task."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for row in load_snapshot():
+        if row["split"] == "test":
+            groups.setdefault((row["dataset"], row["language"]), []).append(row)
+    tasks = []
+    for (dataset, language), rows in sorted(groups.items()):
+        short = {"CodeSearchNetRetrieval": "text2code", "CodeSearchNetCCRetrieval": "code2code"}[dataset]
+        tasks.append(task_from_rows(f"offline-{short}-{language}", rows[:limit], TABLE_1[dataset]))
+    if include_humaneval:
+        tasks.append(task_from_rows("HumanEval", humaneval_records()[:limit], TABLE_1[TEXT_TO_CODE]))
+    return tasks
+
+
+def chunked_topk(queries: np.ndarray, corpus: np.ndarray, k: int, chunk: int = 65_536) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, indices), each (Q, k), of the k best corpus rows by dot product, best first.
+
+    The corpus is scored `chunk` rows at a time and merged into a running top-k, so extra memory is
+    O(Q * (chunk + k)) whatever the corpus size.
+    """
+    q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32))  # (Q, d)
+    k = min(k, len(corpus))
+    best_s = torch.full((q.shape[0], 0), -math.inf)
+    best_i = torch.zeros((q.shape[0], 0), dtype=torch.long)
+    for start in range(0, len(corpus), chunk):
+        block = torch.from_numpy(np.ascontiguousarray(corpus[start : start + chunk], dtype=np.float32))  # (c, d)
+        scores = q @ block.T  # (Q, c)
+        s, i = scores.topk(min(k, scores.shape[1]), dim=1)  # (Q, <=k)
+        merged_s = torch.cat([best_s, s], dim=1)
+        merged_i = torch.cat([best_i, i + start], dim=1)
+        top = merged_s.topk(k if merged_s.shape[1] >= k else merged_s.shape[1], dim=1)
+        best_s, best_i = top.values, merged_i.gather(1, top.indices)
+    return best_s.numpy(), best_i.numpy()
+
+
+def ndcg_at_k(ranked: Sequence[str], relevant: dict[str, int], k: int = 10) -> float:
+    """nDCG@k of one ranking: sum (2^rel - 1) / log2(rank + 1), divided by the ideal ranking's."""
+    dcg = sum((2 ** relevant.get(doc, 0) - 1) / math.log2(r + 2) for r, doc in enumerate(ranked[:k]))
+    ideal = sorted(relevant.values(), reverse=True)[:k]
+    idcg = sum((2**rel - 1) / math.log2(r + 2) for r, rel in enumerate(ideal))
+    return dcg / idcg if idcg > 0 else 0.0
+
+
+def recall_at_k(ranked: Sequence[str], relevant: dict[str, int], k: int = 10) -> float:
+    hits = {d for d, rel in relevant.items() if rel > 0}
+    return len(hits & set(ranked[:k])) / len(hits) if hits else 0.0
+
+
+def score_rankings(task: RetrievalTask, rankings: dict[str, list[str]], k: int = 10) -> dict[str, float]:
+    ids = list(task.queries)
+    return {
+        f"ndcg_at_{k}": float(np.mean([ndcg_at_k(rankings[q], task.qrels[q], k) for q in ids])),
+        f"recall_at_{k}": float(np.mean([recall_at_k(rankings[q], task.qrels[q], k) for q in ids])),
+        "queries": len(ids),
+        "documents": len(task.corpus),
+    }
+
+
+def evaluate_encoder(
+    encode: Callable[..., np.ndarray], task: RetrievalTask, k: int = 10, batch_size: int = 16
+) -> dict[str, float]:
+    """Scores an encoder's `encode` (C2LLMEncoder.encode or alike) on a task by cosine top-k."""
+    doc_ids = list(task.corpus)
+    docs = encode([task.corpus[d] for d in doc_ids], kind="document", batch_size=batch_size)
+    queries = encode(list(task.queries.values()), kind="query", instruction=task.instruction, batch_size=batch_size)
+    _, top = chunked_topk(queries, docs, k)
+    rankings = {q: [doc_ids[j] for j in row] for q, row in zip(task.queries, top, strict=True)}
+    return score_rankings(task, rankings, k)
+
+
+def evaluate_bm25(task: RetrievalTask, k: int = 10) -> dict[str, float]:
+    """The BM25 baseline (bm25s, default parameters, no stopwords) on a task."""
+    from .data.negatives import bm25_scores_topk
+
+    doc_ids = list(task.corpus)
+    top = bm25_scores_topk(list(task.queries.values()), [task.corpus[d] for d in doc_ids], k)
+    rankings = {q: [doc_ids[j] for j in row] for q, row in zip(task.queries, top, strict=True)}
+    return score_rankings(task, rankings, k)

@@ -1,0 +1,74 @@
+"""Retrieval scoring: chunked top-k, nDCG known answers, BM25 on three documents, the offline tasks."""
+
+import math
+
+import numpy as np
+import pytest
+
+from c2llm_lib.eval import (
+    RetrievalTask,
+    chunked_topk,
+    evaluate_bm25,
+    evaluate_encoder,
+    ndcg_at_k,
+    offline_tasks,
+    recall_at_k,
+)
+
+
+def test_chunked_topk_equals_the_full_matrix():
+    rng = np.random.default_rng(0)
+    q, d = rng.standard_normal((7, 16)), rng.standard_normal((1000, 16))
+    full = q @ d.T
+    expected = np.argsort(-full, axis=1)[:, :10]
+    for chunk in (1, 3, 64, 999, 5000):
+        scores, idx = chunked_topk(q, d, 10, chunk=chunk)
+        np.testing.assert_array_equal(idx, expected)
+        np.testing.assert_allclose(scores, np.take_along_axis(full, expected, 1), rtol=1e-5)
+    assert chunked_topk(q, d[:3], 10)[1].shape == (7, 3)
+
+
+def test_ndcg_known_answers():
+    assert ndcg_at_k(["a", "b"], {"a": 1}) == 1.0
+    assert ndcg_at_k(["b", "a"], {"a": 1}) == pytest.approx(1 / math.log2(3))
+    assert ndcg_at_k(["x"] * 10 + ["a"], {"a": 1}) == 0.0  # rank 11 is past the cut
+    graded = ndcg_at_k(["b", "a"], {"a": 2, "b": 1})
+    assert graded == pytest.approx((1 + 3 / math.log2(3)) / (3 + 1 / math.log2(3)))
+    assert recall_at_k(["a", "c"], {"a": 1, "b": 1}) == 0.5
+
+
+def test_bm25_on_three_documents():
+    task = RetrievalTask(
+        "three",
+        {"q0": "sort a list of numbers", "q1": "open a file and read lines", "q2": "http request with headers"},
+        {
+            "d0": "def sort_numbers(numbers): return sorted(numbers) # sort a list",
+            "d1": "def read_lines(path): return open(path).read().splitlines() # read lines of a file",
+            "d2": "def get(url, headers): return requests.get(url, headers=headers) # http request",
+        },
+        {"q0": {"d0": 1}, "q1": {"d1": 1}, "q2": {"d2": 1}},
+        "",
+    )
+    scores = evaluate_bm25(task)
+    assert scores["ndcg_at_10"] == 1.0 and scores["recall_at_10"] == 1.0 and scores["queries"] == 3
+
+
+def test_offline_tasks_cover_both_languages_and_humaneval():
+    tasks = {t.name: t for t in offline_tasks(limit=20)}
+    assert {
+        "offline-text2code-python",
+        "offline-text2code-javascript",
+        "offline-code2code-python",
+        "offline-code2code-javascript",
+        "HumanEval",
+    } <= set(tasks)
+    for task in tasks.values():
+        assert len(task.queries) == 20 and all(len(r) == 1 for r in task.qrels.values())
+        assert all(d in task.corpus for r in task.qrels.values() for d in r)
+
+
+def test_encoder_scores_are_deterministic_and_bounded(make_encoder):
+    enc = make_encoder(pooling="mean")
+    task = offline_tasks(limit=12, include_humaneval=False)[0]
+    a, b = evaluate_encoder(enc.encode, task), evaluate_encoder(enc.encode, task)
+    assert a == b and 0.0 <= a["ndcg_at_10"] <= 1.0 and 0.0 <= a["recall_at_10"] <= 1.0
