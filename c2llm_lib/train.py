@@ -343,3 +343,67 @@ class Trainer:
             save_checkpoint(path, self.encoder, self.state())
         if self.world_size > 1:
             torch.distributed.barrier()
+
+
+def split_params(params: dict[str, Any], source: str) -> tuple[ModelConfig, TrainConfig]:
+    """A flat params mapping -> (ModelConfig, TrainConfig); a key of neither is an error naming it."""
+    import dataclasses
+
+    model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
+    train_keys = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(params) - model_keys - train_keys)
+    if unknown:
+        from .config import ConfigError
+
+        raise ConfigError(f"{source}: unknown parameter(s) {unknown} (neither a model nor a training parameter)")
+    model = from_dict(ModelConfig, {k: v for k, v in params.items() if k in model_keys}, source)
+    train = from_dict(TrainConfig, {k: v for k, v in params.items() if k in train_keys}, source)
+    return model, train
+
+
+def main(argv: list[str] | None = None) -> None:
+    """torchrun [--nproc_per_node N] -m c2llm_lib.train --params P --rows DATA --out CKPTS [--resume CKPT]"""
+    import argparse
+
+    import yaml
+    from datasets import load_from_disk
+
+    from .distributed import init_distributed
+
+    parser = argparse.ArgumentParser(description="Contrastive LoRA training of a C2LLM encoder (paper section 4.1)")
+    parser.add_argument("--params", required=True, help="flat YAML of model and training parameters")
+    parser.add_argument("--rows", required=True, help="a prepared dataset (datasets.save_to_disk folder)")
+    parser.add_argument("--out", required=True, help="folder for the checkpoints (must be new unless resuming)")
+    parser.add_argument("--resume", default=None, help="a checkpoint folder to continue from")
+    args = parser.parse_args(argv)
+    with open(args.params) as fh:
+        params = yaml.safe_load(fh) or {}
+    model_cfg, train_cfg = split_params(params, args.params)
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and args.resume is None:
+        raise SystemExit(f"{out} already holds checkpoints; pass --resume CHECKPOINT or choose a new --out")
+    if not model_cfg.use_lora:
+        raise SystemExit(f"{args.params}: training needs use_lora: true")
+    rank, world_size = init_distributed()
+    if model_cfg.device == "auto" and torch.cuda.is_available():
+        model_cfg.device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    torch.manual_seed(train_cfg.seed)
+    encoder = C2LLMEncoder.from_config(model_cfg)
+    trainer = Trainer(encoder, load_from_disk(args.rows), train_cfg, out)
+    if args.resume:
+        trainer.resume(args.resume)
+    result = trainer.train()
+    if not result.checkpoints or not result.checkpoints[-1].endswith(f"step-{result.steps:06d}"):
+        trainer.save(result.steps)
+    if rank == 0:
+        (out / "train_metrics.json").write_text(json.dumps(trainer.metrics, indent=1) + "\n")
+        print(
+            f"trained {result.steps} steps on {world_size} process(es) in {result.seconds:.1f}s; checkpoints in {out}"
+        )
+    if world_size > 1:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

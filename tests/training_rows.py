@@ -1,0 +1,28 @@
+"""A small training set in the unified record schema: two (dataset, language) groups of 8 rows."""
+
+SNIPPETS = [
+    "def add(a, b):\n    return a + b", "def sub(a, b):\n    return a - b", "def mul(a, b):\n    return a * b",
+    "def neg(x):\n    return -x", "def inc(x):\n    return x + 1", "def dec(x):\n    return x - 1",
+    "def sq(x):\n    return x * x", "def half(x):\n    return x / 2", "def first(xs):\n    return xs[0]",
+    "def last(xs):\n    return xs[-1]", "def size(xs):\n    return len(xs)", "def rev(xs):\n    return xs[::-1]",
+]  # fmt: skip
+
+
+def make_rows():
+    from datasets import Dataset
+
+    records = []
+    for g, language in enumerate(("python", "go")):
+        for i, code in enumerate(SNIPPETS[:8]):
+            negs = [SNIPPETS[(i + j) % len(SNIPPETS)] for j in (3, 5)]
+            records.append(
+                {
+                    "dataset": f"Set{g}",
+                    "language": language,
+                    "query": f"task {i} of set {g}: {code[4:9]}",
+                    "positive": code + f"  # {g}",
+                    "negatives": negs,
+                    "instruction": "Find the code:",
+                }
+            )
+    return Dataset.from_list(records)
