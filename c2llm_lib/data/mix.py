@@ -82,20 +82,23 @@ class Prepared:
         }
 
 
-def mteb_test_texts(tasks: Sequence[str] = MTEB_CODE_TASKS) -> Iterator[str]:
-    """Every query and corpus document of the MTEB(Code, v1) evaluation splits (needs the hub)."""
+def mteb_test_texts(tasks: Sequence[Any] = MTEB_CODE_TASKS) -> Iterator[str]:
+    """Every query and corpus document of the tasks' evaluation splits (task names need the hub; task
+    objects, such as mteb's offline mock tasks, are used as given)."""
     import mteb
 
-    for task in mteb.get_tasks(tasks=list(tasks)):
+    names = [t for t in tasks if isinstance(t, str)]
+    objects = [t for t in tasks if not isinstance(t, str)] + (list(mteb.get_tasks(tasks=names)) if names else [])
+    for task in objects:
         try:
             task.load_data()
         except Exception as err:
             raise DataError(f"MTEB task {task.metadata.name}: could not load its test data ({err})") from err
         for subset in task.dataset.values():
-            for split in subset.values():
-                yield from split["queries"]["text"]
-                for doc in split["corpus"]:
-                    yield doc.get("text", "")
+            for split in task.metadata.eval_splits:
+                if split in subset:
+                    yield from subset[split]["queries"]["text"]
+                    yield from subset[split]["corpus"]["text"]
 
 
 def _filtered(rows: Iterable[dict], keys: set[str], counts: Counter) -> Iterator[dict]:
