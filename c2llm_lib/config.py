@@ -4,7 +4,8 @@ Parameters are flat (one level of keys) so that a params file is a list of overr
 pass each notebook the keys it declares. `from_dict` refuses unknown keys (with a did-you-mean) and
 values of the wrong type or range, naming the source (a file, a notebook) and the key.
 
-`ModelConfig` holds the encoder of section 3 of the paper; the defaults are the released
+`ModelConfig` holds the encoder of section 3 of the paper, `TrainConfig` the recipe of section 4.1, and
+the `*Stage` classes the remaining parameters of notebooks 01, 03, 04 and 05; the defaults are the released
 C2LLM-0.5B's architecture (Qwen2.5-Coder-0.5B-Instruct, PMA with 32 heads, d = d_LLM, left padding)
 and the paper's LoRA (section 4.1: r = 64, alpha = 32 on every projection).
 """
@@ -143,3 +144,114 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclass
+class TrainConfig:
+    """The training recipe; defaults from the paper's section 4.1 where it gives them."""
+
+    epochs: int = 3
+    max_steps: int | None = None  # stop after this many optimizer steps (short runs)
+    global_batch_size: int = 64  # not stated in the paper; all ranks together
+    num_negatives: int = 7  # K
+    tau: float = 0.05
+    joint_softmax: bool = False  # one softmax over global positives and own hard negatives
+    gather_with_grad: bool = True  # False reproduces the F2LLM trainer's gradient-less gather
+    learning_rate: float = 1e-4
+    pma_learning_rate: float | None = None  # None: same as learning_rate
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0  # cosine decays to learning_rate * min_lr_ratio
+    max_grad_norm: float = 1.0
+    max_length: int = 1024
+    loss_weights: dict[str, float] = field(default_factory=dict)  # dataset -> weight (default 1)
+    checkpoint_steps: list[int] = field(default_factory=list)
+    seed: int = 0
+    grad_cache: bool = False
+    grad_cache_chunk: int = 16  # texts per chunk
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self.epochs >= 1, "epochs", f"must be at least 1, got {self.epochs}")
+        require(self.max_steps is None or self.max_steps >= 1, "max_steps", "must be at least 1")
+        require(self.global_batch_size >= 2, "global_batch_size", "must be at least 2 (in-batch negatives)")
+        require(self.num_negatives >= 0, "num_negatives", "must be >= 0")
+        require(self.tau > 0, "tau", f"must be positive, got {self.tau}")
+        require(self.learning_rate > 0, "learning_rate", "must be positive")
+        require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+        require(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", "must be in [0, 1]")
+        require(self.grad_cache_chunk >= 1, "grad_cache_chunk", "must be at least 1")
+        require(all(w >= 0 for w in self.loss_weights.values()), "loss_weights", "must be non-negative")
+        require(all(s >= 1 for s in self.checkpoint_steps), "checkpoint_steps", "must be positive step numbers")
+
+
+SOURCE_NAMES = [
+    "CodeSearchNetRetrieval", "COIRCodeSearchNetRetrieval", "CodeSearchNetCCRetrieval", "AppsRetrieval",
+    "CodeFeedbackST", "CodeFeedbackMT", "CodeEditSearchRetrieval", "CosQA", "StackOverflowQA", "SyntheticText2SQL",
+    "CodeTransOceanContest", "CodeTransOceanDL",
+]  # fmt: skip
+
+
+@dataclass
+class DataStage:
+    """Notebook 01: which data, how much of it, and its hard negatives."""
+
+    data_source: Literal["offline", "hub"] = "offline"  # offline: the shipped real-code snapshot
+    hub_sources: list[str] = field(default_factory=lambda: list(SOURCE_NAMES))
+    rows_per_group: int | None = None  # cap per (dataset, language) group; None keeps every row
+    num_negatives: int = 7  # K, mined per query
+    mining: Literal["bm25"] = "bm25"
+    decontaminate_mteb: bool = False  # also drop rows seen in MTEB(Code) test sets (needs the hub)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self.rows_per_group is None or self.rows_per_group > 0, "rows_per_group", "must be positive")
+        require(self.num_negatives >= 0, "num_negatives", "must be >= 0")
+        unknown = sorted(set(self.hub_sources) - set(SOURCE_NAMES))
+        require(not unknown, "hub_sources", f"names unknown sources {unknown}")
+
+
+@dataclass
+class MergeStage:
+    """Notebook 03: which checkpoints are merged, with which weights (paper: 4 checkpoints)."""
+
+    merge_last: int = 4  # merge the last N checkpoints
+    merge_weights: list[float] | None = None  # one per merged checkpoint; None: equal weights
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self.merge_last >= 1, "merge_last", "must be at least 1")
+        if self.merge_weights is not None:
+            require(len(self.merge_weights) == self.merge_last, "merge_weights",
+                    f"must have merge_last = {self.merge_last} entries, got {len(self.merge_weights)}")  # fmt: skip
+
+
+@dataclass
+class EvalStage:
+    """Notebook 04: the held-out evaluation and its baselines."""
+
+    eval_limit: int | None = None  # queries per offline task; None: all of them
+    eval_batch_size: int = 16
+    eval_max_length: int = 2048  # the released model's inference length
+    baselines: list[str] = field(default_factory=lambda: ["bm25", "mean", "last_token"])
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self.eval_limit is None or self.eval_limit > 0, "eval_limit", "must be positive")
+        require(self.eval_batch_size > 0, "eval_batch_size", "must be positive")
+        bad = sorted(set(self.baselines) - {"bm25", "mean", "last_token"})
+        require(not bad, "baselines", f"has unknown entries {bad}; choose from bm25, mean, last_token")
+
+
+@dataclass
+class AttentionStage:
+    """Notebook 05: which examples the PMA attention figures show."""
+
+    attention_examples: int = 3
+    attention_max_tokens: int = 80  # tokens per example in the heatmaps
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self.attention_examples >= 1, "attention_examples", "must be at least 1")
+        require(self.attention_max_tokens >= 8, "attention_max_tokens", "must be at least 8")

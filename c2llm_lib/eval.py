@@ -124,3 +124,41 @@ def evaluate_bm25(task: RetrievalTask, k: int = 10) -> dict[str, float]:
     top = bm25_scores_topk(list(task.queries.values()), [task.corpus[d] for d in doc_ids], k)
     rankings = {q: [doc_ids[j] for j in row] for q, row in zip(task.queries, top, strict=True)}
     return score_rankings(task, rankings, k)
+
+
+def baseline_encoder(trained, pooling: str):
+    """The untrained backbone of `trained` with a baseline pooler (mean or last token), no LoRA."""
+    import dataclasses
+
+    from .model import C2LLMEncoder
+
+    cfg = dataclasses.replace(trained.config, pooling=pooling, use_lora=False, embedding_dim=None,
+                              append_eos=None, gradient_checkpointing=False)  # fmt: skip
+    return C2LLMEncoder.from_config(cfg)
+
+
+def evaluate_all(models: dict[str, Callable[..., np.ndarray]], tasks: Sequence[RetrievalTask], bm25: bool = True,
+                 k: int = 10, batch_size: int = 16, log=print) -> dict[str, dict[str, dict[str, float]]]:  # fmt: skip
+    """{model: {task: metrics}} for each named `encode` function, and BM25 if asked."""
+    scores: dict[str, dict[str, dict[str, float]]] = {}
+    if bm25:
+        scores["BM25"] = {t.name: evaluate_bm25(t, k) for t in tasks}
+    for name, encode in models.items():
+        scores[name] = {t.name: evaluate_encoder(encode, t, k, batch_size) for t in tasks}
+        log(f"evaluated {name}")
+    return scores
+
+
+def results_frame(scores: dict[str, dict[str, dict[str, float]]], metric: str = "ndcg_at_10"):
+    """Models x tasks (x 100), with the mean over tasks as the last column."""
+    import pandas as pd
+
+    frame = pd.DataFrame({m: {t: 100 * v[metric] for t, v in tasks.items()} for m, tasks in scores.items()}).T
+    frame["mean"] = frame.mean(axis=1)
+    return frame.round(2)
+
+
+def results_markdown(frame, title: str) -> str:
+    header = "| model | " + " | ".join(frame.columns) + " |\n|---|" + "---|" * len(frame.columns) + "\n"
+    rows = "".join(f"| {m} | " + " | ".join(f"{v:.1f}" for v in frame.loc[m]) + " |\n" for m in frame.index)
+    return f"### {title}\n\n{header}{rows}"

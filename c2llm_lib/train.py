@@ -29,7 +29,7 @@ import random
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,51 +39,12 @@ from safetensors.torch import load_file, save_file
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from .config import ModelConfig, check_types, from_dict, require
+from .config import ModelConfig, TrainConfig, from_dict
 from .data.records import text_key
 from .distributed import world
 from .losses import contrastive_loss
 from .model import C2LLMEncoder
 from .samplers import GroupedBatchSampler
-
-
-@dataclass
-class TrainConfig:
-    """The training recipe; defaults from the paper's section 4.1 where it gives them."""
-
-    epochs: int = 3
-    max_steps: int | None = None  # stop after this many optimizer steps (short runs)
-    global_batch_size: int = 64  # not stated in the paper; all ranks together
-    num_negatives: int = 7  # K
-    tau: float = 0.05
-    joint_softmax: bool = False  # one softmax over global positives and own hard negatives
-    gather_with_grad: bool = True  # False reproduces the F2LLM trainer's gradient-less gather
-    learning_rate: float = 1e-4
-    pma_learning_rate: float | None = None  # None: same as learning_rate
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.0  # cosine decays to learning_rate * min_lr_ratio
-    max_grad_norm: float = 1.0
-    max_length: int = 1024
-    loss_weights: dict[str, float] = field(default_factory=dict)  # dataset -> weight (default 1)
-    checkpoint_steps: list[int] = field(default_factory=list)
-    seed: int = 0
-    grad_cache: bool = False
-    grad_cache_chunk: int = 16  # texts per chunk
-
-    def __post_init__(self) -> None:
-        check_types(self)
-        require(self.epochs >= 1, "epochs", f"must be at least 1, got {self.epochs}")
-        require(self.max_steps is None or self.max_steps >= 1, "max_steps", "must be at least 1")
-        require(self.global_batch_size >= 2, "global_batch_size", "must be at least 2 (in-batch negatives)")
-        require(self.num_negatives >= 0, "num_negatives", "must be >= 0")
-        require(self.tau > 0, "tau", f"must be positive, got {self.tau}")
-        require(self.learning_rate > 0, "learning_rate", "must be positive")
-        require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
-        require(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", "must be in [0, 1]")
-        require(self.grad_cache_chunk >= 1, "grad_cache_chunk", "must be at least 1")
-        require(all(w >= 0 for w in self.loss_weights.values()), "loss_weights", "must be non-negative")
-        require(all(s >= 1 for s in self.checkpoint_steps), "checkpoint_steps", "must be positive step numbers")
 
 
 class NonFiniteLoss(RuntimeError):
@@ -336,6 +297,13 @@ class Trainer:
         bar.close()
         return TrainResult(self.step, self.metrics, self.checkpoints, time.perf_counter() - start)
 
+    def save_final(self) -> str:
+        """A checkpoint of the last step, unless one was just written; returns its path."""
+        name = f"step-{self.step:06d}"
+        if not self.checkpoints or not self.checkpoints[-1].endswith(name):
+            self.save(self.step)
+        return self.checkpoints[-1]
+
     def save(self, step: int) -> None:
         path = self.checkpoint_root / f"step-{step:06d}"
         self.checkpoints.append(str(path))  # before the state is taken, so a resumed run lists it too
@@ -393,8 +361,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.resume:
         trainer.resume(args.resume)
     result = trainer.train()
-    if not result.checkpoints or not result.checkpoints[-1].endswith(f"step-{result.steps:06d}"):
-        trainer.save(result.steps)
+    trainer.save_final()
     if rank == 0:
         (out / "train_metrics.json").write_text(json.dumps(trainer.metrics, indent=1) + "\n")
         print(

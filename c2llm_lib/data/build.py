@@ -1,0 +1,71 @@
+"""Notebook 01's stage: the training set of a run, from the offline snapshot or the hub (section 4.1).
+
+Offline, the training rows are the snapshot's train split (real code, split by file), decontaminated
+against every offline evaluation text (the held-out split and HumanEval), capped per (dataset,
+language) group if asked, with K hard negatives mined per group. From the hub, the rows are the
+registry sources' training splits, decontaminated against the offline sets and, if asked, every
+MTEB(Code, v1) test query and document.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+from ..config import DataStage
+from .mix import (
+    Prepared,
+    add_hard_negatives,
+    fingerprint_of,
+    group_indices,
+    mteb_test_texts,
+    prepare_rows,
+    prepare_sources,
+)
+from .offline import humaneval_records, load_snapshot
+from .records import RowChecker
+
+
+def offline_eval_texts() -> list[str]:
+    """Every query and document of the offline evaluation sets."""
+    rows = [r for r in load_snapshot() if r["split"] == "test"] + humaneval_records()
+    return [t for r in rows for t in (r["query"], r["positive"])]
+
+
+def _capped(rows: list[dict], cap: int | None, seed: int) -> list[dict]:
+    """At most `cap` rows per (dataset, language) group, a seeded random subset, in snapshot order."""
+    if cap is None:
+        return rows
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault((row["dataset"], row["language"]), []).append(i)
+    rng = random.Random(seed)
+    keep = {i for idx in groups.values() for i in (idx if len(idx) <= cap else rng.sample(idx, cap))}
+    return [r for i, r in enumerate(rows) if i in keep]
+
+
+def build_training_data(stage: DataStage) -> tuple[Prepared, dict[str, int]]:
+    """(prepared rows with negatives, rows per group that got fewer than K negatives)."""
+    eval_texts = offline_eval_texts()
+    if stage.decontaminate_mteb:
+        eval_texts += list(mteb_test_texts())
+    if stage.data_source == "offline":
+        snapshot = _capped([r for r in load_snapshot() if r["split"] == "train"], stage.rows_per_group, stage.seed)
+
+        def rows(checker: RowChecker) -> Iterator[dict]:
+            for row in snapshot:
+                record = checker.record(row["dataset"], f"{row['file']}:{row['function']}", row["query"],
+                                        row["positive"], row["language"], row["instruction"])  # fmt: skip
+                if record is not None:
+                    yield record
+
+        fingerprint = fingerprint_of("offline", stage.rows_per_group, stage.seed, len(eval_texts))
+        prepared = prepare_rows(rows, fingerprint, eval_texts)
+    else:
+        prepared = prepare_sources(stage.hub_sources, eval_texts=eval_texts)
+        if stage.rows_per_group is not None:
+            rng, cap = random.Random(stage.seed), stage.rows_per_group
+            groups = group_indices(prepared.rows).values()
+            keep = sorted(int(i) for g in groups for i in (g if len(g) <= cap else rng.sample(list(g), cap)))
+            prepared.rows = prepared.rows.select(keep)
+    return add_hard_negatives(prepared, k=stage.num_negatives, method=stage.mining)

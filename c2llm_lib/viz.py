@@ -1,0 +1,116 @@
+"""Figures for the notebooks: training curves, per-task scores, and PMA attention (paper section 3).
+
+Section 3's takeaway is that the PMA query learns which tokens matter (function signatures, key
+logic). `pma_attention` returns, for each text, its tokens and the head's weights (H, T) over them,
+and `attention_heatmap` draws the mean over heads and a heads x tokens panel. Tokens are shown
+readably: byte-level BPE markers are decoded (a space as a middle dot, a newline as a return arrow),
+and the document prefix / instruction and special tokens are marked.
+
+Every function returns a matplotlib Figure (or data) and never shows or saves it: `RunDir.save_figure`
+writes figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class TokenAttention:
+    tokens: list[str]  # readable token strings
+    weights: np.ndarray  # (H, T) PMA attention over the tokens
+    prefix_tokens: int  # how many leading tokens belong to the instruction or document prefix
+    special: list[bool]  # special tokens (EOS, ...)
+
+
+def readable_token(text: str) -> str:
+    """A token's text with whitespace made visible: space -> middle dot, newline -> return arrow, tab -> arrow."""
+    return text.replace(" ", "\u00b7").replace("\n", "\u21b5").replace("\t", "\u21e5") or "\u2205"
+
+
+def pma_attention(
+    encoder, texts: Sequence[str], kind: str = "document", instruction: str | None = None, max_tokens: int = 80
+) -> list[TokenAttention]:
+    """PMA attention over each text's own tokens (no padding), truncated to `max_tokens` tokens."""
+    if encoder.config.pooling != "pma":
+        raise ValueError(f"attention figures need pooling='pma', the encoder uses {encoder.config.pooling!r}")
+    out = []
+    tok = encoder.tokenizer
+    for formatted, text in zip(encoder.format_texts(texts, kind, instruction), texts, strict=True):
+        batch = encoder.tokenize_formatted([formatted], max_tokens)
+        ids = batch["input_ids"][0].tolist()
+        prefix_chars = len(formatted) - len(text)
+        enc = tok(formatted, add_special_tokens=False, return_offsets_mapping=True, truncation=True,
+                  max_length=len(ids))  # fmt: skip
+        prefix = sum(1 for start, _ in enc["offset_mapping"] if start < prefix_chars)
+        with torch.no_grad():
+            _, attn = encoder(**batch, return_attention=True)  # (1, H, T)
+        special = set(tok.all_special_ids)
+        out.append(TokenAttention(
+            tokens=[readable_token(tok.decode([i])) for i in ids],
+            weights=attn[0].float().cpu().numpy(),
+            prefix_tokens=prefix,
+            special=[i in special for i in ids],
+        ))  # fmt: skip
+    return out
+
+
+def attention_heatmap(item: TokenAttention, title: str = ""):
+    """Two panels: attention averaged over heads, and heads x tokens; prefix and special tokens marked."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    H, T = item.weights.shape
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, 0.22 * T), 2.2 + 0.12 * H), sharex=True,
+                                      gridspec_kw={"height_ratios": [1, max(2, H // 4)]})  # fmt: skip
+    sns.heatmap(item.weights.mean(0, keepdims=True), ax=top, cmap="viridis", cbar=False, yticklabels=["mean"])
+    sns.heatmap(item.weights, ax=bottom, cmap="viridis", cbar=False, yticklabels=max(1, H // 8))
+    bottom.set_ylabel("head")
+    bottom.set_xticks(np.arange(T) + 0.5)
+    bottom.set_xticklabels(item.tokens, rotation=90, fontsize=7, family="monospace")
+    for i, label in enumerate(bottom.get_xticklabels()):
+        if item.special[i]:
+            label.set_color("crimson")
+        elif i < item.prefix_tokens:
+            label.set_color("gray")
+    top.set_title(title or "PMA attention (gray: instruction or prefix, red: special tokens)")
+    fig.tight_layout()
+    return fig
+
+
+def loss_curves(metrics: Sequence[dict]):
+    """Training loss per step, coloured by the batch's dataset, with the learning rate on a second axis."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    import seaborn as sns
+
+    frame = pd.DataFrame(list(metrics))
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    sns.scatterplot(frame, x="step", y="loss", hue="dataset", ax=ax, s=18)
+    ax.plot(frame["step"], frame["loss"].rolling(5, min_periods=1).mean(), color="black", lw=1, label="mean of 5")
+    ax.legend(fontsize=7)
+    lr = ax.twinx()
+    lr.plot(frame["step"], frame["lr"], color="gray", ls="--", lw=1)
+    lr.set_ylabel("learning rate", color="gray")
+    ax.set_title("contrastive loss (in-batch + hard negatives)")
+    fig.tight_layout()
+    return fig
+
+
+def score_bars(frame):
+    """Per-task nDCG@10 bars for each model, from a models x tasks frame (as `eval.results_frame`)."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    long = frame.reset_index(names="model").melt(id_vars="model", var_name="task", value_name="nDCG@10")
+    fig, ax = plt.subplots(figsize=(max(7, 1.4 * frame.shape[1]), 3.8))
+    sns.barplot(long, x="task", y="nDCG@10", hue="model", ax=ax)
+    ax.tick_params(axis="x", rotation=30)
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
