@@ -1,4 +1,5 @@
-# Two entry points: `make run` and `make test`. Each sets up what it needs (idempotently) first.
+# Two entry points: `make run` (the pipeline on params/default.yaml; PARAMS=params/x.yaml for another run,
+# ARGS="--resume" to continue one) and `make test`. Each sets up what it needs (idempotently) first.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -21,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 run: setup
-	$(PY) -m c2llm_lib.demo
+	$(PY) -m c2llm_lib.pipeline $(PARAMS) $(ARGS)
 
 test: setup lint
 	$(PY) -m pytest

@@ -1,9 +1,10 @@
 """Preparing the mix: decontamination, fingerprints and caching, negatives per group, no silent emptiness."""
 
 import pytest
-from source_fixtures import write_fixtures
 
 from c2llm_lib.data import DataError, add_hard_negatives, prepare_rows, prepare_sources
+
+from source_fixtures import write_fixtures
 
 NAMES = ["AppsRetrieval", "CosQA", "SyntheticText2SQL", "CodeSearchNetCCRetrieval"]
 

@@ -3,9 +3,10 @@
 import json
 
 import pytest
-from source_fixtures import write_fixtures
 
 from c2llm_lib.data import SOURCES, TABLE_1, DataError, RowChecker, SkipReport, iter_records
+
+from source_fixtures import write_fixtures
 
 
 @pytest.fixture(scope="module")

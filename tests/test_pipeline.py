@@ -1,0 +1,86 @@
+"""The papermill pipeline on params/smoke.yaml, and the runner's validation, resume and overwrite rules."""
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from c2llm_lib.config import ConfigError
+from c2llm_lib.pipeline import PipelineError, load_params, main, resolve, run_pipeline
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = REPO / "params" / "smoke.yaml"
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    outputs = tmp_path_factory.mktemp("outputs")
+    return run_pipeline(SMOKE, outputs=outputs, log=lambda *_: None), outputs
+
+
+@pytest.mark.slow
+def test_the_whole_pipeline_on_the_smoke_params(smoke_run):
+    run, _ = smoke_run
+    for name in ("01_data_prep", "02_train_lora_contrastive", "03_merge_checkpoints", "04_eval_mteb_code",
+                 "05_pma_attention"):  # fmt: skip
+        nb = nbformat.read(run.root / "notebooks" / f"{name}.ipynb", as_version=4)
+        assert nb.metadata.papermill["exception"] is None, name
+        assert not [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    for metric in ("data", "train", "merge", "eval", "attention"):
+        assert (run.root / "metrics" / f"{metric}.json").is_file(), metric
+    for figure in ("data_lengths", "loss", "scores", "attention_0"):
+        assert (run.root / "figures" / f"{figure}.png").stat().st_size > 1000, figure
+    assert sorted(p.name for p in (run.root / "checkpoints").iterdir()) == ["step-000002", "step-000003", "step-000004"]
+    assert (run.root / "merged" / "c2llm_config.json").is_file()
+    manifest = json.loads((run.root / "manifest.json").read_text())
+    assert manifest["status"] == "finished" and manifest["git"]["sha"] and manifest["versions"]["torch"]
+    assert "started" in manifest and "ended" in manifest and "device" in manifest
+    assert (run.root / "params.yaml").is_file() and (run.root / "resolved.yaml").is_file()
+    scores = json.loads((run.root / "metrics" / "eval.json").read_text())
+    assert all(0 <= v["ndcg_at_10"] <= 1 for model in scores.values() for v in model.values())
+    assert "| C2LLM recipe (merged) |" in (run.root / "metrics" / "results.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_run_is_never_overwritten_unless_asked(smoke_run):
+    run, outputs = smoke_run
+    with pytest.raises(FileExistsError, match="--resume.*--overwrite"):
+        run_pipeline(SMOKE, outputs=outputs, log=lambda *_: None)
+    lines = []
+    run_pipeline(SMOKE, outputs=outputs, mode="resume", log=lines.append)
+    assert all("kept" in line for line in lines) and len(lines) == 5  # nothing reran
+    lines.clear()
+    run_pipeline(SMOKE, outputs=outputs, mode="resume", sets={"eval_limit": 4}, only=["04"], log=lines.append)
+    assert lines[0].startswith("[04_eval_mteb_code] running")  # its parameters changed: it reruns
+
+
+def test_overwrite_and_a_missing_upstream_product(tmp_path):
+    (tmp_path / "smoke").mkdir()
+    (tmp_path / "smoke" / "mine.txt").write_text("mine")
+    with pytest.raises(PipelineError, match=r"03_merge_checkpoints failed.*run 02_train_lora_contrastive"):
+        run_pipeline(SMOKE, outputs=tmp_path, mode="overwrite", only=["03"], log=lambda *_: None)
+    assert not (tmp_path / "smoke" / "mine.txt").exists()  # deleted, as asked
+    assert (tmp_path / "smoke" / "notebooks" / "03_merge_checkpoints.ipynb").is_file()  # saved with its error
+    manifest = json.loads((tmp_path / "smoke" / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and manifest["failed_notebook"] == "03_merge_checkpoints"
+
+
+def test_bad_params_are_named(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("max_steps: [1, 2\n")
+    with pytest.raises(ConfigError, match="bad.yaml: does not parse as YAML"):
+        load_params(bad)
+    with pytest.raises(
+        ConfigError, match=r"p.yaml: no notebook declares 'lerning_rate' \(did you mean 'learning_rate'\?\)"
+    ):
+        resolve({"lerning_rate": 1e-4}, "p.yaml")
+    with pytest.raises(
+        ConfigError, match=r"p.yaml \(notebook 02_train_lora_contrastive\): parameter 'max_steps' must be"
+    ):
+        resolve({"max_steps": "ten"}, "p.yaml")
+    with pytest.raises(ConfigError, match="set by the runner"):
+        resolve({"run": "other"}, "p.yaml")
+    with pytest.raises(ConfigError, match="merge_weights"):
+        resolve({"merge_last": 2, "merge_weights": [1.0]}, "p.yaml")
+    assert main([str(tmp_path / "missing.yaml")]) == 1
