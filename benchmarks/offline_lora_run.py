@@ -94,24 +94,13 @@ def main() -> None:
         max_length=args.max_length,
     )
     trainer = Trainer(enc, rows, cfg)
-    tokens = {"n": 0}
-    original = enc.tokenize_formatted
-
-    def counting(texts, max_length=None):
-        batch = original(texts, max_length)
-        if torch.is_grad_enabled():
-            tokens["n"] += int(batch["attention_mask"].sum())
-        return batch
-
-    enc.tokenize_formatted = counting
     result = trainer.train()
-    enc.tokenize_formatted = original
     results["training"] = {
         "rows": len(rows),
         "steps": result.steps,
         "seconds": result.seconds,
-        "real_tokens": tokens["n"],
-        "tokens_per_s": tokens["n"] / result.seconds,
+        "real_tokens": sum(m["tokens"] for m in result.metrics),
+        "tokens_per_s": sum(m["tokens"] for m in result.metrics) / result.seconds,
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "first_loss": result.metrics[0]["loss"],
         "last_losses": [m["loss"] for m in result.metrics[-5:]],

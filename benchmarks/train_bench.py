@@ -40,21 +40,12 @@ def main() -> None:
     enc = C2LLMEncoder.from_config(ModelConfig(backbone=TINY_BACKBONE, device="cpu", dtype="float32", use_lora=True))
     cfg = TrainConfig(max_steps=args.steps, global_batch_size=args.global_batch_size, max_length=args.max_length,
                       grad_cache=args.grad_cache)  # fmt: skip
-    tokens = {"n": 0}
-    original = enc.tokenize_formatted
-
-    def counting(texts, max_length=None):
-        batch = original(texts, max_length)
-        if torch.is_grad_enabled():
-            tokens["n"] += int(batch["attention_mask"].sum())
-        return batch
-
-    enc.tokenize_formatted = counting
     result = Trainer(enc, table, cfg).train()
+    tokens = sum(m["tokens"] for m in result.metrics)
     out = {
         "backbone": TINY_BACKBONE, "steps": result.steps, "global_batch_size": args.global_batch_size,
-        "negatives": 7, "grad_cache": args.grad_cache, "seconds": result.seconds, "real_tokens": tokens["n"],
-        "tokens_per_s": tokens["n"] / result.seconds,
+        "negatives": 7, "grad_cache": args.grad_cache, "seconds": result.seconds, "real_tokens": tokens,
+        "tokens_per_s": tokens / result.seconds,
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "threads": torch.get_num_threads(),
     }  # fmt: skip
     path = Path(__file__).resolve().parent / "results" / f"train-cpu-tiny{'-gradcache' if args.grad_cache else ''}.json"

@@ -63,6 +63,15 @@ def _describe(annotation: Any) -> str:
     return str(annotation).replace("typing.", "")
 
 
+def unknown_keys(unknown: list[str], known: set[str]) -> str:
+    """'key' (did you mean 'closest'?), ... for each unknown key."""
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, known, n=1)
+        hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return ", ".join(hints)
+
+
 def from_dict(cls: type[C], data: dict[str, Any], source: str = "parameters") -> C:
     """Builds `cls` from `data`, refusing unknown keys and ill-typed values with a message naming them."""
     if not isinstance(data, dict):
@@ -70,11 +79,7 @@ def from_dict(cls: type[C], data: dict[str, Any], source: str = "parameters") ->
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(key, names, n=1)
-            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ConfigError(f"{source}: unknown parameter {', '.join(hints)} for {cls.__name__}")
+        raise ConfigError(f"{source}: unknown parameter {unknown_keys(unknown, names)} for {cls.__name__}")
     try:
         return cls(**data)
     except ConfigError as err:

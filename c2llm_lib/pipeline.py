@@ -15,7 +15,6 @@ error, and the error is printed.
 from __future__ import annotations
 
 import argparse
-import difflib
 import logging
 import sys
 import time
@@ -24,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from .config import ConfigError, from_dict
+from .config import ConfigError, from_dict, unknown_keys
 from .notebook import NOTEBOOK_DIR, RUN_KEYS, STAGES, read_parameters, stage_keys
 from .runs import RunDir
 
@@ -77,11 +76,7 @@ def resolve(overrides: dict[str, Any], source: str, notebook_dir: Path = NOTEBOO
     known = {k for d in declared.values() for k in d}
     unknown = sorted(set(overrides) - known)
     if unknown:
-        hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(key, known, n=1)
-            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ConfigError(f"{source}: no notebook declares {', '.join(hints)}")
+        raise ConfigError(f"{source}: no notebook declares {unknown_keys(unknown, known)}")
     resolved = {}
     for name, defaults in declared.items():
         values = {**defaults, **{k: v for k, v in overrides.items() if k in defaults}}

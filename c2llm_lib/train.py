@@ -26,8 +26,6 @@ import json
 import math
 import os
 import random
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +37,7 @@ from safetensors.torch import load_file, save_file
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
+from .atomic import atomic_directory
 from .config import ModelConfig, TrainConfig, from_dict
 from .data.records import text_key
 from .distributed import world
@@ -82,23 +81,14 @@ def save_checkpoint(directory: Path, encoder: C2LLMEncoder, trainer_state: dict[
     """Adapter + PMA head (safetensors) + the model config [+ trainer state], written atomically."""
     if encoder.base_model is encoder.backbone:
         raise ValueError("checkpoints hold a LoRA adapter; this encoder has none (use_lora=False)")
-    directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
+    with atomic_directory(directory) as staging:
         encoder.backbone.save_pretrained(staging / "adapter")
         pooler = {k: v.detach().contiguous().cpu() for k, v in encoder.pooler.state_dict().items()}
         save_file(pooler, staging / "pooler.safetensors", metadata={"format": "pt"})
         (staging / "model_config.json").write_text(json.dumps(encoder.config.to_dict(), indent=2) + "\n")
         if trainer_state is not None:
             torch.save(trainer_state, staging / "trainer_state.pt")
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(staging, directory)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return directory
+    return Path(directory)
 
 
 def load_checkpoint_weights(directory: Path, encoder: C2LLMEncoder) -> None:
@@ -172,6 +162,7 @@ class Trainer:
             self.optimizer, lr_lambda(cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio)
         )
         self.step = 0
+        self._tokens = 0  # real (non-padding) tokens embedded with a graph in the current step
         self.metrics: list[dict[str, Any]] = []
         self.checkpoints: list[str] = []
 
@@ -190,6 +181,8 @@ class Trainer:
 
     def embed(self, texts: list[str]) -> torch.Tensor:
         batch = self.encoder.tokenize_formatted(texts, self.cfg.max_length)
+        if torch.is_grad_enabled():  # the pass with a graph (GradCache's first pass has none)
+            self._tokens += int(batch["attention_mask"].sum())
         return self.model(**batch)  # (N, d)
 
     def loss_from(self, emb: torch.Tensor, b: int, k: int, dataset: str) -> dict[str, torch.Tensor]:
@@ -272,6 +265,7 @@ class Trainer:
                 batch = self.rows[indices]
                 tick = time.perf_counter()
                 self.optimizer.zero_grad(set_to_none=True)
+                self._tokens = 0
                 out = self.forward_backward(batch)
                 norm = torch.nn.utils.clip_grad_norm_(
                     [p for g in self.optimizer.param_groups for p in g["params"]], self.cfg.max_grad_norm
@@ -284,7 +278,7 @@ class Trainer:
                     "step": self.step, "epoch": self.sampler.epoch, "dataset": batch["dataset"][0],
                     "language": batch["language"][0], "loss": out["loss"].item(), "in_batch": out["in_batch"].item(),
                     "hard_negative": float(out["hard_negative"].detach()), "lr": lr, "grad_norm": float(norm),
-                    "seconds": time.perf_counter() - tick,
+                    "tokens": self._tokens, "seconds": time.perf_counter() - tick,
                 })  # fmt: skip
                 bar.update(1)
                 bar.set_postfix(loss=f"{out['loss'].item():.3f}", data=batch["dataset"][0][:20])

@@ -16,16 +16,19 @@ CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
 
 
+def build_tiny(seed: int = 0, **overrides) -> C2LLMEncoder:
+    """A tiny random encoder (2-layer Qwen2, real Qwen2.5 tokenizer) on the CPU, with overrides."""
+    values = {"backbone": TINY_BACKBONE, "device": "cpu", "dtype": "float32", **overrides}
+    torch.manual_seed(seed)  # the PMA head's and LoRA's initialisation
+    return C2LLMEncoder.from_config(ModelConfig(**values))
+
+
+TINY_LORA = {"use_lora": True, "lora_r": 4, "lora_alpha": 8, "pma_heads": 4}
+
+
 @pytest.fixture
 def make_encoder():
-    """Builds a tiny random encoder (2-layer Qwen2, real Qwen2.5 tokenizer) with overrides."""
-
-    def build(seed: int = 0, **overrides) -> C2LLMEncoder:
-        values = {"backbone": TINY_BACKBONE, "device": "cpu", "dtype": "float32", **overrides}
-        torch.manual_seed(seed)  # the PMA head's initialisation
-        return C2LLMEncoder.from_config(ModelConfig(**values))
-
-    return build
+    return build_tiny
 
 
 def randomize_lora(encoder: C2LLMEncoder, seed: int = 1) -> None:

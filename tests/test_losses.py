@@ -1,15 +1,14 @@
 """Contrastive losses: hand-computed answers, the no-gradient flag, and 2 processes == 1 process."""
 
 import math
-import os
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from c2llm_lib.losses import contrastive_loss
+
+from spawn import run_processes
 
 
 def test_in_batch_known_answer():
@@ -52,7 +51,7 @@ def test_bad_arguments():
         contrastive_loss(torch.zeros(2, 3), torch.zeros(2, 3), tau=0)
 
 
-def _worker(rank, world, init_file, q, p, n, gather_grad, out):
+def _worker(rank, world, init_file, out, q, p, n, gather_grad):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         b = q.shape[0] // world
@@ -68,22 +67,7 @@ def _worker(rank, world, init_file, q, p, n, gather_grad, out):
 
 
 def run_two_processes(q, p, n, gather_grad):
-    with tempfile.TemporaryDirectory() as tmp:
-        manager = mp.Manager()
-        out = manager.dict()
-        ctx = mp.get_context("spawn")
-        procs = [
-            ctx.Process(target=_worker, args=(r, 2, os.path.join(tmp, "init"), q, p, n, gather_grad, out))
-            for r in range(2)
-        ]
-        for proc in procs:
-            proc.start()
-        for proc in procs:
-            proc.join(timeout=120)
-            assert proc.exitcode == 0, f"worker exited with {proc.exitcode}"
-        result = dict(out)
-        manager.shutdown()
-        return result
+    return run_processes(_worker, 2, q, p, n, gather_grad)
 
 
 def test_two_processes_equal_one_process_on_the_concatenated_batch():

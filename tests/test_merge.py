@@ -9,31 +9,17 @@ from c2llm_lib import C2LLMEncoder
 from c2llm_lib.merge import check_weights, lora_deltas, merge_checkpoints
 from c2llm_lib.train import encoder_from_checkpoint, save_checkpoint
 
-from conftest import randomize_lora
+from conftest import TINY_LORA, build_tiny, randomize_lora
 
 TEXTS = ["def add(a, b):\n    return a + b", "SELECT 1;"]
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    from c2llm_lib import ModelConfig
-    from c2llm_lib.model import TINY_BACKBONE
-
     root = tmp_path_factory.mktemp("ckpts")
     paths = []
     for i in range(4):
-        torch.manual_seed(i)
-        enc = C2LLMEncoder.from_config(
-            ModelConfig(
-                backbone=TINY_BACKBONE,
-                device="cpu",
-                dtype="float32",
-                use_lora=True,
-                lora_r=4,
-                lora_alpha=8,
-                pma_heads=4,
-            )
-        )
+        enc = build_tiny(seed=i, **TINY_LORA)
         randomize_lora(enc, seed=10 + i)
         paths.append(save_checkpoint(root / f"step-{i}", enc))
     return paths

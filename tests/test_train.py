@@ -1,20 +1,20 @@
 """Trainer on a tiny model: GradCache equality, exact resume, NaN stop, 2 processes == 1 process."""
 
 import os
-import tempfile
 
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from c2llm_lib.train import NonFiniteLoss, TrainConfig, Trainer, encoder_from_checkpoint, lr_lambda
 
+from conftest import TINY_LORA, build_tiny
+from spawn import run_processes
 from training_rows import SNIPPETS, make_rows
 
 
 def tiny(make_encoder, seed=0):
-    return make_encoder(use_lora=True, lora_r=4, lora_alpha=8, pma_heads=4, seed=seed)
+    return make_encoder(seed=seed, **TINY_LORA)
 
 
 CFG = dict(global_batch_size=4, num_negatives=2, learning_rate=5e-3, warmup_steps=2, max_length=64, seed=0)
@@ -117,21 +117,7 @@ def _train_worker(rank, world, init_file, out):
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        from c2llm_lib import C2LLMEncoder, ModelConfig
-        from c2llm_lib.model import TINY_BACKBONE
-
-        torch.manual_seed(0)
-        enc = C2LLMEncoder.from_config(
-            ModelConfig(
-                backbone=TINY_BACKBONE,
-                device="cpu",
-                dtype="float32",
-                use_lora=True,
-                lora_r=4,
-                lora_alpha=8,
-                pma_heads=4,
-            )
-        )
+        enc = build_tiny(**TINY_LORA)
         trainer = Trainer(enc, make_rows(), TrainConfig(**CFG, max_steps=4))
         result = trainer.train()
         out[rank] = {
@@ -146,18 +132,7 @@ def _train_worker(rank, world, init_file, out):
 
 
 def test_two_processes_train_like_one(make_encoder):
-    with tempfile.TemporaryDirectory() as tmp:
-        manager = mp.Manager()
-        out = manager.dict()
-        ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=_train_worker, args=(r, 2, os.path.join(tmp, "init"), out)) for r in range(2)]
-        for proc in procs:
-            proc.start()
-        for proc in procs:
-            proc.join(timeout=300)
-            assert proc.exitcode == 0, f"worker exited with {proc.exitcode}"
-        two = dict(out)
-        manager.shutdown()
+    two = run_processes(_train_worker, 2)
     assert two[0]["groups"] == two[1]["groups"]  # every rank drew the same (dataset, language) at every step
     peak = CFG["learning_rate"]
     assert two[0]["lrs"][:2] == pytest.approx([peak / 2, peak])  # warmup in optimizer steps, not per process

@@ -24,8 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +36,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
+from ..atomic import atomic_directory
 from ..config import ModelConfig, from_dict
 from . import released
 from .backbone import (
@@ -220,9 +219,7 @@ class C2LLMEncoder(nn.Module):
         target = Path(directory)
         if target.exists() and any(target.iterdir()) and not overwrite:
             raise FileExistsError(f"{target} exists and is not empty; pass overwrite=True to replace it")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        try:
+        with atomic_directory(target) as staging:
             base = self.base_model
             weights = {
                 k.replace(".base_layer", ""): v.detach().contiguous().cpu()
@@ -245,12 +242,6 @@ class C2LLMEncoder(nn.Module):
                 "backbone_dtype": str(next(base.parameters()).dtype).removeprefix("torch."),
             }
             (staging / "c2llm_config.json").write_text(json.dumps(record, indent=2) + "\n")
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(staging, target)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
         return target
 
     @classmethod
