@@ -9,7 +9,9 @@ This module holds the pieces every evaluation shares:
   queries x chunk plus queries x k, never queries x corpus, because a CodeSearchNet corpus has about
   1M documents;
 - `ndcg_at_k` and `recall_at_k` on ranked ids (binary or graded relevance, the standard log2 discount);
-- `evaluate_encoder` and `evaluate_bm25` (bm25s), scored the same way.
+- `evaluate_encoder` and `evaluate_bm25` (bm25s), scored the same way. Documents are prepared as mteb
+  prepares a corpus (`corpus_text`: stripped), so our scores equal `mteb.evaluate`'s on the same task
+  (tested in tests/test_mteb_code.py).
 """
 
 from __future__ import annotations
@@ -104,12 +106,17 @@ def score_rankings(task: RetrievalTask, rankings: dict[str, list[str]], k: int =
     }
 
 
+def corpus_text(text: str, title: str = "") -> str:
+    """A document as mteb feeds it to a model: title and text joined, surrounding whitespace stripped."""
+    return f"{title} {text}".strip() if title else text.strip()
+
+
 def evaluate_encoder(
     encode: Callable[..., np.ndarray], task: RetrievalTask, k: int = 10, batch_size: int = 16
 ) -> dict[str, float]:
     """Scores an encoder's `encode` (C2LLMEncoder.encode or alike) on a task by cosine top-k."""
     doc_ids = list(task.corpus)
-    docs = encode([task.corpus[d] for d in doc_ids], kind="document", batch_size=batch_size)
+    docs = encode([corpus_text(task.corpus[d]) for d in doc_ids], kind="document", batch_size=batch_size)
     queries = encode(list(task.queries.values()), kind="query", instruction=task.instruction, batch_size=batch_size)
     _, top = chunked_topk(queries, docs, k)
     rankings = {q: [doc_ids[j] for j in row] for q, row in zip(task.queries, top, strict=True)}
@@ -121,7 +128,7 @@ def evaluate_bm25(task: RetrievalTask, k: int = 10) -> dict[str, float]:
     from .data.negatives import bm25_scores_topk
 
     doc_ids = list(task.corpus)
-    top = bm25_scores_topk(list(task.queries.values()), [task.corpus[d] for d in doc_ids], k)
+    top = bm25_scores_topk(list(task.queries.values()), [corpus_text(task.corpus[d]) for d in doc_ids], k)
     rankings = {q: [doc_ids[j] for j in row] for q, row in zip(task.queries, top, strict=True)}
     return score_rankings(task, rankings, k)
 

@@ -1,0 +1,60 @@
+"""The mteb path: mteb's own mock retrieval task through our wrapper, caching, offline tasks, the prompts."""
+
+import numpy as np
+import pytest
+
+from c2llm_lib.eval import evaluate_encoder, offline_tasks
+from c2llm_lib.mteb_code import (
+    C2LLM_PROMPTS,
+    MTEB_CODE_V1,
+    REFERENCE_SCORES,
+    MTEBEncoder,
+    comparison_table,
+    offline_task,
+    run_mteb,
+)
+
+
+def test_prompts_are_mtebs_registration_of_c2llm():
+    from mteb.models.model_implementations.codefuse_models import c2llm_prompts_dict
+
+    assert set(C2LLM_PROMPTS) == set(MTEB_CODE_V1) == set(c2llm_prompts_dict)
+    for task, prompt in c2llm_prompts_dict.items():
+        assert prompt["query"] == C2LLM_PROMPTS[task] + "\n" and prompt["document"] == "Retrieved Answer:"
+
+
+def test_the_mock_task_runs_through_our_wrapper_and_is_cached(make_encoder, tmp_path):
+    from mteb.mocks.mock_tasks.retrieval import MockRetrievalTask
+
+    model = MTEBEncoder(make_encoder(pooling="mean"), batch_size=4, max_length=64)
+    assert model.mteb_model_meta.embed_dim == 64 and model.mteb_model_meta.name == "local/c2llm-reproduction"
+    scores = run_mteb(model, [MockRetrievalTask()], tmp_path)
+    assert set(scores) == {"MockRetrievalTask"} and 0.0 <= scores["MockRetrievalTask"] <= 1.0
+    assert list(tmp_path.rglob("MockRetrievalTask.json"))  # mteb's own cache layout
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a cached task was encoded again")
+
+    model.model.encode = refuse
+    assert run_mteb(model, [MockRetrievalTask()], tmp_path) == scores  # read back, not rerun
+
+
+def test_mteb_scores_an_offline_task_like_our_scorer(make_encoder, tmp_path):
+    encoder = make_encoder(pooling="mean")
+    task = offline_tasks(limit=15, include_humaneval=False)[0]
+    model = MTEBEncoder(encoder, prompts={task.name: task.instruction}, batch_size=8, max_length=128)
+    via_mteb = run_mteb(model, [offline_task(task)], tmp_path)[task.name]
+    ours = evaluate_encoder(lambda texts, **kw: encoder.encode(texts, **kw, max_length=128), task)["ndcg_at_10"]
+    assert via_mteb == pytest.approx(ours, abs=1e-4)
+
+
+def test_comparison_table_means():
+    ours = {t: 0.5 for t in MTEB_CODE_V1}
+    table = comparison_table(ours)
+    assert table.loc["this run", "mean"] == 50.0
+    paper = np.array(REFERENCE_SCORES["C2LLM-0.5B (paper)"])
+    assert table.loc["C2LLM-0.5B (paper)", "mean"] == pytest.approx(round(paper.mean(), 2), abs=0.01)  # 75.46
+    clean = np.delete(paper, MTEB_CODE_V1.index("CodeEditSearchRetrieval")).mean()
+    assert table.loc["C2LLM-0.5B (paper)", "mean without CodeEditSearch"] == pytest.approx(round(clean, 2), abs=0.01)
+    assert paper.mean() == pytest.approx(75.46, abs=0.006)  # the paper's averages, from rounded task scores
+    assert np.mean(REFERENCE_SCORES["C2LLM-7B (paper)"]) == pytest.approx(80.75, abs=0.006)
