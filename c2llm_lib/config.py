@@ -240,6 +240,9 @@ class EvalStage:
     eval_batch_size: int = 16
     eval_max_length: int = 2048  # the released model's inference length
     baselines: list[str] = field(default_factory=lambda: ["bm25", "mean", "last_token"])
+    mteb_tasks: list[str] = field(default_factory=list)  # MTEB(Code, v1) tasks to run too (hub); ["all"]: the 12
+    eval_released: str | None = None  # a released codefuse-ai checkpoint (hub id or dir) instead of the run's model
+    eval_released_revision: str | None = None
 
     def __post_init__(self) -> None:
         check_types(self)

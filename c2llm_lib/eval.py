@@ -9,7 +9,8 @@ This module holds the pieces every evaluation shares:
   queries x chunk plus queries x k, never queries x corpus, because a CodeSearchNet corpus has about
   1M documents;
 - `ndcg_at_k` and `recall_at_k` on ranked ids (binary or graded relevance, the standard log2 discount);
-- `evaluate_encoder` and `evaluate_bm25` (bm25s), scored the same way. Documents are prepared as mteb
+- `evaluate_encoder` and `evaluate_bm25` (bm25s), scored the same way; `evaluate_all` runs encoders through
+  `mteb.evaluate` (cached, resumable) and BM25 through this scorer. Documents are prepared as mteb
   prepares a corpus (`corpus_text`: stripped), so our scores equal `mteb.evaluate`'s on the same task
   (tested in tests/test_mteb_code.py).
 """
@@ -19,6 +20,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -144,23 +147,36 @@ def baseline_encoder(trained, pooling: str):
     return C2LLMEncoder.from_config(cfg)
 
 
-def evaluate_all(models: dict[str, Callable[..., np.ndarray]], tasks: Sequence[RetrievalTask], bm25: bool = True,
-                 k: int = 10, batch_size: int = 16, log=print) -> dict[str, dict[str, dict[str, float]]]:  # fmt: skip
-    """{model: {task: metrics}} for each named `encode` function, and BM25 if asked."""
-    scores: dict[str, dict[str, dict[str, float]]] = {}
+def evaluate_all(
+    models: dict[str, Any],
+    tasks: Sequence[RetrievalTask],
+    cache_dir: str | Path,
+    bm25: bool = True,
+    batch_size: int = 16,
+    max_length: int = 2048,
+    log=print,
+) -> dict[str, dict[str, float]]:
+    """{model: {task: nDCG@10}}: each encoder through mteb.evaluate on the tasks (cached under `cache_dir`,
+    one folder per model name), and BM25 through our scorer, which prepares documents the same way."""
+    from .mteb_code import MTEBEncoder, offline_task, run_mteb
+
+    scores: dict[str, dict[str, float]] = {}
     if bm25:
-        scores["BM25"] = {t.name: evaluate_bm25(t, k) for t in tasks}
-    for name, encode in models.items():
-        scores[name] = {t.name: evaluate_encoder(encode, t, k, batch_size) for t in tasks}
-        log(f"evaluated {name}")
+        scores["BM25"] = {t.name: evaluate_bm25(t)["ndcg_at_10"] for t in tasks}
+    prompts = {t.name: t.instruction for t in tasks}
+    for label, encoder in models.items():
+        slug = "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")
+        model = MTEBEncoder(encoder, prompts, batch_size=batch_size, max_length=max_length, name=f"local/{slug}")
+        scores[label] = run_mteb(model, [offline_task(t) for t in tasks], cache_dir)
+        log(f"evaluated {label}")
     return scores
 
 
-def results_frame(scores: dict[str, dict[str, dict[str, float]]], metric: str = "ndcg_at_10"):
-    """Models x tasks (x 100), with the mean over tasks as the last column."""
+def results_frame(scores: dict[str, dict[str, float]]):
+    """Models x tasks, nDCG@10 x 100, with the mean over tasks as the last column."""
     import pandas as pd
 
-    frame = pd.DataFrame({m: {t: 100 * v[metric] for t, v in tasks.items()} for m, tasks in scores.items()}).T
+    frame = pd.DataFrame({m: {t: 100 * v for t, v in tasks.items()} for m, tasks in scores.items()}).T
     frame["mean"] = frame.mean(axis=1)
     return frame.round(2)
 

@@ -125,3 +125,18 @@ def map_released_state_dict(tensors: dict[str, torch.Tensor], expected: set[str]
             "If the release names its weights differently, fix KEY_RULES in c2llm_lib/model/released.py"
         )
     return mapped
+
+
+def released_directory(source: str, revision: str | None = None) -> Path:
+    """A local released checkpoint directory: `source` itself, or a hub snapshot of it (needs the hub)."""
+    if Path(source).expanduser().is_dir():
+        return Path(source).expanduser()
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(source, revision=revision))
+    except Exception as err:
+        raise ReleasedCheckpointError(
+            f"{source!r} is not a local directory and could not be downloaded from the hub "
+            f"(revision {revision}): {type(err).__name__}: {str(err)[:200]}"
+        ) from err
