@@ -114,3 +114,99 @@ def score_bars(frame):
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+CATEGORIES = ("identifier", "keyword", "operator/punctuation", "literal", "comment/docstring", "whitespace",
+              "instruction/prefix", "special")  # fmt: skip
+
+
+def char_categories(code: str) -> list[str]:
+    """The category of every character of Python source, from Python's `tokenize` ("whitespace" between
+    tokens). A docstring (a string that is a whole statement) counts as comment/docstring."""
+    import io
+    import keyword
+    import tokenize
+
+    cats = ["whitespace"] * len(code)
+    starts = [0]
+    for line in code.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    previous = tokenize.NEWLINE
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(code).readline):
+            begin, end = starts[tok.start[0] - 1] + tok.start[1], starts[tok.end[0] - 1] + tok.end[1]
+            if tok.type == tokenize.NAME:
+                cat = "keyword" if keyword.iskeyword(tok.string) else "identifier"
+            elif tok.type == tokenize.OP:
+                cat = "operator/punctuation"
+            elif tok.type == tokenize.COMMENT:
+                cat = "comment/docstring"
+            elif tok.type == tokenize.STRING:
+                is_statement = previous in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.NL)
+                cat = "comment/docstring" if is_statement else "literal"
+            elif tok.type == tokenize.NUMBER:
+                cat = "literal"
+            else:
+                cat = None
+            if cat:
+                cats[begin:end] = [cat] * (end - begin)
+            if tok.type not in (tokenize.NL, tokenize.COMMENT):
+                previous = tok.type
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass  # a fragment that does not tokenize to the end keeps what was read
+    return cats
+
+
+def token_categories(encoder, text: str, kind: str = "document", instruction: str | None = None,
+                     max_tokens: int = 512) -> list[str]:  # fmt: skip
+    """The category of each token `pma_attention` shows for `text` (the category of its first non-space
+    character; the instruction or document prefix and special tokens are their own categories)."""
+    formatted = encoder.format_texts([text], kind, instruction)[0]
+    prefix = len(formatted) - len(text)
+    ids = encoder.tokenize_formatted([formatted], max_tokens)["input_ids"][0].tolist()
+    enc = encoder.tokenizer(formatted, add_special_tokens=False, return_offsets_mapping=True, truncation=True,
+                            max_length=max_tokens)  # fmt: skip
+    chars = char_categories(text)
+    special = set(encoder.tokenizer.all_special_ids)
+    cats = []
+    for i, tok_id in enumerate(ids):
+        if tok_id in special or i >= len(enc["offset_mapping"]):
+            cats.append("special")
+            continue
+        start, end = enc["offset_mapping"][i]
+        if start < prefix:
+            cats.append("instruction/prefix")
+            continue
+        span = [chars[c - prefix] for c in range(start, end) if not formatted[c].isspace()]
+        cats.append(span[0] if span else "whitespace")
+    return cats
+
+
+def attention_shares(items: Sequence[TokenAttention], categories: Sequence[Sequence[str]]):
+    """Share of attention (mean over heads, then over texts) by token category; the shares sum to 1."""
+    import pandas as pd
+
+    totals = dict.fromkeys(CATEGORIES, 0.0)
+    for item, cats in zip(items, categories, strict=True):
+        weights = item.weights.mean(0)  # (T,)
+        for w, c in zip(weights, cats, strict=True):
+            totals[c] += float(w) / len(items)
+    return pd.Series(totals, name="attention share")
+
+
+def position_profile(items: Sequence[TokenAttention], bins: int = 10):
+    """Share of attention by relative position of the token in its text (bins of equal width)."""
+    import pandas as pd
+
+    shares = np.zeros(bins)
+    for item in items:
+        weights = item.weights.mean(0)  # (T,)
+        position = np.minimum((np.arange(len(weights)) / len(weights) * bins).astype(int), bins - 1)
+        shares += np.bincount(position, weights=weights, minlength=bins) / len(items)
+    return pd.Series(shares, index=[f"{i / bins:.1f}-{(i + 1) / bins:.1f}" for i in range(bins)], name="share")
+
+
+def attention_entropy(item: TokenAttention) -> np.ndarray:
+    """Entropy (nats) of each head's attention over the tokens, (H,); log(T) is uniform attention."""
+    p = np.clip(item.weights, 1e-12, 1.0)
+    return -(p * np.log(p)).sum(-1)
