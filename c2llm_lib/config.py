@@ -258,8 +258,10 @@ class AttentionStage:
 
     attention_examples: int = 3
     attention_max_tokens: int = 80  # tokens per example in the heatmaps
+    attention_corpus: int = 50  # held-out functions for the category, position and entropy statistics
 
     def __post_init__(self) -> None:
         check_types(self)
         require(self.attention_examples >= 1, "attention_examples", "must be at least 1")
+        require(self.attention_corpus >= 1, "attention_corpus", "must be at least 1")
         require(self.attention_max_tokens >= 8, "attention_max_tokens", "must be at least 8")

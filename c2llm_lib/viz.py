@@ -210,3 +210,18 @@ def attention_entropy(item: TokenAttention) -> np.ndarray:
     """Entropy (nats) of each head's attention over the tokens, (H,); log(T) is uniform attention."""
     p = np.clip(item.weights, 1e-12, 1.0)
     return -(p * np.log(p)).sum(-1)
+
+
+def attention_html(item: TokenAttention, title: str = "") -> str:
+    """The text with each token's background shaded by its mean attention (darker = more)."""
+    import html
+
+    weights = item.weights.mean(0)
+    top = float(weights.max()) or 1.0
+    spans = []
+    for tok, w, special in zip(item.tokens, weights, item.special, strict=True):
+        text = html.escape(tok.replace("\u00b7", " ").replace("\u21b5", "\u21b5\n"))
+        border = "border:1px solid crimson;" if special else ""
+        spans.append(f'<span title="{w:.4f}" style="background:rgba(68,1,84,{w / top:.2f});{border}">{text}</span>')
+    return (f"<html><body><h3>{html.escape(title)}</h3><pre style='font-size:13px;line-height:1.6'>"
+            + "".join(spans) + "</pre></body></html>")  # fmt: skip
