@@ -175,6 +175,9 @@ class TrainConfig:
     grad_cache: bool = False
     grad_cache_chunk: int = 16  # texts per chunk
 
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
     def __post_init__(self) -> None:
         check_types(self)
         require(self.epochs >= 1, "epochs", f"must be at least 1, got {self.epochs}")
@@ -243,10 +246,13 @@ class EvalStage:
     mteb_tasks: list[str] = field(default_factory=list)  # MTEB(Code, v1) tasks to run too (hub); ["all"]: the 12
     eval_released: str | None = None  # a released codefuse-ai checkpoint (hub id or dir) instead of the run's model
     eval_released_revision: str | None = None
+    ablations: bool = False  # train PMA, last-token and mean poolers the same way, and PMA at smaller d
+    ablation_dims: list[int] = field(default_factory=lambda: [512, 256, 128])  # PMA's d vs truncation
 
     def __post_init__(self) -> None:
         check_types(self)
         require(self.eval_limit is None or self.eval_limit > 0, "eval_limit", "must be positive")
+        require(all(d > 0 for d in self.ablation_dims), "ablation_dims", "must be positive")
         require(self.eval_batch_size > 0, "eval_batch_size", "must be positive")
         bad = sorted(set(self.baselines) - {"bm25", "mean", "last_token"})
         require(not bad, "baselines", f"has unknown entries {bad}; choose from bm25, mean, last_token")

@@ -66,6 +66,27 @@ REFERENCE_SCORES = {
 }  # in MTEB_CODE_V1 order
 
 
+def fingerprint(encoder) -> str:
+    """A short hash of what makes an encoder's embeddings: its config, PMA head, LoRA weights and the first
+    layer's query projection (which a merge changes). mteb caches results by model name and revision, so a
+    retrained model under the same name must get a new revision, never the old scores."""
+    import hashlib
+    import json
+
+    base = getattr(encoder, "encoder", encoder)  # a Truncated view hashes its encoder and its width
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(json.dumps(base.config.to_dict(), sort_keys=True).encode())
+    digest.update(str(getattr(encoder, "embedding_dim", "")).encode())
+    tensors = dict(base.pooler.state_dict())
+    tensors.update(
+        {k: v for k, v in base.backbone.state_dict().items() if "lora_" in k or "layers.0.self_attn.q_proj" in k}
+    )
+    for key in sorted(tensors):
+        digest.update(key.encode())
+        digest.update(tensors[key].detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
 def model_meta(encoder, name: str = "local/c2llm-reproduction", revision: str | None = None):
     """A ModelMeta for our encoder (mteb needs one, or it substitutes an empty record and tries the hub)."""
     from mteb.models.model_meta import ModelMeta, ScoringFunction
@@ -73,7 +94,7 @@ def model_meta(encoder, name: str = "local/c2llm-reproduction", revision: str | 
     return ModelMeta.create_empty(
         overwrites={
             "name": name,
-            "revision": revision or "local",
+            "revision": revision or fingerprint(encoder),
             "embed_dim": encoder.embedding_dim,
             "max_tokens": encoder.config.max_length,
             "similarity_fn_name": ScoringFunction.COSINE,

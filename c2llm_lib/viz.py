@@ -225,3 +225,24 @@ def attention_html(item: TokenAttention, title: str = "") -> str:
         spans.append(f'<span title="{w:.4f}" style="background:rgba(68,1,84,{w / top:.2f});{border}">{text}</span>')
     return (f"<html><body><h3>{html.escape(title)}</h3><pre style='font-size:13px;line-height:1.6'>"
             + "".join(spans) + "</pre></body></html>")  # fmt: skip
+
+
+def dimension_curves(table, hidden: int, dims: Sequence[int]):
+    """Mean nDCG@10 against embedding dimension: PMA trained at d versus the full PMA embedding truncated to d
+    (rows named as `ablations.variants` and notebook 04 name them)."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    import seaborn as sns
+
+    full = table.loc["PMA (trained)", "mean"]
+    rows = [{"dim": hidden, "method": m, "mean nDCG@10": full} for m in ("PMA projection to d", "truncation to d")]
+    rows += [{"dim": d, "method": "PMA projection to d", "mean nDCG@10": table.loc[f"PMA d={d} (trained)", "mean"]}
+             for d in dims]  # fmt: skip
+    rows += [{"dim": d, "method": "truncation to d", "mean nDCG@10": table.loc[f"PMA truncated to {d}", "mean"]}
+             for d in dims]  # fmt: skip
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    sns.lineplot(pd.DataFrame(rows), x="dim", y="mean nDCG@10", hue="method", marker="o", ax=ax)
+    ax.set_xscale("log", base=2)
+    ax.set_title("embedding dimension: projection (PMA) vs truncation")
+    fig.tight_layout()
+    return fig

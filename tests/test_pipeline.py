@@ -41,6 +41,12 @@ def test_the_whole_pipeline_on_the_smoke_params(smoke_run):
     assert all(0 <= v <= 1 for model in scores.values() for v in model.values())
     assert list((run.root / "mteb").rglob("*.json"))  # mteb's own result cache
     assert "| C2LLM recipe (merged) |" in (run.root / "metrics" / "results.md").read_text()
+    ablations = (run.root / "metrics" / "ablations.md").read_text()  # smoke.yaml asks for the ablations
+    for row in ("PMA (trained)", "last token (trained)", "mean (trained)", "PMA d=16 (trained)", "PMA truncated to 16"):
+        assert f"| {row} |" in ablations, row
+    assert (run.root / "figures" / "ablation_dimensions.png").is_file()
+    attention = json.loads((run.root / "metrics" / "attention.json").read_text())
+    assert abs(sum(attention["category_shares"]["trained head"].values()) - 1) < 1e-4
 
 
 @pytest.mark.slow

@@ -1,0 +1,44 @@
+"""Ablation variants: names and configurations, truncation known answer, training a variant."""
+
+import numpy as np
+import pytest
+
+from c2llm_lib import ModelConfig
+from c2llm_lib.ablations import Truncated, train_variant, variants
+from c2llm_lib.config import TrainConfig
+from c2llm_lib.mteb_code import fingerprint
+
+from training_rows import make_rows
+
+
+def test_variants_are_the_same_recipe_with_one_change():
+    base = ModelConfig(backbone="tiny-random-qwen2", pma_heads=4, lora_r=4)
+    named = variants(base, [32, 16])
+    assert list(named) == ["PMA (trained)", "last token (trained)", "mean (trained)", "PMA d=32 (trained)",
+                           "PMA d=16 (trained)"]  # fmt: skip
+    assert named["last token (trained)"].pooling == "last_token" and named["last token (trained)"].eos_appended
+    assert named["PMA d=16 (trained)"].embedding_dim == 16 and named["PMA d=16 (trained)"].lora_r == 4
+
+
+def test_truncation_known_answer(make_encoder):
+    enc = make_encoder(pma_heads=4)
+    texts = ["def f(x):\n    return x", "print(1)"]
+    full = enc.encode(texts, normalize=False)
+    cut = Truncated(enc, 8).encode(texts)
+    expected = full[:, :8] / np.linalg.norm(full[:, :8], axis=1, keepdims=True)
+    np.testing.assert_allclose(cut, expected, rtol=1e-6)
+    with pytest.raises(ValueError, match="truncate"):
+        Truncated(enc, 1000)
+
+
+def test_a_variant_trains_and_gets_its_own_fingerprint(make_encoder):
+    cfg = ModelConfig(backbone="tiny-random-qwen2", device="cpu", dtype="float32", pma_heads=4, lora_r=4,
+                      lora_alpha=8, embedding_dim=16)  # fmt: skip
+    encoder = train_variant(cfg, TrainConfig(max_steps=2, global_batch_size=4, num_negatives=1, max_length=64),
+                            make_rows())  # fmt: skip
+    assert encoder.embedding_dim == 16 and not encoder.training
+    untrained = make_encoder(pma_heads=4, use_lora=True, lora_r=4, lora_alpha=8, embedding_dim=16)
+    assert fingerprint(encoder) != fingerprint(untrained)
+    assert fingerprint(untrained) == fingerprint(make_encoder(pma_heads=4, use_lora=True, lora_r=4, lora_alpha=8,
+                                                              embedding_dim=16))  # fmt: skip
+    assert fingerprint(Truncated(encoder, 8)) != fingerprint(encoder)
