@@ -127,7 +127,8 @@ def main() -> None:
         f"Training: {tr['steps']} steps, global batch {args.global_batch_size}, K = {args.negatives}, max length "
         f"{args.max_length}, {tr['rows']} training rows; {tr['tokens_per_s']:.0f} real tokens/s, peak RSS "
         f"{tr['peak_rss_gb']:.1f} GB, loss {tr['first_loss']:.3f} -> {tr['last_losses'][-1]:.3f}.\n\n"
-        f"Reproduce: `python benchmarks/offline_lora_run.py --steps {args.steps} --dtype {args.dtype}`\n"
+        f"Reproduce: `python benchmarks/offline_lora_run.py --steps {args.steps} --eval-limit {args.eval_limit} "
+        f"--max-length {args.max_length} --dtype {args.dtype}`\n"
     )
     out = Path(__file__).resolve().parent / "results"
     out.mkdir(exist_ok=True)
