@@ -65,3 +65,31 @@ def contrastive_loss(
             hard = torch.einsum("bd,bkd->bk", F.normalize(queries, dim=-1), F.normalize(candidates, dim=-1)) / tau
             hard_negative = F.cross_entropy(hard, torch.zeros(b, dtype=torch.long, device=queries.device))
     return {"loss": weight * (in_batch + hard_negative), "in_batch": in_batch, "hard_negative": hard_negative}
+
+
+def matryoshka_loss(
+    queries: torch.Tensor,
+    positives: torch.Tensor,
+    negatives: torch.Tensor | None = None,
+    dims: tuple[int, ...] = (896, 512, 256, 128, 64),
+    weights: tuple[float, ...] | None = None,
+    **kwargs,
+) -> dict[str, torch.Tensor]:
+    """Matryoshka representation learning (Kusupati et al. 2022; jina-code-embeddings section 4): the
+    contrastive loss on the first d coordinates for each d in `dims`, summed with `weights` (1 each by default).
+    Each truncated prefix is re-normalised inside the cosine. Returns {"loss", "loss@d" for each d}."""
+    weights = weights or (1.0,) * len(dims)
+    if len(weights) != len(dims):
+        raise ValueError(f"{len(weights)} MRL weights for {len(dims)} dimensions")
+    too_wide = [d for d in dims if d > queries.shape[-1] or d < 1]
+    if too_wide:
+        raise ValueError(f"MRL dimensions {too_wide} do not fit an embedding of width {queries.shape[-1]}")
+    out: dict[str, torch.Tensor] = {}
+    total = queries.new_zeros(())
+    for d, w in zip(dims, weights, strict=True):
+        part = contrastive_loss(queries[:, :d], positives[:, :d], None if negatives is None else negatives[..., :d],
+                                **kwargs)["loss"]  # fmt: skip
+        out[f"loss@{d}"] = part
+        total = total + w * part
+    out["loss"] = total
+    return out
