@@ -10,7 +10,7 @@ MTEB(Code, v1) test query and document.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from ..config import DataStage
 from .mix import (
@@ -32,16 +32,20 @@ def offline_eval_texts() -> list[str]:
     return [t for r in rows for t in (r["query"], r["positive"])]
 
 
+def _kept_indices(groups: Iterable[Sequence[int]], cap: int, seed: int) -> list[int]:
+    """Row indices keeping at most `cap` per group (a seeded random subset of larger groups), sorted."""
+    rng = random.Random(seed)
+    return sorted(int(i) for idx in groups for i in (idx if len(idx) <= cap else rng.sample(list(idx), cap)))
+
+
 def _capped(rows: list[dict], cap: int | None, seed: int) -> list[dict]:
-    """At most `cap` rows per (dataset, language) group, a seeded random subset, in snapshot order."""
+    """At most `cap` rows per (dataset, language) group, in snapshot order."""
     if cap is None:
         return rows
     groups: dict[tuple[str, str], list[int]] = {}
     for i, row in enumerate(rows):
         groups.setdefault((row["dataset"], row["language"]), []).append(i)
-    rng = random.Random(seed)
-    keep = {i for idx in groups.values() for i in (idx if len(idx) <= cap else rng.sample(idx, cap))}
-    return [r for i, r in enumerate(rows) if i in keep]
+    return [rows[i] for i in _kept_indices(groups.values(), cap, seed)]
 
 
 def build_training_data(stage: DataStage) -> tuple[Prepared, dict[str, int]]:
@@ -64,8 +68,6 @@ def build_training_data(stage: DataStage) -> tuple[Prepared, dict[str, int]]:
     else:
         prepared = prepare_sources(stage.hub_sources, eval_texts=eval_texts)
         if stage.rows_per_group is not None:
-            rng, cap = random.Random(stage.seed), stage.rows_per_group
             groups = group_indices(prepared.rows).values()
-            keep = sorted(int(i) for g in groups for i in (g if len(g) <= cap else rng.sample(list(g), cap)))
-            prepared.rows = prepared.rows.select(keep)
+            prepared.rows = prepared.rows.select(_kept_indices(groups, stage.rows_per_group, stage.seed))
     return add_hard_negatives(prepared, k=stage.num_negatives, method=stage.mining)
