@@ -5,7 +5,7 @@ pass each notebook the keys it declares. `from_dict` refuses unknown keys (with 
 values of the wrong type or range, naming the source (a file, a notebook) and the key.
 
 `ModelConfig` holds the encoder of section 3 of the paper, `TrainConfig` the recipe of section 4.1, and
-the `*Stage` classes the remaining parameters of notebooks 01, 03, 04 and 05; the defaults are the released
+the `*Stage` classes the remaining parameters of notebooks 01, 03, 04, 05 and 06; the defaults are the released
 C2LLM-0.5B's architecture (Qwen2.5-Coder-0.5B-Instruct, PMA with 32 heads, d = d_LLM, left padding)
 and the paper's LoRA (section 4.1: r = 64, alpha = 32 on every projection).
 """
@@ -116,6 +116,7 @@ class ModelConfig:
     append_eos: bool | None = None  # None: only for last_token pooling (EOS added after truncation)
     max_length: int = 1024  # tokens, instruction and EOS included (paper: 1024 training, 2048 eval)
     document_prefix: str = "Retrieved Answer:"  # prepended to documents with no separator (released)
+    prompt_style: Literal["c2llm", "jina", "codexembed"] = "c2llm"  # prompts.py: which prompt set trains and evaluates
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on CUDA, fp32 on CPU
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
     device: str = "auto"  # auto: cuda when available, else cpu
@@ -166,7 +167,8 @@ class TrainConfig:
     pma_learning_rate: float | None = None  # None: same as learning_rate
     weight_decay: float = 0.0
     warmup_steps: int = 0
-    min_lr_ratio: float = 0.0  # cosine decays to learning_rate * min_lr_ratio
+    lr_schedule: Literal["cosine", "linear"] = "cosine"  # decay after warmup
+    min_lr_ratio: float = 0.0  # the schedule decays to learning_rate * min_lr_ratio
     max_grad_norm: float = 1.0
     max_length: int = 1024
     loss_weights: dict[str, float] = field(default_factory=dict)  # dataset -> weight (default 1)
@@ -174,6 +176,8 @@ class TrainConfig:
     seed: int = 0
     grad_cache: bool = False
     grad_cache_chunk: int = 16  # texts per chunk
+    mrl_dims: list[int] = field(default_factory=list)  # MRL: the loss also on these smaller widths; [] = off
+    mrl_weights: list[float] = field(default_factory=list)  # one per mrl_dims entry (full width: 1); [] = 1 each
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -191,6 +195,11 @@ class TrainConfig:
         require(self.grad_cache_chunk >= 1, "grad_cache_chunk", "must be at least 1")
         require(all(w >= 0 for w in self.loss_weights.values()), "loss_weights", "must be non-negative")
         require(all(s >= 1 for s in self.checkpoint_steps), "checkpoint_steps", "must be positive step numbers")
+        require(all(d >= 1 for d in self.mrl_dims), "mrl_dims", f"must be positive widths, got {self.mrl_dims}")
+        require(len(set(self.mrl_dims)) == len(self.mrl_dims), "mrl_dims", f"repeats a width: {self.mrl_dims}")
+        require(not self.mrl_weights or len(self.mrl_weights) == len(self.mrl_dims), "mrl_weights",
+                f"needs one weight per mrl_dims entry ({len(self.mrl_dims)}), got {len(self.mrl_weights)}")  # fmt: skip
+        require(all(w >= 0 for w in self.mrl_weights), "mrl_weights", "must be non-negative")
 
 
 SOURCE_NAMES = [
@@ -271,3 +280,27 @@ class AttentionStage:
         require(self.attention_examples >= 1, "attention_examples", "must be at least 1")
         require(self.attention_corpus >= 1, "attention_corpus", "must be at least 1")
         require(self.attention_max_tokens >= 8, "attention_max_tokens", "must be at least 8")
+
+
+@dataclass
+class CompareStage:
+    """Notebook 06: peer recipes (params files) trained on the run's data and compute, and how they are scored."""
+
+    compare_recipes: list[str] = field(default_factory=list)  # params file stems, e.g. ["c2llm-0.5b", "jina-code-0.5b"]
+    compare_dims: list[int] = field(default_factory=lambda: [512, 256, 128, 64])  # truncation (and MRL) widths
+    compare_pma_dims: list[int] = field(default_factory=lambda: [128])  # a PMA recipe is also trained to output d
+    eval_limit: int | None = None  # the evaluation keys of notebook 04, shared
+    eval_batch_size: int = 16
+    eval_max_length: int = 2048
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(len(set(self.compare_recipes)) == len(self.compare_recipes), "compare_recipes", "repeats a recipe")
+        for key in ("compare_dims", "compare_pma_dims"):
+            dims = getattr(self, key)
+            require(all(d > 0 for d in dims) and len(set(dims)) == len(dims), key,
+                    f"must be distinct positive widths, got {dims}")  # fmt: skip
+        extra = sorted(set(self.compare_pma_dims) - set(self.compare_dims))
+        require(not extra, "compare_pma_dims", f"{extra} must also be in compare_dims, where the curves are compared")
+        require(self.eval_limit is None or self.eval_limit > 0, "eval_limit", "must be positive")
+        require(self.eval_batch_size > 0, "eval_batch_size", "must be positive")

@@ -10,9 +10,10 @@ This module holds the pieces every evaluation shares:
   1M documents;
 - `ndcg_at_k` and `recall_at_k` on ranked ids (binary or graded relevance, the standard log2 discount);
 - `evaluate_encoder` and `evaluate_bm25` (bm25s), scored the same way; `evaluate_all` runs encoders through
-  `mteb.evaluate` (cached, resumable) and BM25 through this scorer. Documents are prepared as mteb
-  prepares a corpus (`corpus_text`: stripped), so our scores equal `mteb.evaluate`'s on the same task
-  (tested in tests/test_mteb_code.py).
+  `mteb.evaluate` (cached, resumable) and BM25 through this scorer; `task_embeddings` and
+  `truncation_scores` score one encoding pass at several truncated widths (the dimension sweeps).
+  Documents are prepared as mteb prepares a corpus (`corpus_text`: stripped), so our scores equal
+  `mteb.evaluate`'s on the same task (tested in tests/test_mteb_code.py).
 """
 
 from __future__ import annotations
@@ -114,16 +115,47 @@ def corpus_text(text: str, title: str = "") -> str:
     return f"{title} {text}".strip() if title else text.strip()
 
 
+def score_embeddings(task: RetrievalTask, queries: np.ndarray, documents: np.ndarray, k: int = 10) -> dict[str, float]:
+    """Scores of a task from its normalised query (Q, d) and document (N, d) embeddings, in task order."""
+    doc_ids = list(task.corpus)
+    _, top = chunked_topk(queries, documents, k)
+    rankings = {q: [doc_ids[j] for j in row] for q, row in zip(task.queries, top, strict=True)}
+    return score_rankings(task, rankings, k)
+
+
 def evaluate_encoder(
     encode: Callable[..., np.ndarray], task: RetrievalTask, k: int = 10, batch_size: int = 16
 ) -> dict[str, float]:
     """Scores an encoder's `encode` (C2LLMEncoder.encode or alike) on a task by cosine top-k."""
-    doc_ids = list(task.corpus)
-    docs = encode([corpus_text(task.corpus[d]) for d in doc_ids], kind="document", batch_size=batch_size)
+    docs = encode([corpus_text(t) for t in task.corpus.values()], kind="document", batch_size=batch_size)
     queries = encode(list(task.queries.values()), kind="query", instruction=task.instruction, batch_size=batch_size)
-    _, top = chunked_topk(queries, docs, k)
-    rankings = {q: [doc_ids[j] for j in row] for q, row in zip(task.queries, top, strict=True)}
-    return score_rankings(task, rankings, k)
+    return score_embeddings(task, queries, docs, k)
+
+
+def task_embeddings(encoder, task: RetrievalTask, batch_size: int = 16, max_length: int | None = None):
+    """Unnormalised (queries (Q, d), documents (N, d)) of a task, with the prompts of the encoder's prompt style."""
+    from .prompts import prompts
+
+    query, document = prompts(encoder.config.prompt_style, task.name, encoder.config.document_prefix)
+    kwargs = {"batch_size": batch_size, "max_length": max_length, "normalize": False}
+    docs = encoder.encode([corpus_text(t) for t in task.corpus.values()], kind="document", instruction=document,
+                          **kwargs)  # fmt: skip
+    return encoder.encode(list(task.queries.values()), kind="query", instruction=query, **kwargs), docs
+
+
+def truncation_scores(
+    task: RetrievalTask, queries: np.ndarray, documents: np.ndarray, dims: Sequence[int], k: int = 10
+) -> dict[int, float]:
+    """{d: nDCG@k} with every embedding cut to its first d coordinates and re-normalised (MRL-style truncation)."""
+
+    def unit(x: np.ndarray) -> np.ndarray:
+        return x / np.clip(np.linalg.norm(x, axis=1, keepdims=True), 1e-12, None)
+
+    width = queries.shape[1]
+    bad = [d for d in dims if not 0 < d <= width]
+    if bad:
+        raise ValueError(f"cannot truncate {width}-dimensional embeddings to {bad}")
+    return {d: score_embeddings(task, unit(queries[:, :d]), unit(documents[:, :d]), k)[f"ndcg_at_{k}"] for d in dims}
 
 
 def evaluate_bm25(task: RetrievalTask, k: int = 10) -> dict[str, float]:
@@ -163,10 +195,9 @@ def evaluate_all(
     scores: dict[str, dict[str, float]] = {}
     if bm25:
         scores["BM25"] = {t.name: evaluate_bm25(t)["ndcg_at_10"] for t in tasks}
-    prompts = {t.name: t.instruction for t in tasks}
     for label, encoder in models.items():
         slug = "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")
-        model = MTEBEncoder(encoder, prompts, batch_size=batch_size, max_length=max_length, name=f"local/{slug}")
+        model = MTEBEncoder(encoder, batch_size=batch_size, max_length=max_length, name=f"local/{slug}")
         scores[label] = run_mteb(model, [offline_task(t) for t in tasks], cache_dir)
         log(f"evaluated {label}")
     return scores

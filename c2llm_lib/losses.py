@@ -77,7 +77,8 @@ def matryoshka_loss(
 ) -> dict[str, torch.Tensor]:
     """Matryoshka representation learning (Kusupati et al. 2022; jina-code-embeddings section 4): the
     contrastive loss on the first d coordinates for each d in `dims`, summed with `weights` (1 each by default).
-    Each truncated prefix is re-normalised inside the cosine. Returns {"loss", "loss@d" for each d}."""
+    Each truncated prefix is re-normalised inside the cosine. Returns {"loss", "in_batch", "hard_negative" (the
+    weighted sums of the parts), "loss@d" for each d}."""
     weights = weights or (1.0,) * len(dims)
     if len(weights) != len(dims):
         raise ValueError(f"{len(weights)} MRL weights for {len(dims)} dimensions")
@@ -85,11 +86,12 @@ def matryoshka_loss(
     if too_wide:
         raise ValueError(f"MRL dimensions {too_wide} do not fit an embedding of width {queries.shape[-1]}")
     out: dict[str, torch.Tensor] = {}
-    total = queries.new_zeros(())
+    total = in_batch = hard_negative = queries.new_zeros(())
     for d, w in zip(dims, weights, strict=True):
         part = contrastive_loss(queries[:, :d], positives[:, :d], None if negatives is None else negatives[..., :d],
-                                **kwargs)["loss"]  # fmt: skip
-        out[f"loss@{d}"] = part
-        total = total + w * part
-    out["loss"] = total
-    return out
+                                **kwargs)  # fmt: skip
+        out[f"loss@{d}"] = part["loss"]
+        total = total + w * part["loss"]
+        in_batch = in_batch + w * part["in_batch"]
+        hard_negative = hard_negative + w * part["hard_negative"]
+    return {"loss": total, "in_batch": in_batch, "hard_negative": hard_negative, **out}

@@ -2,12 +2,9 @@
 
 Users compare our numbers with the public leaderboard, so the evaluation is the leaderboard's own
 code (`mteb.evaluate`), not a re-implementation:
-- `C2LLM_PROMPTS`: the query instruction per task as mteb registers C2LLM (a newline is appended by
-  the encoder); documents get "Retrieved Answer:" with no separator. CodeTransOceanDL reuses the Contest
-  instruction in the registration, unlike the paper's table 1. We follow the registration, which produced
-  the published scores.
-- `MTEBEncoder`: an mteb encoder around `C2LLMEncoder`, with a `ModelMeta`, left padding, and max
-  length 2048 at inference.
+- `MTEBEncoder`: an mteb encoder around `C2LLMEncoder`, with a `ModelMeta`, left padding, max length 2048
+  at inference, and the prompts of the encoder's prompt style (`prompts.py`; for C2LLM, mteb's registration:
+  table 1's instruction and a newline before queries, "Retrieved Answer:" before documents).
 - `offline_task`: our offline retrieval tasks as in-memory `AbsTaskRetrieval`s, so that they run through
   `mteb.evaluate` exactly like the real benchmark.
 - `run_mteb`: evaluates tasks with results cached under a folder in mteb's own layout
@@ -27,8 +24,8 @@ import numpy as np
 from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.models.abs_encoder import AbsEncoder
 
-from .data.sources import TABLE_1
 from .eval import RetrievalTask
+from .prompts import prompts
 
 MTEB_CODE_V1 = (
     "AppsRetrieval", "CodeEditSearchRetrieval", "CodeFeedbackMT", "CodeFeedbackST", "CodeSearchNetCCRetrieval",
@@ -36,10 +33,6 @@ MTEB_CODE_V1 = (
     "StackOverflowQA", "SyntheticText2SQL",
 )  # fmt: skip
 CONTAMINATED = ("CodeEditSearchRetrieval",)  # evaluated on its train split
-DOCUMENT_PREFIX = "Retrieved Answer:"
-# The registration reuses the Contest instruction for CodeTransOceanDL (table 1 has its own): the published scores
-# were made with the registration, so we follow it.
-C2LLM_PROMPTS = {**TABLE_1, "CodeTransOceanDL": TABLE_1["CodeTransOceanContest"]}
 # nDCG@10 x 100 from the public MTEB results (reference section 5); C2LLM rows equal the paper's table 2.
 REFERENCE_SCORES = {
     "C2LLM-7B (paper)": (86.71, 81.49, 94.32, 90.66, 97.90, 91.07, 92.51, 34.13, 89.79, 39.76, 94.85, 75.75),
@@ -89,7 +82,10 @@ def model_meta(encoder, name: str = "local/c2llm-reproduction", revision: str | 
 
 
 class MTEBEncoder(AbsEncoder):
-    """mteb's encoder protocol around a C2LLMEncoder, with the released prompts."""
+    """mteb's encoder protocol around a C2LLMEncoder, with the prompts of the encoder's `prompt_style`
+    (`prompts.prompts`). `prompts` overrides the query instruction of named tasks. A task no prompt set knows
+    (a custom task) gets its override or, in the c2llm style, no instruction, as mteb does for a model whose
+    prompts lack the task; its documents get the encoder's `document_prefix`."""
 
     def __init__(
         self,
@@ -100,18 +96,29 @@ class MTEBEncoder(AbsEncoder):
         name: str = "local/c2llm-reproduction",
     ) -> None:
         self.model = encoder
-        self.prompts = dict(C2LLM_PROMPTS if prompts is None else prompts)
+        self.overrides = dict(prompts or {})
         self.batch_size, self.max_length = batch_size, max_length
         self.mteb_model_meta = model_meta(encoder, name)
+
+    def task_prompts(self, task: str) -> tuple[str, str]:
+        """(query instruction, document prefix) for a task name."""
+        config = self.model.config
+        try:
+            query, document = prompts(config.prompt_style, task, config.document_prefix)
+        except ValueError:
+            if task not in self.overrides and config.prompt_style != "c2llm":
+                raise
+            query, document = "", config.document_prefix
+        return self.overrides.get(task, query), document
 
     def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs) -> np.ndarray:
         from mteb.types import PromptType
 
         texts = [text for batch in inputs for text in batch["text"]]
-        if prompt_type == PromptType.query:
-            return self.model.encode(texts, kind="query", instruction=self.prompts.get(task_metadata.name),
-                                     batch_size=self.batch_size, max_length=self.max_length)  # fmt: skip
-        return self.model.encode(texts, kind="document", batch_size=self.batch_size, max_length=self.max_length)
+        query, document = self.task_prompts(task_metadata.name)
+        kind, instruction = ("query", query) if prompt_type == PromptType.query else ("document", document)
+        return self.model.encode(texts, kind=kind, instruction=instruction, batch_size=self.batch_size,
+                                 max_length=self.max_length)  # fmt: skip
 
 
 class OfflineTask(AbsTaskRetrieval):

@@ -1,11 +1,13 @@
 """Contrastive LoRA training (paper section 4.1), on torchrun + DDP or a single process.
 
 One optimizer step = one global batch from one (dataset, language) group (`samplers.py`): each rank
-embeds its slice of queries (with the row's instruction), positives and K hard negatives (with the
-document prefix) in one forward pass, and `losses.contrastive_loss` scores local queries against the
-whole global batch. The LoRA adapters and the PMA head train (the head may have its own learning
-rate), with AdamW, linear warmup then cosine decay counted in *optimizer steps* (the scheduler is
-stepped once per step on every rank, never once per process), and gradient clipping.
+embeds its slice of queries (with the row's instruction, or the prompt set of the encoder's
+`prompt_style`), positives and K hard negatives (with the document prefix) in one forward pass, and
+`losses.contrastive_loss` scores local queries against the whole global batch (with `mrl_dims`,
+`losses.matryoshka_loss`: the same loss also on the first d coordinates for each d). The LoRA adapters and
+the PMA head train (the head may have its own learning rate), with AdamW, linear warmup then a cosine (or
+linear) decay counted in *optimizer steps* (the scheduler is stepped once per step on every rank, never once
+per process), and gradient clipping.
 
 GradCache (`grad_cache=True`): embed all texts in chunks without a graph, compute the loss and its
 gradient with respect to the embeddings, then re-embed chunk by chunk with a graph and backpropagate
@@ -41,8 +43,9 @@ from .atomic import atomic_directory
 from .config import ModelConfig, TrainConfig, from_dict
 from .data.records import text_key
 from .distributed import world
-from .losses import contrastive_loss
+from .losses import contrastive_loss, matryoshka_loss
 from .model import C2LLMEncoder
+from .prompts import prompts
 from .samplers import GroupedBatchSampler
 
 
@@ -50,14 +53,18 @@ class NonFiniteLoss(RuntimeError):
     """The loss became NaN or infinite; the run stopped before updating anything."""
 
 
-def lr_lambda(warmup: int, total: int, min_ratio: float):
-    """Multiplier of the peak learning rate at optimizer step s (0-based): linear warmup, then cosine."""
+def lr_lambda(warmup: int, total: int, min_ratio: float, schedule: str = "cosine"):
+    """Multiplier of the peak learning rate at optimizer step s (0-based): linear warmup, then a cosine or
+    linear decay to `min_ratio` at the last step."""
+    if schedule not in ("cosine", "linear"):
+        raise ValueError(f"unknown learning-rate schedule {schedule!r}; choose cosine or linear")
 
     def factor(step: int) -> float:
         if warmup and step < warmup:
             return (step + 1) / warmup
         progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        decay = 1 - progress if schedule == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+        return min_ratio + (1 - min_ratio) * decay
 
     return factor
 
@@ -129,6 +136,12 @@ class Trainer:
     def __init__(self, encoder: C2LLMEncoder, rows, cfg: TrainConfig, checkpoint_root: str | Path | None = None):
         if encoder.base_model is encoder.backbone:
             raise ValueError("training needs LoRA: build the encoder with use_lora=True")
+        too_wide = [d for d in cfg.mrl_dims if d >= encoder.embedding_dim]
+        if too_wide:
+            raise ValueError(
+                f"mrl_dims {too_wide} are not below the embedding width {encoder.embedding_dim} (the full width "
+                "is always trained; list only the smaller widths)"
+            )
         self.encoder, self.rows, self.cfg = encoder, rows, cfg
         self.checkpoint_root = Path(checkpoint_root) if checkpoint_root is not None else None
         if cfg.checkpoint_steps and self.checkpoint_root is None:
@@ -159,7 +172,7 @@ class Trainer:
         ]
         self.optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio)
+            self.optimizer, lr_lambda(cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio, cfg.lr_schedule)
         )
         self.step = 0
         self._tokens = 0  # real (non-padding) tokens embedded with a graph in the current step
@@ -168,14 +181,20 @@ class Trainer:
 
     # one step ------------------------------------------------------------------------------------
     def texts(self, batch: dict[str, list]) -> tuple[list[str], int]:
-        """Formatted [queries; positives; negatives (row-major)] and the K used for this batch."""
+        """Formatted [queries; positives; negatives (row-major)] and the K used for this batch.
+
+        The c2llm prompt style uses each row's own instruction (table 1) and the encoder's document prefix;
+        the peer styles take both from their prompt set by the batch's dataset (one dataset per batch)."""
         enc = self.encoder
         k = min([self.cfg.num_negatives, *(len(n) for n in batch["negatives"])])
-        queries = [
-            enc.format_texts([q], "query", ins)[0] for q, ins in zip(batch["query"], batch["instruction"], strict=True)
-        ]
+        if enc.config.prompt_style == "c2llm":
+            instructions, document = batch["instruction"], None
+        else:
+            query, document = prompts(enc.config.prompt_style, batch["dataset"][0])
+            instructions = [query] * len(batch["query"])
+        queries = [enc.format_texts([q], "query", ins)[0] for q, ins in zip(batch["query"], instructions, strict=True)]
         documents = enc.format_texts(
-            batch["positive"] + [n for negs in batch["negatives"] for n in negs[:k]], "document"
+            batch["positive"] + [n for negs in batch["negatives"] for n in negs[:k]], "document", document
         )
         return queries + documents, k
 
@@ -188,8 +207,13 @@ class Trainer:
     def loss_from(self, emb: torch.Tensor, b: int, k: int, dataset: str) -> dict[str, torch.Tensor]:
         q, p = emb[:b], emb[b : 2 * b]  # (b, d) each
         n = emb[2 * b :].view(b, k, -1) if k else None  # (b, K, d)
-        weight = self.cfg.loss_weights.get(dataset, 1.0)
-        return contrastive_loss(q, p, n, self.cfg.tau, self.cfg.joint_softmax, self.cfg.gather_with_grad, weight)
+        cfg = self.cfg
+        kwargs = {"tau": cfg.tau, "joint": cfg.joint_softmax, "gather_grad": cfg.gather_with_grad,
+                  "weight": cfg.loss_weights.get(dataset, 1.0)}  # fmt: skip
+        if cfg.mrl_dims:  # the full width, weight 1, then each smaller width
+            dims, weights = (q.shape[-1], *cfg.mrl_dims), (1.0, *cfg.mrl_weights) if cfg.mrl_weights else None
+            return matryoshka_loss(q, p, n, dims, weights, **kwargs)
+        return contrastive_loss(q, p, n, **kwargs)
 
     def forward_backward(self, batch: dict[str, list]) -> dict[str, torch.Tensor]:
         texts, k = self.texts(batch)
@@ -279,6 +303,7 @@ class Trainer:
                     "language": batch["language"][0], "loss": out["loss"].item(), "in_batch": out["in_batch"].item(),
                     "hard_negative": float(out["hard_negative"].detach()), "lr": lr, "grad_norm": float(norm),
                     "tokens": self._tokens, "seconds": time.perf_counter() - tick,
+                    **{key: float(v.detach()) for key, v in out.items() if key.startswith("loss@")},
                 })  # fmt: skip
                 bar.update(1)
                 bar.set_postfix(loss=f"{out['loss'].item():.3f}", data=batch["dataset"][0][:20])
@@ -307,6 +332,29 @@ class Trainer:
             torch.distributed.barrier()
 
 
+def peak_memory() -> dict[str, float]:
+    """This process's peak resident memory in GB (it includes the loaded weights), and its peak CUDA memory
+    allocated when a GPU is in use."""
+    import resource
+
+    out = {"peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # ru_maxrss is in KiB on Linux
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["peak_cuda_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
+
+
+def throughput(metrics: list[dict[str, Any]]) -> dict[str, float]:
+    """Steps, step seconds, real tokens embedded with a graph, and tokens per second, from the step metrics."""
+    seconds = sum(m["seconds"] for m in metrics)
+    tokens = sum(m["tokens"] for m in metrics)
+    return {
+        "steps": len(metrics),
+        "seconds": seconds,
+        "tokens": tokens,
+        "tokens_per_second": tokens / max(seconds, 1e-9),
+    }
+
+
 def split_params(params: dict[str, Any], source: str) -> tuple[ModelConfig, TrainConfig]:
     """A flat params mapping -> (ModelConfig, TrainConfig); a key of neither is an error naming it."""
     import dataclasses
@@ -324,7 +372,10 @@ def split_params(params: dict[str, Any], source: str) -> tuple[ModelConfig, Trai
 
 
 def main(argv: list[str] | None = None) -> None:
-    """torchrun [--nproc_per_node N] -m c2llm_lib.train --params P --rows DATA --out CKPTS [--resume CKPT]"""
+    """torchrun [--nproc_per_node N] -m c2llm_lib.train --params P --rows DATA --out CKPTS [--resume CKPT]
+
+    Writes the checkpoints, `train_metrics.json` (one entry per step) and `train_summary.json` (throughput and
+    rank 0's peak memory) into CKPTS."""
     import argparse
 
     import yaml
@@ -358,6 +409,9 @@ def main(argv: list[str] | None = None) -> None:
     trainer.save_final()
     if rank == 0:
         (out / "train_metrics.json").write_text(json.dumps(trainer.metrics, indent=1) + "\n")
+        summary = {**throughput(trainer.metrics), **peak_memory(), "world_size": world_size,
+                   "final_checkpoint": trainer.checkpoints[-1]}  # fmt: skip
+        (out / "train_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         print(
             f"trained {result.steps} steps on {world_size} process(es) in {result.seconds:.1f}s; checkpoints in {out}"
         )

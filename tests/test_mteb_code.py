@@ -5,7 +5,6 @@ import pytest
 
 from c2llm_lib.eval import evaluate_encoder, offline_tasks
 from c2llm_lib.mteb_code import (
-    C2LLM_PROMPTS,
     MTEB_CODE_V1,
     REFERENCE_SCORES,
     MTEBEncoder,
@@ -13,6 +12,7 @@ from c2llm_lib.mteb_code import (
     offline_task,
     run_mteb,
 )
+from c2llm_lib.prompts import C2LLM_PROMPTS
 
 
 def test_prompts_are_mtebs_registration_of_c2llm():

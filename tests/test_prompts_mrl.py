@@ -42,10 +42,106 @@ def test_prompt_sets_cover_every_task():
     assert prompts("jina", "CodeSearchNetCCRetrieval")[1] == "Candidate completion:\n"
     assert prompts("jina", "offline-text2code-python")[0].startswith("Find the most relevant code snippet")
     assert prompts("codexembed", "StackOverflowQA") == (
-        "Instruct: Given Code or Text, retrieve relevant content. Query:",
+        "Instruct: Given Code or Text, retrieve relevant content. Query: ",
         "",
     )
+    assert prompts("codexembed", "AnyTrainingSet") == prompts("codexembed", "CosQA")  # one instruction for all
+    assert prompts("c2llm", "CosQA", document_prefix="Doc:")[1] == "Doc:"
     with pytest.raises(ValueError, match="unknown prompt style"):
         prompts("e5", "CosQA")
-    with pytest.raises(ValueError, match="no prompts for task"):
+    with pytest.raises(ValueError, match="no jina prompts for task"):
         prompts("jina", "NoSuchTask")
+
+
+# the peer recipes wired into training and evaluation -----------------------------------------------------------
+def _rows(dataset: str):
+    from training_rows import make_rows
+
+    return make_rows().map(lambda r: {"dataset": dataset})
+
+
+def test_the_trainer_formats_each_prompt_style():
+    from c2llm_lib.config import TrainConfig
+    from c2llm_lib.train import Trainer
+
+    from conftest import TINY_LORA, build_tiny
+
+    batch = _rows("CodeSearchNetRetrieval")[:2]
+    texts = {}
+    for style in ("c2llm", "jina", "codexembed"):
+        enc = build_tiny(**TINY_LORA, prompt_style=style)
+        trainer = Trainer(enc, _rows("CodeSearchNetRetrieval"), TrainConfig(global_batch_size=4, num_negatives=1))
+        texts[style], k = trainer.texts(batch)
+        assert k == 1 and len(texts[style]) == 6  # 2 queries, 2 positives, 2 negatives
+    query, positive = batch["query"][0], batch["positive"][0]
+    assert texts["c2llm"][0] == "Find the code:\n" + query and texts["c2llm"][2] == "Retrieved Answer:" + positive
+    assert texts["jina"][0] == "Find the most relevant code snippet given the following query:\n" + query
+    assert texts["jina"][2] == "Candidate code snippet:\n" + positive
+    assert texts["codexembed"][0] == "Instruct: Given Code or Text, retrieve relevant content. Query: " + query
+    assert texts["codexembed"][2] == positive  # no document prefix
+    jina = Trainer(build_tiny(**TINY_LORA, prompt_style="jina"), _rows("Set0"), TrainConfig(global_batch_size=4))
+    with pytest.raises(ValueError, match="no jina prompts for task 'Set0'"):
+        jina.texts(_rows("Set0")[:2])
+
+
+def test_the_trainer_applies_mrl_and_refuses_a_width_it_cannot_cut():
+    from c2llm_lib.config import ConfigError, TrainConfig
+    from c2llm_lib.train import Trainer
+
+    from conftest import TINY_LORA, build_tiny
+
+    rows = _rows("CodeSearchNetRetrieval")
+    cfg = TrainConfig(global_batch_size=4, num_negatives=2, max_steps=2, max_length=64, mrl_dims=[32, 16],
+                      mrl_weights=[0.5, 0.25])  # fmt: skip
+    trainer = Trainer(build_tiny(**TINY_LORA), rows, cfg)
+    metrics = trainer.train().metrics
+    for m in metrics:  # the full width (64, weight 1) and each smaller width, weighted
+        assert m["loss"] == pytest.approx(m["loss@64"] + 0.5 * m["loss@32"] + 0.25 * m["loss@16"], rel=1e-5)
+    emb = torch.randn(4 * 4, 64, generator=torch.Generator().manual_seed(0))  # 4 queries, 4 positives, 4 x 2 negatives
+    out = trainer.loss_from(emb, 4, 2, "CodeSearchNetRetrieval")
+    q, p, n = emb[:4], emb[4:8], emb[8:].view(4, 2, 64)
+    expected = matryoshka_loss(q, p, n, dims=(64, 32, 16), weights=(1.0, 0.5, 0.25))["loss"]
+    assert out["loss"].item() == pytest.approx(expected.item(), rel=1e-6)
+    with pytest.raises(ValueError, match=r"mrl_dims \[64\] are not below the embedding width 64"):
+        Trainer(build_tiny(**TINY_LORA), rows, TrainConfig(global_batch_size=4, mrl_dims=[64]))
+    with pytest.raises(ConfigError, match="mrl_weights"):
+        TrainConfig(mrl_dims=[32, 16], mrl_weights=[1.0])
+    with pytest.raises(ConfigError, match="mrl_dims.*repeats"):
+        TrainConfig(mrl_dims=[32, 32])
+
+
+def test_linear_decay_to_the_end_learning_rate():
+    from c2llm_lib.train import lr_lambda
+
+    f = lr_lambda(warmup=2, total=10, min_ratio=0.1, schedule="linear")  # CodeXEmbed: 5e-5 -> 5e-6
+    assert [f(0), f(1), f(2)] == [0.5, 1.0, 1.0]
+    assert f(6) == pytest.approx(0.55) and f(10) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="unknown learning-rate schedule"):
+        lr_lambda(0, 10, 0.0, "step")
+
+
+def test_the_mteb_wrapper_uses_the_encoders_prompt_style():
+    from c2llm_lib.mteb_code import MTEBEncoder
+    from c2llm_lib.prompts import C2LLM_PROMPTS, JINA_CATEGORIES
+
+    from conftest import build_tiny
+
+    c2llm = MTEBEncoder(build_tiny(pooling="mean", document_prefix="Doc:"))
+    assert c2llm.task_prompts("CosQA") == (C2LLM_PROMPTS["CosQA"], "Doc:")
+    assert c2llm.task_prompts("MockRetrievalTask") == ("", "Doc:")  # unknown: no instruction, as mteb does
+    jina = MTEBEncoder(build_tiny(pooling="last_token", prompt_style="jina"))
+    assert jina.task_prompts("CodeFeedbackMT") == JINA_CATEGORIES["TechQA"]
+    assert jina.task_prompts("offline-code2code-python") == JINA_CATEGORIES["Code2Completion"]
+    with pytest.raises(ValueError, match="no jina prompts"):
+        jina.task_prompts("MockRetrievalTask")
+    assert MTEBEncoder(jina.model, prompts={"MockRetrievalTask": "Q:"}).task_prompts("MockRetrievalTask")[0] == "Q:"
+
+
+def test_an_instruction_ending_in_a_space_gets_no_newline():
+    from conftest import build_tiny
+
+    enc = build_tiny(pooling="mean")
+    assert enc.format_texts(["x"], "query", "Query: ") == ["Query: x"]
+    assert enc.format_texts(["x"], "query", "Find:") == ["Find:\nx"]
+    assert enc.format_texts(["x"], "query", "Find:\n") == ["Find:\nx"]
+    assert enc.format_texts(["x"], "document", "Candidate:\n") == ["Candidate:\nx"]

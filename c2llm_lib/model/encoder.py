@@ -1,7 +1,7 @@
 """`C2LLMEncoder`: backbone + pooler, the encode/save/load API (paper section 3 and table 1).
 
 Text formatting follows the released model (mteb's registration of C2LLM): a query is
-`instruction + "\\n" + text` (the newline is added when the instruction lacks it), a document is
+`instruction + "\\n" + text` (the newline is added unless the instruction ends in one or in a space), a document is
 `"Retrieved Answer:" + text` with no separator. Tokens are truncated on the right, so the
 instruction survives; for last-token pooling the EOS token is appended *after* truncation, so an
 over-long text still ends in EOS. Rows are padded on the left, and position ids count real tokens
@@ -110,11 +110,12 @@ class C2LLMEncoder(nn.Module):
 
     # text -> tokens ----------------------------------------------------------------------------
     def format_texts(self, texts: Sequence[str], kind: str = "query", instruction: str | None = None) -> list[str]:
-        """Prompted texts: `instruction\\n` before queries, the document prefix before documents."""
+        """Prompted texts: `instruction\\n` before queries (no newline added after an instruction that ends in
+        a space or newline), the document prefix, or `instruction` when given, before documents."""
         if kind not in KINDS:
             raise ValueError(f"kind must be 'query' or 'document', got {kind!r}")
         if kind == "query":
-            prefix = "" if not instruction else instruction if instruction.endswith("\n") else instruction + "\n"
+            prefix = "" if not instruction else instruction if instruction[-1] in " \n" else instruction + "\n"
         else:
             prefix = self.config.document_prefix if instruction is None else instruction
         return [prefix + t for t in texts]
