@@ -14,7 +14,17 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from .config import AttentionStage, ConfigError, DataStage, EvalStage, MergeStage, ModelConfig, TrainConfig, from_dict
+from .config import (
+    AttentionStage,
+    CompareStage,
+    ConfigError,
+    DataStage,
+    EvalStage,
+    MergeStage,
+    ModelConfig,
+    TrainConfig,
+    from_dict,
+)
 from .runs import RunDir
 
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
@@ -25,6 +35,7 @@ STAGES: dict[str, tuple[type, ...]] = {
     "03_merge_checkpoints": (MergeStage,),
     "04_eval_mteb_code": (EvalStage,),
     "05_pma_attention": (AttentionStage,),
+    "06_recipe_comparison": (CompareStage,),
 }
 
 

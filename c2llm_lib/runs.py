@@ -34,6 +34,7 @@ PRODUCERS = {
     "data/train": "01_data_prep",
     "data/eval": "01_data_prep",
     "checkpoints": "02_train_lora_contrastive",
+    "metrics/train.json": "02_train_lora_contrastive",
     "merged": "03_merge_checkpoints",
 }
 LIBRARIES = ("c2llm_lib", "torch", "transformers", "peft", "datasets", "accelerate", "mteb", "papermill", "bm25s")

@@ -246,3 +246,37 @@ def dimension_curves(table, hidden: int, dims: Sequence[int]):
     ax.set_title("embedding dimension: projection (PMA) vs truncation")
     fig.tight_layout()
     return fig
+
+
+def recipe_comparison(frame, dims_table):
+    """One figure for the recipe comparison (`comparison.comparison_frame` and `dimension_table`): per-task
+    nDCG@10 of every recipe at full width (and BM25), mean nDCG@10 against embedding dimension per curve, and
+    training throughput and peak memory."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    trained = frame.dropna(subset=["tokens/s"])
+    full = trained[~trained["curve"].str.endswith("PMA projection")]
+    shown = full.index.tolist() + (["BM25"] if "BM25" in frame.index else [])
+    tasks = [c for c in frame.columns if c not in ("recipe", "dim", "curve", "mean", "tokens/s", "peak memory GB",
+                                                   "train s")]  # fmt: skip
+    fig, axes = plt.subplots(1, 4, figsize=(17, 4.2), gridspec_kw={"width_ratios": [3.2, 2.2, 1.2, 1.2]})
+    long = frame.loc[shown, tasks].reset_index(names="model").melt(id_vars="model", var_name="task", value_name="v")
+    sns.barplot(long, x="task", y="v", hue="model", ax=axes[0])
+    axes[0].set(ylabel="nDCG@10", ylim=(0, 100), xlabel="", title="quality per task (full width)")
+    axes[0].tick_params(axis="x", rotation=30, labelsize=7)
+    axes[0].legend(fontsize=7)
+    for curve, row in dims_table.iterrows():
+        row = row.dropna()
+        axes[1].plot(row.index, row.values, marker="o", label=curve, ls="--" if "projection" in curve else "-")
+    axes[1].set_xscale("log", base=2)
+    axes[1].set(xlabel="embedding dimension", ylabel="mean nDCG@10", title="quality vs dimension")
+    axes[1].legend(fontsize=7)
+    sns.barplot(x=trained.index, y=trained["tokens/s"], ax=axes[2], color="tab:blue")
+    axes[2].set(title="training throughput", ylabel="real tokens / s", xlabel="")
+    sns.barplot(x=trained.index, y=trained["peak memory GB"], ax=axes[3], color="tab:gray")
+    axes[3].set(title="peak memory", ylabel="GB", xlabel="")
+    for ax in axes[2:]:
+        ax.tick_params(axis="x", rotation=60, labelsize=7)
+    fig.tight_layout()
+    return fig

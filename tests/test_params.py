@@ -4,23 +4,51 @@ from pathlib import Path
 
 import pytest
 
+from c2llm_lib.comparison import plan
 from c2llm_lib.pipeline import load_params, resolve
+from c2llm_lib.train import split_params
 
-PARAMS = sorted((Path(__file__).resolve().parent.parent / "params").glob("*.yaml"))
+PARAMS_DIR = Path(__file__).resolve().parent.parent / "params"
+PARAMS = sorted(PARAMS_DIR.glob("*.yaml"))
 
 
 def test_the_expected_params_files_exist():
-    assert {p.stem for p in PARAMS} >= {"default", "smoke", "c2llm-0.5b", "c2llm-7b"}
+    assert {p.stem for p in PARAMS} >= {"default", "smoke", "c2llm-0.5b", "c2llm-7b", "jina-code-0.5b",
+                                        "codexembed-style", "compare-recipes"}  # fmt: skip
 
 
 @pytest.mark.parametrize("path", PARAMS, ids=lambda p: p.stem)
 def test_params_file_validates(path):
     resolved = resolve(load_params(path), str(path))
     assert set(resolved) == {"01_data_prep", "02_train_lora_contrastive", "03_merge_checkpoints",
-                             "04_eval_mteb_code", "05_pma_attention"}  # fmt: skip
+                             "04_eval_mteb_code", "05_pma_attention", "06_recipe_comparison"}  # fmt: skip
     train = resolved["02_train_lora_contrastive"]
     assert resolved["01_data_prep"]["num_negatives"] == train["num_negatives"]  # one K for mining and training
     if path.stem.startswith("c2llm-"):  # the paper's recipe (section 4.1)
         assert (train["lora_r"], train["lora_alpha"], train["learning_rate"], train["tau"]) == (64, 32, 1e-4, 0.05)
         assert (train["max_length"], train["epochs"], train["num_negatives"], train["pma_heads"]) == (1024, 3, 7, 32)
         assert resolved["03_merge_checkpoints"]["merge_last"] == 4
+    compare = resolved["06_recipe_comparison"]
+    if compare["compare_recipes"]:  # every recipe it names is a params file whose recipe fits this run's compute
+        keys = {k: v for k, v in resolved["02_train_lora_contrastive"].items() if k not in ("run", "outputs_dir")}
+        model, train = split_params(keys, str(path))
+        entries = plan(model, train, compare["compare_recipes"], compare["compare_dims"], compare["compare_pma_dims"])
+        assert {e.recipe for e in entries} == set(compare["compare_recipes"])
+
+
+def test_the_peer_recipes_are_their_papers():
+    jina = resolve(load_params(PARAMS_DIR / "jina-code-0.5b.yaml"), "jina")["02_train_lora_contrastive"]
+    assert (jina["backbone"], jina["pooling"], jina["prompt_style"]) == (
+        "Qwen/Qwen2.5-Coder-0.5B",
+        "last_token",
+        "jina",
+    )
+    assert (jina["tau"], jina["max_length"], jina["num_negatives"], jina["global_batch_size"]) == (0.05, 512, 0, 512)
+    assert jina["mrl_dims"] == [512, 256, 128, 64] and jina["max_steps"] == 1500
+    codex = resolve(load_params(PARAMS_DIR / "codexembed-style.yaml"), "codex")["02_train_lora_contrastive"]
+    assert (codex["pooling"], codex["prompt_style"], codex["lora_r"], codex["num_negatives"]) == (
+        "last_token", "codexembed", 8, 7)  # fmt: skip
+    assert (codex["learning_rate"], codex["lr_schedule"], codex["warmup_steps"], codex["grad_cache"]) == (
+        5e-5, "linear", 50, True)  # fmt: skip
+    assert codex["learning_rate"] * codex["min_lr_ratio"] == pytest.approx(5e-6)
+    assert codex["global_batch_size"] == 1024 and not codex["mrl_dims"]

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import yaml
 
 from c2llm_lib.config import ConfigError
 from c2llm_lib.pipeline import PipelineError, load_params, main, resolve, run_pipeline
@@ -23,7 +24,7 @@ def smoke_run(tmp_path_factory):
 def test_the_whole_pipeline_on_the_smoke_params(smoke_run):
     run, _ = smoke_run
     for name in ("01_data_prep", "02_train_lora_contrastive", "03_merge_checkpoints", "04_eval_mteb_code",
-                 "05_pma_attention"):  # fmt: skip
+                 "05_pma_attention", "06_recipe_comparison"):  # fmt: skip
         nb = nbformat.read(run.root / "notebooks" / f"{name}.ipynb", as_version=4)
         assert nb.metadata.papermill["exception"] is None, name
         assert not [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
@@ -50,13 +51,37 @@ def test_the_whole_pipeline_on_the_smoke_params(smoke_run):
 
 
 @pytest.mark.slow
+def test_the_recipe_comparison_on_the_smoke_params(smoke_run):
+    """Notebook 06 trained the three recipes (and C2LLM's PMA at d = 16) and wrote its table, figure and outcome."""
+    run, _ = smoke_run
+    table = (run.root / "metrics" / "comparison.md").read_text()
+    for row in ("c2llm-0.5b", "jina-code-0.5b", "codexembed-style", "c2llm-0.5b, PMA d=16",
+                "jina-code-0.5b, truncated to 16", "c2llm-0.5b, truncated to 32", "BM25"):  # fmt: skip
+        assert f"| {row} |" in table, row
+    assert "At full width, mean nDCG@10 ranks" in table and "Training throughput" in table
+    assert (run.root / "figures" / "comparison.png").stat().st_size > 1000
+    result = json.loads((run.root / "metrics" / "comparison.json").read_text())
+    trained = {r["model"]: r for r in result["table"] if r["tokens/s"] is not None}
+    assert set(trained) == {"c2llm-0.5b", "jina-code-0.5b", "codexembed-style", "c2llm-0.5b, PMA d=16"}
+    assert all(r["tokens/s"] > 0 and r["peak memory GB"] > 0 for r in trained.values())
+    assert set(result["dimensions"]) == {"c2llm-0.5b: truncation", "c2llm-0.5b: PMA projection",
+                                         "jina-code-0.5b: MRL truncation", "codexembed-style: truncation"}  # fmt: skip
+    configs = [yaml.safe_load(p.read_text()) for p in (run.root / "comparison").glob("*/params.yaml")]
+    by_style = {c["prompt_style"]: c for c in configs if c.get("embedding_dim") is None}
+    assert by_style["jina"]["mrl_dims"] == [32, 16] and by_style["jina"]["num_negatives"] == 0
+    assert by_style["codexembed"]["lora_r"] == 8 and by_style["codexembed"]["grad_cache"]
+    same = ("backbone", "max_steps", "global_batch_size", "max_length", "seed", "warmup_steps")
+    assert all(c[k] == configs[0][k] for c in configs for k in same)  # equal data and compute
+
+
+@pytest.mark.slow
 def test_a_run_is_never_overwritten_unless_asked(smoke_run):
     run, outputs = smoke_run
     with pytest.raises(FileExistsError, match="--resume.*--overwrite"):
         run_pipeline(SMOKE, outputs=outputs, log=lambda *_: None)
     lines = []
     run_pipeline(SMOKE, outputs=outputs, mode="resume", log=lines.append)
-    assert all("kept" in line for line in lines) and len(lines) == 5  # nothing reran
+    assert all("kept" in line for line in lines) and len(lines) == 6  # nothing reran
     lines.clear()
     run_pipeline(SMOKE, outputs=outputs, mode="resume", sets={"eval_limit": 4}, only=["04"], log=lines.append)
     assert lines[0].startswith("[04_eval_mteb_code] running")  # its parameters changed: it reruns

@@ -1,0 +1,327 @@
+"""C2LLM, jina-code-embeddings and CodeXEmbed trained on equal terms (C2LLM section 3's takeaway against the
+peers' choices: PMA vs last-token pooling, per-dataset instructions vs task prefixes, a projecting head vs MRL,
+rank 64 vs rank 8, GradCache).
+
+Each recipe is a params file (`params/c2llm-0.5b.yaml`, `params/jina-code-0.5b.yaml`,
+`params/codexembed-style.yaml`). Only its *recipe* keys are taken (`RECIPE_KEYS`: pooler, prompts, LoRA, loss,
+negatives, learning rate and schedule, MRL, GradCache). Everything that sets the compute (backbone, precision,
+sequence length, batch size, steps, seed, PMA heads) comes from the run's own notebook-02 configuration, so
+every recipe sees the same rows, the same number of optimizer steps of the same global batch, and the same
+seed. Three adjustments fit the files to a short run on any backbone; `adjustments` lists them for the results:
+- warmup: the run's `warmup_steps` (CodeXEmbed's 50 warmup steps would outlast a 20-step run);
+- MRL: a recipe with MRL trains at the full width and at every compared dimension (for Qwen2.5-Coder-0.5B
+  and dims [512, 256, 128, 64] that is jina's own list);
+- K: a recipe asks for K hard negatives and gets min(K, the run's mined K).
+
+Each training runs in its own process (`python -m c2llm_lib.train`), so its peak memory is its own;
+throughput counts real tokens embedded with a graph per second of training steps. Quality is nDCG@10 on the
+offline held-out tasks with each recipe's own prompts, from one encoding pass per model, scored at the full
+width and at each compared dimension (truncated and re-normalised; `eval.truncation_scores` scores exactly as
+the mteb path does). For a dimension d the comparison has: a PMA recipe trained to project to d (equations
+2-3), every recipe's full embedding truncated to d, and so jina's MRL-trained truncation beside plain ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .config import ConfigError, ModelConfig, TrainConfig
+from .eval import RetrievalTask, evaluate_bm25, task_embeddings, truncation_scores
+
+REPO = Path(__file__).resolve().parent.parent
+PARAMS_DIR = REPO / "params"
+RECIPE_KEYS = (  # what a recipe decides; the rest is the run's compute, equal for all
+    "pooling", "pma_score_scale", "append_eos", "document_prefix", "prompt_style", "lora_r", "lora_alpha",
+    "lora_dropout", "lora_targets", "num_negatives", "tau", "joint_softmax", "gather_with_grad", "learning_rate",
+    "pma_learning_rate", "weight_decay", "lr_schedule", "min_lr_ratio", "max_grad_norm", "mrl_dims", "mrl_weights",
+    "grad_cache",
+)  # fmt: skip
+
+
+def base_configs(run_dir) -> tuple[ModelConfig, TrainConfig, str]:
+    """The run's notebook-02 configuration and where it was read: `metrics/train.json` when notebook 02 ran,
+    else `resolved.yaml`, where the pipeline records every notebook's parameters before running any (so
+    `--only 01 06` needs no training of the run's own)."""
+    from .config import from_dict
+    from .runs import MissingInput
+    from .train import split_params
+
+    trained = run_dir.root / "metrics" / "train.json"
+    if trained.is_file():
+        record = json.loads(trained.read_text())
+        model = from_dict(ModelConfig, record["model_config"], str(trained))
+        return model, from_dict(TrainConfig, record["train_config"], str(trained)), str(trained)
+    resolved = run_dir.root / "resolved.yaml"
+    if resolved.is_file():
+        params = (yaml.safe_load(resolved.read_text()) or {}).get("02_train_lora_contrastive", {})
+        params = {k: v for k, v in params.items() if k not in ("run", "outputs_dir")}
+        return (*split_params(params, f"{resolved} (02_train_lora_contrastive)"), str(resolved))
+    raise MissingInput(
+        f"neither {trained} nor {resolved} exists: run notebook 02, or the pipeline (e.g. --only 01 06), first"
+    )
+
+
+def load_recipe(name: str, params_dir: str | Path = PARAMS_DIR) -> dict[str, Any]:
+    """The recipe keys of `params/<name>.yaml` (those it sets; the others keep the dataclass defaults)."""
+    path = Path(params_dir) / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in Path(params_dir).glob("*.yaml"))
+        raise ConfigError(f"compare_recipes: no params file {path} for recipe {name!r}; known: {known}")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: must be a flat mapping of parameter names to values")
+    return {key: data[key] for key in RECIPE_KEYS if key in data}
+
+
+def recipe_configs(
+    base_model: ModelConfig, base_train: TrainConfig, recipe: dict[str, Any], dims: Sequence[int], source: str
+) -> tuple[ModelConfig, TrainConfig]:
+    """(ModelConfig, TrainConfig) of a recipe on the run's compute: recipe keys over the run's configuration,
+    LoRA on, full width, no intermediate checkpoints, and MRL (if the recipe has it) at `dims`."""
+    model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    defaults_model, defaults_train = ModelConfig(), TrainConfig()
+    model_keys = {k: recipe.get(k, getattr(defaults_model, k)) for k in RECIPE_KEYS if k in model_fields}
+    train_keys = {k: recipe.get(k, getattr(defaults_train, k)) for k in RECIPE_KEYS if k not in model_fields}
+    if train_keys["mrl_dims"]:
+        train_keys.update(mrl_dims=sorted(dims, reverse=True), mrl_weights=[])
+    try:
+        model = dataclasses.replace(base_model, **model_keys, use_lora=True, embedding_dim=None)
+        train = dataclasses.replace(base_train, **train_keys, checkpoint_steps=[])
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+    return model, train
+
+
+@dataclasses.dataclass
+class Entry:
+    """One model to train: a recipe on the run's compute, or a PMA recipe projecting to a smaller width."""
+
+    label: str
+    recipe: str
+    model: ModelConfig
+    train: TrainConfig
+    projected: bool = False
+
+
+def plan(
+    base_model: ModelConfig,
+    base_train: TrainConfig,
+    recipes: Sequence[str],
+    dims: Sequence[int],
+    pma_dims: Sequence[int],
+    params_dir: str | Path = PARAMS_DIR,
+) -> list[Entry]:
+    """The trainings of a comparison: each recipe, and each PMA recipe again at every width in `pma_dims`."""
+    entries = []
+    for name in recipes:
+        source = str(Path(params_dir) / f"{name}.yaml")
+        model, train = recipe_configs(base_model, base_train, load_recipe(name, params_dir), dims, source)
+        entries.append(Entry(name, name, model, train))
+        if model.pooling == "pma":
+            for d in pma_dims:
+                small = dataclasses.replace(train, mrl_dims=[x for x in train.mrl_dims if x < d], mrl_weights=[])
+                projecting = dataclasses.replace(model, embedding_dim=d)
+                entries.append(Entry(f"{name}, PMA d={d}", name, projecting, small, projected=True))
+    return entries
+
+
+def recipe_frame(entries: Sequence[Entry]):
+    """The recipe keys of each planned training, side by side (the differences the comparison is about)."""
+    import pandas as pd
+
+    rows = {}
+    for e in entries:
+        settings = {**e.model.to_dict(), **e.train.to_dict()}
+        rows[e.label] = {k: settings[k] for k in ("embedding_dim", *RECIPE_KEYS, "warmup_steps")}
+    frame = pd.DataFrame(rows).astype(str)
+    return frame[frame.nunique(axis=1) > 1] if len(rows) > 1 else frame
+
+
+def adjustments(base_train: TrainConfig, mined_negatives: int) -> list[str]:
+    """The fitting rules above, with this run's values, as sentences for the results."""
+    return [
+        f"every recipe warms up for the run's {base_train.warmup_steps} steps, whatever its file says",
+        "a recipe with MRL trains at the full width and at each compared dimension",
+        f"a recipe asking for K hard negatives gets min(K, {mined_negatives}) (the run mined {mined_negatives})",
+        f"all share the run's compute: {base_train.max_steps or 'all'} steps, global batch "
+        f"{base_train.global_batch_size}, sequence length {base_train.max_length}, seed {base_train.seed}",
+    ]
+
+
+def config_key(model: ModelConfig, train: TrainConfig) -> str:
+    """A short hash of a training configuration: the folder a training writes to, reused when unchanged."""
+    blob = json.dumps({"model": model.to_dict(), "train": train.to_dict()}, sort_keys=True)
+    return hashlib.blake2b(blob.encode(), digest_size=5).hexdigest()
+
+
+def train_recipe(model: ModelConfig, train: TrainConfig, rows_dir: Path, work_dir: Path, log=print) -> dict[str, Any]:
+    """Trains one configuration in its own process (`python -m c2llm_lib.train`) under `work_dir/<hash>/`.
+
+    Returns the training summary (steps, seconds, tokens, tokens_per_second, peak_rss_gb [, peak_cuda_gb],
+    final_checkpoint). A folder that already holds a finished training of the same configuration is reused;
+    a failed training raises with its error, the command and where its full log is."""
+    folder = Path(work_dir) / config_key(model, train)
+    summary = folder / "checkpoints" / "train_summary.json"
+    if summary.is_file():
+        log(f"reusing the finished training in {folder}")
+        return json.loads(summary.read_text())
+    if (folder / "checkpoints").exists():  # an interrupted earlier attempt: its partial checkpoints are ours
+        import shutil
+
+        shutil.rmtree(folder / "checkpoints")
+    folder.mkdir(parents=True, exist_ok=True)
+    params = folder / "params.yaml"
+    params.write_text(yaml.safe_dump({**model.to_dict(), **train.to_dict()}, sort_keys=True))
+    command = [sys.executable, "-m", "c2llm_lib.train", "--params", str(params), "--rows", str(rows_dir),
+               "--out", str(folder / "checkpoints")]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    (folder / "train.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip()] or ["(no output)"]
+        raise RuntimeError(f"training failed (exit {done.returncode}): {lines[-1]}\n"
+                           f"command: {' '.join(command)}\nfull log: {folder / 'train.log'}")  # fmt: skip
+    return json.loads(summary.read_text())
+
+
+def evaluate_model(
+    encoder, tasks: Sequence[RetrievalTask], dims: Sequence[int], batch_size: int = 16, max_length: int | None = None
+) -> dict[str, dict[str, float]]:
+    """{str(d): {task: nDCG@10}} at the encoder's full width and each smaller d in `dims`, from one encoding."""
+    width = encoder.embedding_dim
+    widths = [width, *(d for d in dims if d < width)]
+    out: dict[str, dict[str, float]] = {str(d): {} for d in widths}
+    for task in tasks:
+        queries, documents = task_embeddings(encoder, task, batch_size, max_length)
+        for d, score in truncation_scores(task, queries, documents, widths).items():
+            out[str(d)][task.name] = score
+    return out
+
+
+def evaluate_entry(
+    entry: Entry,
+    training: dict[str, Any],
+    tasks: Sequence[RetrievalTask],
+    dims: Sequence[int],
+    batch_size: int = 16,
+    max_length: int | None = None,
+) -> dict[str, Any]:
+    """A trained entry's result for `comparison_frame`: its final checkpoint scored at full width and, unless it
+    projects to a chosen width already, truncated to each smaller d in `dims`."""
+    from .train import encoder_from_checkpoint
+
+    encoder = encoder_from_checkpoint(training["final_checkpoint"]).eval()
+    scores = evaluate_model(encoder, tasks, [] if entry.projected else dims, batch_size, max_length)
+    return {"recipe": entry.recipe, "width": encoder.embedding_dim, "projected": entry.projected,
+            "mrl": bool(entry.train.mrl_dims), "scores": scores, "training": training}  # fmt: skip
+
+
+def bm25_scores(tasks: Sequence[RetrievalTask]) -> dict[str, float]:
+    return {t.name: evaluate_bm25(t)["ndcg_at_10"] for t in tasks}
+
+
+def comparison_frame(results: dict[str, dict[str, Any]], bm25: dict[str, float] | None = None):
+    """One row per (model, dimension): its curve (how the dimension is reached), per-task nDCG@10 x 100, their
+    mean, and the training's tokens/s, peak memory (GB) and seconds on the rows of trained models.
+
+    `results` maps a model label to {"recipe", "width", "projected" (a PMA trained to output this width), "mrl"
+    (trained with MRL), "scores" ({str(d): {task: nDCG}}), "training" (a `train_recipe` summary)}."""
+    import pandas as pd
+
+    rows = []
+    for label, result in results.items():
+        truncation = f"{result['recipe']}: {'MRL truncation' if result['mrl'] else 'truncation'}"
+        for d, per_task in result["scores"].items():
+            trained = int(d) == result["width"]
+            curve = f"{result['recipe']}: PMA projection" if result["projected"] else truncation
+            training = result["training"] if trained else {}
+            rows.append({"model": label if trained else f"{label}, truncated to {d}", "recipe": result["recipe"],
+                         "dim": int(d), "curve": curve, **{t: 100 * v for t, v in per_task.items()},
+                         "tokens/s": training.get("tokens_per_second"),
+                         "peak memory GB": training.get("peak_cuda_gb", training.get("peak_rss_gb")),
+                         "train s": training.get("seconds")})  # fmt: skip
+    if bm25:
+        rows.append({"model": "BM25", "recipe": "BM25", "dim": 0, "curve": "BM25",
+                     **{t: 100 * v for t, v in bm25.items()}})  # fmt: skip
+    frame = pd.DataFrame(rows).set_index("model")
+    tasks = [c for c in frame.columns if c not in ("recipe", "dim", "curve", "tokens/s", "peak memory GB", "train s")]
+    frame.insert(3, "mean", frame[tasks].mean(axis=1))
+    return frame.round(2)
+
+
+def dimension_table(frame):
+    """Mean nDCG@10 per curve (rows) and dimension (columns, widest first): the quality-vs-dimension plot's data.
+    A PMA projection curve starts at its recipe's full width."""
+    models = frame[frame["curve"] != "BM25"]
+    table = models.pivot_table(index="curve", columns="dim", values="mean", aggfunc="first")
+    for curve in table.index:
+        if curve.endswith(": PMA projection"):
+            recipe = curve.removesuffix(": PMA projection")
+            full = models[(models["recipe"] == recipe) & ~models["curve"].str.endswith("PMA projection")]
+            widest = full[full["dim"] == full["dim"].max()]
+            if len(widest):
+                table.loc[curve, int(widest["dim"].iloc[0])] = widest["mean"].iloc[0]
+    return table[sorted(table.columns, reverse=True)]
+
+
+def verdict(frame, dims_table, notes: Sequence[str] = ()) -> str:
+    """The outcome in plain sentences, whatever it is, from the numbers of `comparison_frame`."""
+    trained = frame.dropna(subset=["tokens/s"])
+    full = trained[~trained["curve"].str.endswith("PMA projection")].sort_values("mean", ascending=False)
+    lines = ["At full width, mean nDCG@10 ranks " + ", then ".join(
+        f"{m} ({r['mean']:.1f}, d={int(r['dim'])})" for m, r in full.iterrows()) + "."]  # fmt: skip
+    if "BM25" in frame.index:
+        bm25 = frame.loc["BM25", "mean"]
+        beaten = [m for m, r in full.iterrows() if r["mean"] > bm25]
+        outcome = f"{', '.join(beaten)} beat it." if beaten else "no recipe beats it."
+        lines.append(f"BM25 scores {bm25:.1f}; {outcome}")
+    if len(dims_table.columns) > 1:
+        smallest = min(dims_table.columns)
+        at = dims_table[smallest].dropna().sort_values(ascending=False)
+        lines.append(f"At d={smallest}: " + ", ".join(f"{c} {v:.1f}" for c, v in at.items()) + ".")
+        for curve, row in dims_table.iterrows():
+            row = row.dropna()
+            if len(row) > 1:
+                top, low = row[max(row.index)], row[min(row.index)]
+                lines.append(f"{curve}: {top:.1f} at d={max(row.index)}, {low:.1f} at d={min(row.index)} "
+                             f"({low - top:+.1f}).")  # fmt: skip
+    speed = trained.sort_values("tokens/s", ascending=False)
+    lines.append("Training throughput (real tokens/s): " + ", ".join(
+        f"{m} {r['tokens/s']:.0f}" for m, r in speed.iterrows()) + "; peak memory (GB): " + ", ".join(
+        f"{m} {r['peak memory GB']:.2f}" for m, r in speed.iterrows()) + ".")  # fmt: skip
+    lines += [f"Setting: {note}." for note in notes]
+    return "\n".join(f"- {line}" for line in lines)
+
+
+def comparison_markdown(frame, title: str) -> str:
+    """The comparison table as markdown: scores to 0.1, throughput to whole tokens/s, blanks where a column does not
+    apply (a truncation trains nothing; BM25 has no dimension)."""
+    columns = [c for c in frame.columns if c not in ("recipe", "curve")]
+    digits = {"dim": 0, "tokens/s": 0, "peak memory GB": 2, "train s": 1}
+
+    def cell(column: str, value) -> str:
+        if value is None or value != value or (column == "dim" and value == 0):  # NaN != NaN
+            return ""
+        return f"{value:.{digits.get(column, 1)}f}"
+
+    header = "| model | " + " | ".join(columns) + " |\n|---|" + "---|" * len(columns) + "\n"
+    rows = "".join(
+        f"| {m} | " + " | ".join(cell(c, frame.loc[m, c]) for c in columns) + " |\n" for m in frame.index.unique()
+    )
+    return f"### {title}\n\nnDCG@10 x 100 on the offline held-out tasks.\n\n{header}{rows}"
+
+
+def record(frame, dims_table, trainings: dict[str, Any], notes: Sequence[str], compute_from: str) -> dict[str, Any]:
+    """What `metrics/comparison.json` holds: the table (null where a column does not apply), the curves, each
+    training's summary, the fitting notes, and where the run's compute was read."""
+    curves = {c: {int(d): float(v) for d, v in dims_table.loc[c].dropna().items()} for c in dims_table.index}
+    return {"table": json.loads(frame.reset_index().to_json(orient="records")), "dimensions": curves,
+            "trainings": trainings, "notes": list(notes), "compute_from": compute_from}  # fmt: skip
