@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PARAMS ?= params/default.yaml
 
-.PHONY: setup run test lint bench lab clean-venv
+.PHONY: setup run compare test lint bench lab clean-venv
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ setup: $(VENV)/.installed
 
 run: setup
 	$(PY) -m c2llm_lib.pipeline $(PARAMS) $(ARGS)
+
+# Notebook 06: the three recipes on the default's data and compute (about 75 minutes on 2 CPU cores).
+compare: setup
+	$(PY) -m c2llm_lib.pipeline params/compare-recipes.yaml --only 01 06 $(ARGS)
 
 test: setup lint
 	$(PY) -m pytest
