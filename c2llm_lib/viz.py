@@ -7,7 +7,8 @@ readably: byte-level BPE markers are decoded (a space as a middle dot, a newline
 and the document prefix / instruction and special tokens are marked.
 
 Every function returns a matplotlib Figure (or data) and never shows or saves it: `RunDir.save_figure`
-writes figures.
+writes figures. Figures are released from pyplot (`detached`) before they are returned, so a notebook shows a
+figure once, where it displays it, and figures made in a loop do not pile up in memory.
 """
 
 from __future__ import annotations
@@ -17,6 +18,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+
+def detached(fig):
+    """`fig`, no longer tracked by pyplot (it still draws, saves and displays)."""
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return fig
 
 
 @dataclass
@@ -79,7 +88,7 @@ def attention_heatmap(item: TokenAttention, title: str = ""):
             label.set_color("gray")
     top.set_title(title or "PMA attention (gray: instruction or prefix, red: special tokens)")
     fig.tight_layout()
-    return fig
+    return detached(fig)
 
 
 def loss_curves(metrics: Sequence[dict]):
@@ -98,7 +107,7 @@ def loss_curves(metrics: Sequence[dict]):
     lr.set_ylabel("learning rate", color="gray")
     ax.set_title("contrastive loss (in-batch + hard negatives)")
     fig.tight_layout()
-    return fig
+    return detached(fig)
 
 
 def score_bars(frame):
@@ -113,7 +122,7 @@ def score_bars(frame):
     ax.set_ylim(0, 100)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    return fig
+    return detached(fig)
 
 
 CATEGORIES = ("identifier", "keyword", "operator/punctuation", "literal", "comment/docstring", "whitespace",
@@ -245,7 +254,7 @@ def dimension_curves(table, hidden: int, dims: Sequence[int]):
     ax.set_xscale("log", base=2)
     ax.set_title("embedding dimension: projection (PMA) vs truncation")
     fig.tight_layout()
-    return fig
+    return detached(fig)
 
 
 def recipe_comparison(frame, dims_table):
@@ -279,4 +288,4 @@ def recipe_comparison(frame, dims_table):
     for ax in axes[2:]:
         ax.tick_params(axis="x", rotation=60, labelsize=7)
     fig.tight_layout()
-    return fig
+    return detached(fig)

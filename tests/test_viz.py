@@ -1,5 +1,6 @@
 """Figures come back as Figure objects; token categories of a known snippet; shares sum to 1."""
 
+import io
 import math
 
 import matplotlib
@@ -66,6 +67,12 @@ def test_figures_are_returned_not_shown(make_encoder):
     assert isinstance(loss_curves(metrics), Figure)
     frame = pd.DataFrame({"task1": [50.0, 40.0], "task2": [30.0, 20.0]}, index=["model a", "model b"])
     assert isinstance(score_bars(frame), Figure)
+    import matplotlib.pyplot as plt
+
+    assert plt.get_fignums() == []  # released from pyplot: a notebook shows each figure once
+    png = io.BytesIO()
+    score_bars(frame).savefig(png, format="png")  # a released figure still draws
+    assert png.getvalue().startswith(b"\x89PNG")
     assert readable_token(" x\n") == "\u00b7x\u21b5" and readable_token("") == "\u2205"
     with pytest.raises(ValueError, match="pooling='pma'"):
         pma_attention(make_encoder(pooling="mean"), [SNIPPET])

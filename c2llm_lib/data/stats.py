@@ -53,4 +53,5 @@ def length_histograms(rows: Iterable[Mapping[str, Any]]):
         )
         ax.set_title(f"{field} length (characters)")
     fig.tight_layout()
+    plt.close(fig)  # released from pyplot: shown once, where the notebook displays it
     return fig
