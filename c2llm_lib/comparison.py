@@ -14,11 +14,14 @@ seed. Three adjustments fit the files to a short run on any backbone; `adjustmen
 - K: a recipe asks for K hard negatives and gets min(K, the run's mined K).
 
 Each training runs in its own process (`python -m c2llm_lib.train`), so its peak memory is its own;
-throughput counts real tokens embedded with a graph per second of training steps. Quality is nDCG@10 on the
-offline held-out tasks with each recipe's own prompts, from one encoding pass per model, scored at the full
-width and at each compared dimension (truncated and re-normalised; `eval.truncation_scores` scores exactly as
-the mteb path does). For a dimension d the comparison has: a PMA recipe trained to project to d (equations
-2-3), every recipe's full embedding truncated to d, and so jina's MRL-trained truncation beside plain ones.
+throughput counts real tokens embedded with a graph per second of training steps, and memory is the peak
+from the end of loading to the end of training (weights, optimizer state and activations; GPU memory on a
+GPU, resident memory on a CPU), so a loader's transient spike does not hide the recipes' differences.
+Quality is nDCG@10 on the offline held-out tasks with each recipe's own prompts, from one encoding pass per
+model, scored at the full width and at each compared dimension (truncated and re-normalised;
+`eval.truncation_scores` scores exactly as the mteb path does). For a dimension d the comparison has: a PMA
+recipe trained to project to d (equations 2-3), every recipe's full embedding truncated to d, and so jina's
+MRL-trained truncation beside plain ones.
 """
 
 from __future__ import annotations
@@ -183,12 +186,14 @@ def train_recipe(model: ModelConfig, train: TrainConfig, rows_dir: Path, work_di
     params.write_text(yaml.safe_dump({**model.to_dict(), **train.to_dict()}, sort_keys=True))
     command = [sys.executable, "-m", "c2llm_lib.train", "--params", str(params), "--rows", str(rows_dir),
                "--out", str(folder / "checkpoints")]  # fmt: skip
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-    (folder / "train.log").write_text(done.stdout + done.stderr)
+    log_file = folder / "train.log"
+    log(f"training in {folder} (follow it: tail -f {log_file})")
+    with open(log_file, "w") as out:  # streamed, so a long training can be followed
+        done = subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
-        lines = [line for line in done.stderr.splitlines() if line.strip()] or ["(no output)"]
+        lines = [line for line in log_file.read_text().splitlines() if line.strip()] or ["(no output)"]
         raise RuntimeError(f"training failed (exit {done.returncode}): {lines[-1]}\n"
-                           f"command: {' '.join(command)}\nfull log: {folder / 'train.log'}")  # fmt: skip
+                           f"command: {' '.join(command)}\nfull log: {log_file}")  # fmt: skip
     return json.loads(summary.read_text())
 
 
@@ -228,6 +233,12 @@ def bm25_scores(tasks: Sequence[RetrievalTask]) -> dict[str, float]:
     return {t.name: evaluate_bm25(t)["ndcg_at_10"] for t in tasks}
 
 
+def training_peak(training: dict[str, Any]) -> float | None:
+    """The memory a training needed beyond loading: CUDA's peak on a GPU, else the resident peak of its training
+    window, else (not Linux) the whole process's peak."""
+    return training.get("peak_cuda_gb", training.get("train_peak_rss_gb", training.get("peak_rss_gb")))
+
+
 def comparison_frame(results: dict[str, dict[str, Any]], bm25: dict[str, float] | None = None):
     """One row per (model, dimension): its curve (how the dimension is reached), per-task nDCG@10 x 100, their
     mean, and the training's tokens/s, peak memory (GB) and seconds on the rows of trained models.
@@ -246,7 +257,7 @@ def comparison_frame(results: dict[str, dict[str, Any]], bm25: dict[str, float] 
             rows.append({"model": label if trained else f"{label}, truncated to {d}", "recipe": result["recipe"],
                          "dim": int(d), "curve": curve, **{t: 100 * v for t, v in per_task.items()},
                          "tokens/s": training.get("tokens_per_second"),
-                         "peak memory GB": training.get("peak_cuda_gb", training.get("peak_rss_gb")),
+                         "peak memory GB": training_peak(training),
                          "train s": training.get("seconds")})  # fmt: skip
     if bm25:
         rows.append({"model": "BM25", "recipe": "BM25", "dim": 0, "curve": "BM25",

@@ -332,12 +332,31 @@ class Trainer:
             torch.distributed.barrier()
 
 
+def reset_peak_memory() -> None:
+    """Starts a new peak-memory window (after the model is loaded, so that the peak is the training's): Linux's
+    resident peak (VmHWM, reset through /proc/self/clear_refs) and CUDA's allocator peak."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:  # not Linux, or not allowed: only the whole-process peak is reported
+        pass
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
+
+
 def peak_memory() -> dict[str, float]:
-    """This process's peak resident memory in GB (it includes the loaded weights), and its peak CUDA memory
-    allocated when a GPU is in use."""
+    """Peak memory in GB: `peak_rss_gb` of the whole process (loading the weights included), `train_peak_rss_gb`
+    since `reset_peak_memory` (Linux), and `peak_cuda_gb` allocated since then when a GPU is in use."""
+    import re
     import resource
 
     out = {"peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # ru_maxrss is in KiB on Linux
+    try:
+        found = re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text())
+        if found:  # the kernel's two counters update at different moments; the whole includes the window
+            out["train_peak_rss_gb"] = int(found.group(1)) / 2**20
+            out["peak_rss_gb"] = max(out["peak_rss_gb"], out["train_peak_rss_gb"])
+    except OSError:
+        pass
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         out["peak_cuda_gb"] = torch.cuda.max_memory_allocated() / 2**30
     return out
@@ -405,6 +424,7 @@ def main(argv: list[str] | None = None) -> None:
     trainer = Trainer(encoder, load_from_disk(args.rows), train_cfg, out)
     if args.resume:
         trainer.resume(args.resume)
+    reset_peak_memory()
     result = trainer.train()
     trainer.save_final()
     if rank == 0:

@@ -39,6 +39,11 @@ def test_torchrun_two_processes(tmp_path):
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.is_dir()) == ["step-000002", "step-000003"]
     metrics = json.loads((tmp_path / "ckpt" / "train_metrics.json").read_text())
     assert [m["step"] for m in metrics] == [1, 2, 3]
+    summary = json.loads((tmp_path / "ckpt" / "train_summary.json").read_text())
+    assert summary["steps"] == 3 and summary["tokens"] == sum(m["tokens"] for m in metrics) > 0
+    assert summary["tokens_per_second"] == pytest.approx(summary["tokens"] / summary["seconds"])
+    assert 0 < summary["train_peak_rss_gb"] <= summary["peak_rss_gb"]  # the training window, after loading
+    assert summary["final_checkpoint"].endswith("step-000003")
     encoder_from_checkpoint(tmp_path / "ckpt" / "step-000003", device="cpu")
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert again.returncode != 0 and "already holds checkpoints" in again.stderr
