@@ -12,6 +12,10 @@ Options: `joint=True` puts the hard negatives into the in-batch softmax (one sof
 global positives and the row's own hard negatives) instead of a second term; `weight` scales the
 whole loss, e.g. the per-dataset weight of a single-dataset batch (the paper weights CodeEditSearch
 differently).
+
+`matryoshka_loss` (jina-code-embeddings section 4, after Kusupati et al. 2022) applies the same loss to the first
+d coordinates for several d and sums the terms with weights, so that truncated embeddings stay useful; C2LLM's
+alternative is PMA's projection to a chosen d (notebook 06 compares the two).
 """
 
 from __future__ import annotations
