@@ -176,7 +176,7 @@ def train_recipe(model: ModelConfig, train: TrainConfig, rows_dir: Path, work_di
     summary = folder / "checkpoints" / "train_summary.json"
     if summary.is_file():
         log(f"reusing the finished training in {folder}")
-        return json.loads(summary.read_text())
+        return with_loss_trend(json.loads(summary.read_text()), folder / "checkpoints")
     if (folder / "checkpoints").exists():  # an interrupted earlier attempt: its partial checkpoints are ours
         import shutil
 
@@ -194,7 +194,15 @@ def train_recipe(model: ModelConfig, train: TrainConfig, rows_dir: Path, work_di
         lines = [line for line in log_file.read_text().splitlines() if line.strip()] or ["(no output)"]
         raise RuntimeError(f"training failed (exit {done.returncode}): {lines[-1]}\n"
                            f"command: {' '.join(command)}\nfull log: {log_file}")  # fmt: skip
-    return json.loads(summary.read_text())
+    return with_loss_trend(json.loads(summary.read_text()), folder / "checkpoints")
+
+
+def with_loss_trend(summary: dict[str, Any], checkpoints: Path, window: int = 5) -> dict[str, Any]:
+    """The summary with `loss_first` and `loss_last`: the mean training loss of the first and of the last
+    `window` steps (from `train_metrics.json`), so that a recipe that did not learn is seen to."""
+    losses = [m["loss"] for m in json.loads((checkpoints / "train_metrics.json").read_text())]
+    n = min(window, len(losses))
+    return {**summary, "loss_first": sum(losses[:n]) / n, "loss_last": sum(losses[-n:]) / n}
 
 
 def evaluate_model(
@@ -233,6 +241,9 @@ def bm25_scores(tasks: Sequence[RetrievalTask]) -> dict[str, float]:
     return {t.name: evaluate_bm25(t)["ndcg_at_10"] for t in tasks}
 
 
+TRAINING_COLUMNS = ("tokens/s", "peak memory GB", "train s", "loss_first", "loss_last")
+
+
 def training_peak(training: dict[str, Any]) -> float | None:
     """The memory a training needed beyond loading: CUDA's peak on a GPU, else the resident peak of its training
     window, else (not Linux) the whole process's peak."""
@@ -258,12 +269,13 @@ def comparison_frame(results: dict[str, dict[str, Any]], bm25: dict[str, float] 
                          "dim": int(d), "curve": curve, **{t: 100 * v for t, v in per_task.items()},
                          "tokens/s": training.get("tokens_per_second"),
                          "peak memory GB": training_peak(training),
-                         "train s": training.get("seconds")})  # fmt: skip
+                         "train s": training.get("seconds"), "loss_first": training.get("loss_first"),
+                         "loss_last": training.get("loss_last")})  # fmt: skip
     if bm25:
         rows.append({"model": "BM25", "recipe": "BM25", "dim": 0, "curve": "BM25",
                      **{t: 100 * v for t, v in bm25.items()}})  # fmt: skip
     frame = pd.DataFrame(rows).set_index("model")
-    tasks = [c for c in frame.columns if c not in ("recipe", "dim", "curve", "tokens/s", "peak memory GB", "train s")]
+    tasks = [c for c in frame.columns if c not in ("recipe", "dim", "curve", *TRAINING_COLUMNS)]
     frame.insert(3, "mean", frame[tasks].mean(axis=1))
     return frame.round(2)
 
@@ -308,6 +320,10 @@ def verdict(frame, dims_table, notes: Sequence[str] = ()) -> str:
     lines.append("Training throughput (real tokens/s): " + ", ".join(
         f"{m} {r['tokens/s']:.0f}" for m, r in speed.iterrows()) + "; peak memory (GB): " + ", ".join(
         f"{m} {r['peak memory GB']:.2f}" for m, r in speed.iterrows()) + ".")  # fmt: skip
+    if trained["loss_first"].notna().all():
+        lines.append("Training loss, mean of the first and the last 5 steps: " + ", ".join(
+            f"{m} {r['loss_first']:.2f} to {r['loss_last']:.2f} ({100 * (r['loss_last'] / r['loss_first'] - 1):+.0f} %)"
+            for m, r in trained.iterrows()) + ".")  # fmt: skip
     lines += [f"Setting: {note}." for note in notes]
     return "\n".join(f"- {line}" for line in lines)
 
@@ -316,7 +332,7 @@ def comparison_markdown(frame, title: str) -> str:
     """The comparison table as markdown: scores to 0.1, throughput to whole tokens/s, blanks where a column does not
     apply (a truncation trains nothing; BM25 has no dimension)."""
     columns = [c for c in frame.columns if c not in ("recipe", "curve")]
-    digits = {"dim": 0, "tokens/s": 0, "peak memory GB": 2, "train s": 1}
+    digits = {"dim": 0, "tokens/s": 0, "peak memory GB": 2, "train s": 1, "loss_first": 2, "loss_last": 2}
 
     def cell(column: str, value) -> str:
         if value is None or value != value or (column == "dim" and value == 0):  # NaN != NaN

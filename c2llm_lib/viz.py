@@ -267,8 +267,9 @@ def recipe_comparison(frame, dims_table):
     trained = frame.dropna(subset=["tokens/s"])
     full = trained[~trained["curve"].str.endswith("PMA projection")]
     shown = full.index.tolist() + (["BM25"] if "BM25" in frame.index else [])
-    tasks = [c for c in frame.columns if c not in ("recipe", "dim", "curve", "mean", "tokens/s", "peak memory GB",
-                                                   "train s")]  # fmt: skip
+    from .comparison import TRAINING_COLUMNS
+
+    tasks = [c for c in frame.columns if c not in ("recipe", "dim", "curve", "mean", *TRAINING_COLUMNS)]
     fig, axes = plt.subplots(1, 4, figsize=(17, 4.2), gridspec_kw={"width_ratios": [3.2, 2.2, 1.2, 1.2]})
     long = frame.loc[shown, tasks].reset_index(names="model").melt(id_vars="model", var_name="task", value_name="v")
     sns.barplot(long, x="task", y="v", hue="model", ax=axes[0])

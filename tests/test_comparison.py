@@ -65,7 +65,7 @@ def test_truncation_scores_known_answer():
 
 
 def _results():
-    train = {"tokens_per_second": 100.0, "peak_rss_gb": 2.0, "seconds": 10.0}
+    train = {"tokens_per_second": 100.0, "peak_rss_gb": 2.0, "seconds": 10.0, "loss_first": 2.0, "loss_last": 1.0}
     return {
         "pma": {"recipe": "pma", "width": 64, "projected": False, "mrl": False, "training": train,
                 "scores": {"64": {"a": 0.8, "b": 0.6}, "16": {"a": 0.5, "b": 0.3}}},
@@ -101,7 +101,8 @@ def test_the_table_the_curves_and_the_sentences():
         "Training throughput (real tokens/s): pma 100, pma, PMA d=16 100, mrl 50" in text and "Setting: a note." in text
     )
     table = comparison_markdown(frame, "t")
-    assert "| pma, truncated to 16 | 16 | 40.0 | 50.0 | 30.0 |  |  |  |" in table
+    assert "| pma, truncated to 16 | 16 | 40.0 | 50.0 | 30.0 |  |  |  |  |  |" in table
+    assert "| pma | 64 | 70.0 | 80.0 | 60.0 | 100 | 2.00 | 10.0 | 2.00 | 1.00 |" in table
     assert "| BM25 |  | 75.0 |" in table
 
 

@@ -59,6 +59,7 @@ def test_the_recipe_comparison_on_the_smoke_params(smoke_run):
                 "jina-code-0.5b, truncated to 16", "c2llm-0.5b, truncated to 32", "BM25"):  # fmt: skip
         assert f"| {row} |" in table, row
     assert "At full width, mean nDCG@10 ranks" in table and "Training throughput" in table
+    assert "Training loss, mean of the first and the last 5 steps: c2llm-0.5b " in table
     assert (run.root / "figures" / "comparison.png").stat().st_size > 1000
     result = json.loads((run.root / "metrics" / "comparison.json").read_text())
     trained = {r["model"]: r for r in result["table"] if r["tokens/s"] is not None}
