@@ -41,12 +41,20 @@ def readable_token(text: str) -> str:
     return text.replace(" ", "\u00b7").replace("\n", "\u21b5").replace("\t", "\u21e5") or "\u2205"
 
 
+def require_pma(encoder) -> None:
+    """Attention figures exist only for a PMA head; a last-token or mean-pooled model (a peer recipe) has none."""
+    if encoder.config.pooling != "pma":
+        raise ValueError(
+            f"attention figures need pooling='pma'; this model pools by {encoder.config.pooling!r}, so it has no "
+            "PMA attention to show (run its pipeline with --only 01 02 03 04)"
+        )
+
+
 def pma_attention(
     encoder, texts: Sequence[str], kind: str = "document", instruction: str | None = None, max_tokens: int = 80
 ) -> list[TokenAttention]:
     """PMA attention over each text's own tokens (no padding), truncated to `max_tokens` tokens."""
-    if encoder.config.pooling != "pma":
-        raise ValueError(f"attention figures need pooling='pma', the encoder uses {encoder.config.pooling!r}")
+    require_pma(encoder)
     out = []
     tok = encoder.tokenizer
     for formatted, text in zip(encoder.format_texts(texts, kind, instruction), texts, strict=True):

@@ -117,3 +117,18 @@ def test_bad_params_are_named(tmp_path):
     with pytest.raises(ConfigError, match="merge_weights"):
         resolve({"merge_last": 2, "merge_weights": [1.0]}, "p.yaml")
     assert main([str(tmp_path / "missing.yaml")]) == 1
+
+
+@pytest.mark.slow
+def test_a_peer_recipe_runs_through_the_pipeline(tmp_path):
+    """A jina-style model (last token, task prefixes, MRL, in-batch only, linear decay) trains, merges and is
+    evaluated by notebooks 01-04; notebook 05 refuses it by name, since it has no PMA attention."""
+    peer = {"pooling": "last_token", "prompt_style": "jina", "mrl_dims": [32, 16], "num_negatives": 0,
+            "lr_schedule": "linear", "compare_recipes": [], "ablations": False}  # fmt: skip
+    run = run_pipeline(SMOKE, outputs=tmp_path, sets=peer, only=["01", "02", "03", "04"], log=lambda *_: None)
+    train = json.loads((run.root / "metrics" / "train.json").read_text())
+    assert train["model_config"]["prompt_style"] == "jina" and "loss@16" in train["log"][0]
+    scores = json.loads((run.root / "metrics" / "eval.json").read_text())
+    assert all(0 <= v <= 1 for v in scores["C2LLM recipe (merged)"].values())
+    with pytest.raises(PipelineError, match="05_pma_attention failed.*pooling='pma'; this model pools by 'last_token'"):
+        run_pipeline(SMOKE, outputs=tmp_path, sets=peer, only=["05"], mode="resume", log=lambda *_: None)

@@ -74,5 +74,5 @@ def test_figures_are_returned_not_shown(make_encoder):
     score_bars(frame).savefig(png, format="png")  # a released figure still draws
     assert png.getvalue().startswith(b"\x89PNG")
     assert readable_token(" x\n") == "\u00b7x\u21b5" and readable_token("") == "\u2205"
-    with pytest.raises(ValueError, match="pooling='pma'"):
+    with pytest.raises(ValueError, match="pooling='pma'; this model pools by 'mean'.*--only 01 02 03 04"):
         pma_attention(make_encoder(pooling="mean"), [SNIPPET])
