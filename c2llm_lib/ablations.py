@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from .config import ModelConfig, TrainConfig
+from .eval import truncate
 from .model import C2LLMEncoder
 from .train import Trainer
 
@@ -54,7 +55,5 @@ class Truncated:
 
     def encode(self, texts, **kwargs) -> np.ndarray:
         normalize = kwargs.pop("normalize", True)
-        full = self.encoder.encode(texts, normalize=False, **kwargs)[:, : self.embedding_dim]  # (N, dim)
-        if normalize:
-            full = full / np.clip(np.linalg.norm(full, axis=1, keepdims=True), 1e-12, None)
-        return full.astype(np.float32)
+        full = self.encoder.encode(texts, normalize=False, **kwargs)  # (N, d)
+        return truncate(full, self.embedding_dim) if normalize else full[:, : self.embedding_dim]

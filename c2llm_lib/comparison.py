@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 from .config import ConfigError, ModelConfig, TrainConfig
-from .eval import RetrievalTask, evaluate_bm25, task_embeddings, truncation_scores
+from .eval import RetrievalTask, task_embeddings, truncation_scores
 
 REPO = Path(__file__).resolve().parent.parent
 PARAMS_DIR = REPO / "params"
@@ -235,10 +235,6 @@ def evaluate_entry(
     scores = evaluate_model(encoder, tasks, [] if entry.projected else dims, batch_size, max_length)
     return {"recipe": entry.recipe, "width": encoder.embedding_dim, "projected": entry.projected,
             "mrl": bool(entry.train.mrl_dims), "scores": scores, "training": training}  # fmt: skip
-
-
-def bm25_scores(tasks: Sequence[RetrievalTask]) -> dict[str, float]:
-    return {t.name: evaluate_bm25(t)["ndcg_at_10"] for t in tasks}
 
 
 TRAINING_COLUMNS = ("tokens/s", "peak memory GB", "train s", "loss_first", "loss_last")

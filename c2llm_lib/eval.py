@@ -143,19 +143,26 @@ def task_embeddings(encoder, task: RetrievalTask, batch_size: int = 16, max_leng
     return encoder.encode(list(task.queries.values()), kind="query", instruction=query, **kwargs), docs
 
 
+def truncate(x: np.ndarray, dim: int) -> np.ndarray:
+    """Rows cut to their first `dim` coordinates and re-normalised (MRL-style truncation), as float32."""
+    cut = x[:, :dim]
+    return (cut / np.clip(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12, None)).astype(np.float32)
+
+
 def truncation_scores(
     task: RetrievalTask, queries: np.ndarray, documents: np.ndarray, dims: Sequence[int], k: int = 10
 ) -> dict[int, float]:
-    """{d: nDCG@k} with every embedding cut to its first d coordinates and re-normalised (MRL-style truncation)."""
-
-    def unit(x: np.ndarray) -> np.ndarray:
-        return x / np.clip(np.linalg.norm(x, axis=1, keepdims=True), 1e-12, None)
-
+    """{d: nDCG@k} with every embedding cut to its first d coordinates and re-normalised (`truncate`)."""
     width = queries.shape[1]
     bad = [d for d in dims if not 0 < d <= width]
     if bad:
         raise ValueError(f"cannot truncate {width}-dimensional embeddings to {bad}")
-    return {d: score_embeddings(task, unit(queries[:, :d]), unit(documents[:, :d]), k)[f"ndcg_at_{k}"] for d in dims}
+    return {d: score_embeddings(task, truncate(queries, d), truncate(documents, d), k)[f"ndcg_at_{k}"] for d in dims}
+
+
+def bm25_scores(tasks: Sequence[RetrievalTask]) -> dict[str, float]:
+    """{task: nDCG@10} of the BM25 baseline."""
+    return {t.name: evaluate_bm25(t)["ndcg_at_10"] for t in tasks}
 
 
 def evaluate_bm25(task: RetrievalTask, k: int = 10) -> dict[str, float]:
@@ -194,7 +201,7 @@ def evaluate_all(
 
     scores: dict[str, dict[str, float]] = {}
     if bm25:
-        scores["BM25"] = {t.name: evaluate_bm25(t)["ndcg_at_10"] for t in tasks}
+        scores["BM25"] = bm25_scores(tasks)
     for label, encoder in models.items():
         slug = "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")
         model = MTEBEncoder(encoder, batch_size=batch_size, max_length=max_length, name=f"local/{slug}")
