@@ -14,7 +14,8 @@ attention stays as pretrained. Sources:
   and smoke runs (it never pretends to be a trained model).
 
 Attention runs with flash-attention 2 when the package is installed and CUDA is present (bf16/fp16
-only), else PyTorch's sdpa. dtype is bf16 on CUDA and float32 on CPU unless asked otherwise.
+only), else PyTorch's sdpa. `dtype: auto` is bf16 on CUDA and, on a CPU, bf16 only where this machine measures it
+faster than fp32 (AMX or avx512_bf16; `hardware.py`), else fp32.
 """
 
 from __future__ import annotations
@@ -46,8 +47,12 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """A dtype name as a torch dtype; "auto" is bf16 on CUDA and, on a CPU, whichever of bf16 and fp32 this machine
+    runs faster (`hardware.auto_dtype`)."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        from ..hardware import auto_dtype
+
+        return auto_dtype(device)[0]
     return _DTYPES[name]
 
 

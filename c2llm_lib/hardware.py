@@ -1,0 +1,97 @@
+"""The machine a run computes on: the CPU's model and capabilities, GEMM throughput, and the `dtype: auto` choice.
+
+Training and inference time on a CPU is matrix multiplication, and whether bf16 helps depends on the chip: with AMX
+or avx512_bf16 a bf16 GEMM runs several times faster than fp32, while on a CPU with AVX2 alone PyTorch emulates bf16
+and it runs about 9x *slower*. So `dtype: auto` gives bf16 on CUDA and, on a CPU, whichever of bf16 and fp32 a short
+probe measures faster on this machine. The probe (about a second) is cached per machine (CPU model, flags, thread
+count, torch version) in `~/.cache/c2llm/cpu-dtype.json`, and its figures are the reason the manifest records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CACHE = Path(os.environ.get("C2LLM_CACHE", Path.home() / ".cache" / "c2llm")) / "cpu-dtype.json"
+CAPABILITIES = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2", "fma")  # /proc/cpuinfo flag names
+BF16_MARGIN = 1.2  # bf16 must measure this much faster than fp32 to be chosen (it costs precision)
+
+
+def cpu_info() -> dict[str, Any]:
+    """{"model", "capabilities" (the flags above that the CPU has), "threads"}: what every benchmark prints."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and value.strip():
+            model = value.strip()
+        elif key.strip() == "flags":
+            flags = set(value.split())
+    return {"model": model, "capabilities": [f for f in CAPABILITIES if f in flags],
+            "threads": torch.get_num_threads()}  # fmt: skip
+
+
+def gemm_gflops(dtype: torch.dtype, size: int = 1024, seconds: float = 0.5, device: str = "cpu") -> float:
+    """Measured GFLOP/s of a (size x size) @ (size x size) matrix product in `dtype`, after a warm-up."""
+    a = torch.randn(size, size, device=device).to(dtype)  # (n, n)
+    b = torch.randn(size, size, device=device).to(dtype)  # (n, n)
+    for _ in range(2):
+        a @ b
+    count, start = 0, time.perf_counter()
+    while True:
+        a @ b
+        count += 1
+        if device != "cpu":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return 2 * size**3 * count / elapsed / 1e9
+
+
+def _probe_key(info: dict[str, Any]) -> str:
+    return f"{info['model']}|{','.join(info['capabilities'])}|{info['threads']}|torch {torch.__version__}"
+
+
+def cpu_dtype(cache: Path | None = CACHE) -> tuple[torch.dtype, str]:
+    """(bf16 or fp32, why) for this CPU: whichever GEMM runs faster here, probed once per machine and cached."""
+    info = cpu_info()
+    key = _probe_key(info)
+    cached = {}
+    if cache is not None and cache.is_file():
+        try:
+            cached = json.loads(cache.read_text())
+        except (OSError, ValueError):
+            cached = {}
+    entry = cached.get(key) if isinstance(cached, dict) else None
+    if not (isinstance(entry, dict) and {"float32", "bfloat16"} <= set(entry)):
+        entry = {"float32": gemm_gflops(torch.float32), "bfloat16": gemm_gflops(torch.bfloat16)}
+        if cache is not None:
+            try:
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                cache.write_text(json.dumps({**(cached if isinstance(cached, dict) else {}), key: entry}, indent=1))
+            except OSError:  # a read-only home: probe again next time
+                pass
+    fp32, bf16 = float(entry["float32"]), float(entry["bfloat16"])
+    chosen = torch.bfloat16 if bf16 >= BF16_MARGIN * fp32 else torch.float32
+    flags = ", ".join(info["capabilities"]) or "none of " + ", ".join(CAPABILITIES)
+    why = (f"CPU {info['model']} ({flags}): GEMM {bf16:.0f} GFLOP/s in bf16 vs {fp32:.0f} in fp32 "
+           f"on {info['threads']} threads, so {str(chosen).removeprefix('torch.')}")  # fmt: skip
+    return chosen, why
+
+
+def auto_dtype(device: torch.device) -> tuple[torch.dtype, str]:
+    """What `dtype: auto` means on `device`, and why."""
+    if device.type == "cuda":
+        return torch.bfloat16, "CUDA: bf16"
+    if device.type == "cpu":
+        return cpu_dtype()
+    return torch.float32, f"{device.type}: float32"

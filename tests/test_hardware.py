@@ -1,0 +1,43 @@
+"""`dtype: auto` on a CPU: the faster of bf16 and fp32 as measured on this machine, probed once and cached."""
+
+import json
+
+import torch
+
+from c2llm_lib.hardware import CAPABILITIES, _probe_key, auto_dtype, cpu_dtype, cpu_info, gemm_gflops
+from c2llm_lib.model.backbone import resolve_dtype
+
+
+def planted(tmp_path, fp32: float, bf16: float):
+    cache = tmp_path / "cpu-dtype.json"
+    cache.write_text(json.dumps({_probe_key(cpu_info()): {"float32": fp32, "bfloat16": bf16}}))
+    return cache
+
+
+def test_bf16_only_where_it_measures_faster(tmp_path):
+    assert cpu_dtype(planted(tmp_path, fp32=69.0, bf16=7.5))[0] == torch.float32  # AVX2 only: bf16 is emulated
+    dtype, why = cpu_dtype(planted(tmp_path, fp32=23.0, bf16=90.0))  # AMX or avx512_bf16
+    assert dtype == torch.bfloat16 and "90 GFLOP/s in bf16 vs 23 in fp32" in why
+    assert cpu_dtype(planted(tmp_path, fp32=50.0, bf16=55.0))[0] == torch.float32  # within the margin: keep fp32
+
+
+def test_the_probe_runs_once_and_is_cached(tmp_path):
+    cache = tmp_path / "sub" / "cpu-dtype.json"
+    dtype, why = cpu_dtype(cache)
+    entry = json.loads(cache.read_text())[_probe_key(cpu_info())]
+    assert entry["float32"] > 0 and entry["bfloat16"] > 0
+    assert cpu_dtype(cache) == (dtype, why)  # read back, not measured again
+    cache.write_text("not json")  # a damaged cache is measured again, never an error
+    assert cpu_dtype(cache)[0] in (torch.float32, torch.bfloat16)
+
+
+def test_auto_is_bf16_on_cuda_and_resolves_through_the_probe_on_cpu():
+    assert auto_dtype(torch.device("cuda"))[0] == torch.bfloat16
+    assert resolve_dtype("auto", torch.device("cpu")) == auto_dtype(torch.device("cpu"))[0]
+    assert resolve_dtype("float32", torch.device("cpu")) == torch.float32
+
+
+def test_cpu_info_names_the_model_and_capabilities():
+    info = cpu_info()
+    assert info["model"] and set(info["capabilities"]) <= set(CAPABILITIES) and info["threads"] >= 1
+    assert gemm_gflops(torch.float32, size=128, seconds=0.05) > 0
