@@ -9,8 +9,10 @@ Every source becomes rows of one schema:
     instruction  the task instruction of the paper's table 1
 
 Bad rows are never dropped silently: `RowChecker` counts each skip by source and reason and keeps a
-few row ids per reason for the report; a problem that makes the whole source unusable (a missing
-column, no rows left) raises `DataError` naming the source.
+few row ids per reason for the report, and the source readers (`sources.py`) count theirs in the same
+`SkipReport` (an unreadable line by file and line number, a qrel with a non-numeric score, a corpus
+or query id repeated with a different text). A problem that makes the whole source unusable (a
+missing column, an empty or unreadable file, no rows left) raises `DataError` naming the source.
 """
 
 from __future__ import annotations
@@ -87,10 +89,14 @@ class SkipReport:
         }
 
     def lines(self) -> list[str]:
+        """Per source, one line of counts ("CosQA: kept 2; skipped 1 empty text, 1 duplicate row"), most
+        frequent reason first, then one indented line of example row ids per reason."""
         out = []
-        for source, entry in self.as_dict().items():
-            reasons = ", ".join(f"{n} {r} (e.g. rows {entry['examples'][r]})" for r, n in entry["skipped"].items())
-            out.append(f"{source}: kept {entry['kept']}" + (f"; skipped {reasons}" if reasons else ""))
+        for source in sorted(set(self.kept) | set(self.skipped)):
+            reasons = self.skipped[source].most_common()
+            counts = ", ".join(f"{n} {reason}" for reason, n in reasons)
+            out.append(f"{source}: kept {self.kept[source]}" + (f"; skipped {counts}" if counts else ""))
+            out += [f"  {reason}, e.g. {'; '.join(self.examples[source, reason])}" for reason, _ in reasons]
         return out
 
 

@@ -15,16 +15,30 @@ query instruction of table 1. Layouts:
 pairs with query and document exchanged. `iter_records(source, local_root=...)` reads local files
 laid out like the hub (`<root>/<hub id with / as __>/<config>/<split>.jsonl`) instead of the hub:
 that is how the fixtures test every mapping offline.
+
+Local files are read line by line (`JsonlTable`), not through the json loader of `datasets`, so one
+bad line (invalid UTF-8, malformed JSON, not an object) is a counted skip naming the file and line
+instead of the loss of the whole file. Memory stays bounded as on the hub path: a corpus keeps only
+its id -> row index plus a byte offset and line number per row, and texts are read back from disk
+one chunk of qrels at a time (a 1M-document CodeSearchNet corpus costs its id index, not its texts).
+Hub tables still load through `datasets` (memory-mapped Arrow). On both paths a qrel with a
+non-numeric score is a counted skip (a null score means relevant), an id repeated with a different
+text keeps its first text and is counted, and an empty or unreadable table is a `DataError` naming
+the source, config and file.
 """
 
 from __future__ import annotations
 
+import codecs
+import json
+import math
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .records import DataError, RowChecker, require_columns
+from .records import DataError, RowChecker, SkipReport, require_columns
 
 CSN_LANGUAGES = ("go", "java", "javascript", "php", "python", "ruby")
 CODE_EDIT_LANGUAGES = (
@@ -103,73 +117,269 @@ SOURCES: dict[str, Source] = {
 }  # fmt: skip
 
 
-def load_table(source: Source, config: str | None, split: str, local_root: Path | None, data_dir: str | None = None):
-    """One hub table (a `datasets.Dataset`, memory-mapped), or its local stand-in; errors name the source."""
-    import datasets
+class HubTable:
+    """A hub table (a memory-mapped `datasets.Dataset`); rows are addressed by their index."""
 
+    def __init__(self, source: str, label: str, dataset: Any, where: str) -> None:
+        self.source, self.label, self.dataset, self.where = source, label, dataset, where
+
+    def rows(
+        self, needed: tuple[str, ...], read: tuple[str, ...], batch: int = 10_000
+    ) -> Iterator[tuple[int, str, dict]]:
+        """(row number, where it is, {column: value} for the `read` columns the table has), in order."""
+        require_columns(self.source, self.label, self.dataset.column_names, needed)
+        if len(self.dataset) == 0:
+            raise DataError(f"source {self.source}: the {self.label} table {self.where} holds no rows")
+        columns = [c for c in read if c in self.dataset.column_names]
+        n = 0
+        for part in self.dataset.select_columns(columns).iter(batch_size=batch):
+            for values in zip(*(part[c] for c in columns), strict=True):
+                yield n, self.locate(n), dict(zip(columns, values, strict=True))
+                n += 1
+
+    def locate(self, n: int) -> str:
+        return f"{self.label} row {n}"
+
+    def short(self, n: int) -> str:
+        return f"row {n}"
+
+    def values(self, numbers: list[int], column: str) -> list:
+        return self.dataset.select_columns([column])[numbers][column] if numbers else []
+
+
+def _parse_line(raw: bytes) -> tuple[dict | None, str, str]:
+    """A jsonl line as a JSON object, or None with the skip reason and the detail for the row id."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return None, "line with invalid UTF-8", f" (byte {raw[err.start]:#04x} at column {err.start + 1})"
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as err:
+        return None, "line with malformed JSON", f" ({err.msg.removesuffix(' at')} at column {err.colno})"
+    if not isinstance(row, dict):
+        return None, "line that is not a JSON object", f" (a JSON {type(row).__name__})"
+    return row, "", ""
+
+
+class JsonlTable:
+    """A local jsonl file read line by line: a bad line (invalid UTF-8, malformed JSON, not an object) is a
+    counted skip naming the file and line, not the loss of the file. Only two integers per row (byte offset,
+    line number) stay in memory; `values` reads texts back from disk."""
+
+    def __init__(self, source: str, label: str, path: Path, what: str, shown: str, report: SkipReport) -> None:
+        self.source, self.label, self.path, self.shown, self.report = source, label, path, shown, report
+        self.where = f"{path} ({what})"  # names the file, its config and split in errors
+        self.offsets = array("q")  # byte offset of each good row's JSON text
+        self.line_numbers = array("q")
+
+    def rows(self, needed: tuple[str, ...], read: tuple[str, ...] = ()) -> Iterator[tuple[int, str, dict]]:
+        """(row number, file:line, the row's JSON object) for every readable line, in order.
+
+        `needed` is checked as the json loader of `datasets` would: a column exists if any row has it, and a
+        row without it reads as null. `read` is accepted for symmetry with `HubTable`; every key is returned."""
+        self.offsets, self.line_numbers = array("q"), array("q")
+        columns: set[str] = set()
+        unreadable: list[str] = []
+        try:
+            handle = self.path.open("rb")
+        except OSError as err:
+            raise DataError(f"source {self.source}: cannot open the {self.label} file {self.where}: {err}") from err
+        with handle:
+            offset = 0
+            for line_number, raw in enumerate(handle, start=1):
+                start, offset = offset, offset + len(raw)
+                if line_number == 1 and raw.startswith(codecs.BOM_UTF8):
+                    raw, start = raw[len(codecs.BOM_UTF8) :], start + len(codecs.BOM_UTF8)
+                if not raw.strip():
+                    continue  # a blank line holds no row
+                row, reason, detail = _parse_line(raw)
+                if row is None:
+                    self.report.skip(self.source, reason, f"{self.shown}:{line_number}{detail}")
+                    unreadable.append(f"line {line_number}: {reason}{detail}")
+                    continue
+                self.offsets.append(start)
+                self.line_numbers.append(line_number)
+                columns.update(row)
+                yield len(self.offsets) - 1, self.locate(len(self.offsets) - 1), row
+        if not self.offsets and unreadable:
+            raise DataError(
+                f"source {self.source}: the {self.label} file {self.where} is unreadable: none of its "
+                f"{len(unreadable)} line(s) is a JSON object (first: {unreadable[0]})"
+            )
+        if not self.offsets:
+            raise DataError(f"source {self.source}: the {self.label} file {self.where} holds no rows")
+        require_columns(self.source, self.label, sorted(columns), needed)
+
+    def locate(self, n: int) -> str:
+        return f"{self.shown}:{self.line_numbers[n]}"
+
+    def short(self, n: int) -> str:
+        return f"line {self.line_numbers[n]}"
+
+    def values(self, numbers: list[int], column: str) -> list:
+        """The `column` value of the given rows, read back from disk in file order."""
+        found: dict[int, Any] = {}
+        with self.path.open("rb") as handle:
+            for n in sorted(set(numbers)):
+                handle.seek(self.offsets[n])
+                row, reason, _ = _parse_line(handle.readline())
+                if row is None:
+                    raise DataError(f"source {self.source}: {self.locate(n)} changed while being read ({reason})")
+                found[n] = row.get(column)
+        return [found[n] for n in numbers]
+
+
+Table = HubTable | JsonlTable
+
+
+def open_table(
+    source: Source,
+    label: str,
+    config: str | None,
+    split: str,
+    local_root: Path | None,
+    report: SkipReport,
+    data_dir: str | None = None,
+) -> Table:
+    """One hub table, or its local jsonl stand-in; `label` ("corpus", "qrels[train]") names it in messages."""
     if local_root is not None:
-        where = (
-            Path(local_root) / source.hub_id.replace("/", "__") / (data_dir or config or "default") / f"{split}.jsonl"
-        )
+        shown = Path(source.hub_id.replace("/", "__")) / (data_dir or config or "default") / f"{split}.jsonl"
+        where = Path(local_root) / shown
         if not where.is_file():
             raise DataError(f"source {source.name}: no local file {where} (config {config!r}, split {split!r})")
-        return datasets.load_dataset("json", data_files=str(where), split="train")
+        return JsonlTable(source.name, label, where, f"config {config!r}, split {split!r}", shown.as_posix(), report)
+    import datasets
+
+    what = f"{source.hub_id}@{source.revision[:8]} config {config!r} split {split!r}"
+    if data_dir is not None:
+        what += f" data_dir {data_dir!r}"
     try:
-        return datasets.load_dataset(source.hub_id, config, revision=source.revision, split=split, data_dir=data_dir)
+        table = datasets.load_dataset(source.hub_id, config, revision=source.revision, split=split, data_dir=data_dir)
     except Exception as err:  # network, missing config or split: say which source and what was asked
         raise DataError(
-            f"source {source.name}: could not load {source.hub_id}@{source.revision[:8]} config {config!r} "
-            f"split {split!r}: {type(err).__name__}: {str(err)[:300]} (is the hub reachable?)"
+            f"source {source.name}: could not load {what}: {type(err).__name__}: {str(err)[:300]} "
+            "(is the hub reachable?)"
         ) from err
+    return HubTable(source.name, label, table, what)
+
+
+def index_ids(table: Table, kind: str, report: SkipReport) -> dict[str, int]:
+    """id -> row number of a corpus or queries table. An id seen again keeps its first row: a repeat with a
+    different text is a counted conflict, a repeat with the same text is counted apart as harmless."""
+    index: dict[str, int] = {}
+    repeats: list[tuple[str, int, int]] = []  # (id, row, its first row)
+    for n, where, row in table.rows(("_id", "text"), read=("_id",)):
+        key = row.get("_id")
+        if key is None or isinstance(key, (list, dict)):
+            report.skip(table.source, f"{kind} row without an _id", where)
+            continue
+        first = index.setdefault(str(key), n)
+        if first != n:
+            repeats.append((str(key), n, first))
+    for start in range(0, len(repeats), 10_000):  # rare: texts are compared only for repeated ids
+        part = repeats[start : start + 10_000]
+        later = table.values([n for _, n, _ in part], "text")
+        earlier = table.values([first for _, _, first in part], "text")
+        for (key, n, first), text, first_text in zip(part, later, earlier, strict=True):
+            if text == first_text:
+                report.skip(table.source, f"repeated {kind} id with the same text", f"{key} at {table.locate(n)}")
+            else:
+                report.skip(
+                    table.source,
+                    f"duplicate {kind} id with a different text (the first is used)",
+                    f"{key} at {table.locate(n)} (first at {table.short(first)})",
+                )
+    return index
+
+
+def qrel_score(score: Any) -> float | None:
+    """A qrel's score as a number (null, or no score column, means relevant, as today); None if not a number."""
+    if score is None:
+        return 1.0
+    if isinstance(score, (int, float, str)):
+        try:
+            value = float(score)
+        except ValueError:
+            return None
+        return value if math.isfinite(value) else None
+    return None
+
+
+def _relevant_pairs(
+    qrels: Table, source: Source, name: str, index: tuple[dict, dict], report: SkipReport, chunk: int
+) -> Iterator[list[tuple[str, str]]]:
+    """The (query id, document id) pairs a qrels table marks relevant, `chunk` at a time; a qrel without
+    ids, with a non-numeric score, or naming a missing query or document is a counted skip."""
+    query_index, corpus_index = index
+    found: list[tuple[str, str]] = []
+    for _, where, row in qrels.rows(("query-id", "corpus-id"), read=("query-id", "corpus-id", "score")):
+        q, c = row.get("query-id"), row.get("corpus-id")
+        if q is None or c is None:
+            report.skip(source.name, "qrel without a query-id or corpus-id", where)
+            continue
+        q, c = str(q), str(c)
+        score = qrel_score(row.get("score"))
+        if score is None:
+            report.skip(
+                source.name, "qrel with a non-numeric score", f"{name}:{q}->{c} score {row.get('score')!r} at {where}"
+            )
+            continue
+        if score <= 0:
+            continue  # judged not relevant: not a pair
+        if q not in query_index or c not in corpus_index:
+            report.skip(source.name, "qrel names a missing query or document", f"{q}->{c}")
+            continue
+        found.append((q, c))
+        if len(found) >= chunk:
+            yield found
+            found = []
+    if found:
+        yield found
+
+
+def _coir_subset_records(
+    source: Source, checker: RowChecker, local_root: Path | None, subset: str | None, chunk: int
+) -> Iterator[dict]:
+    report = checker.report
+    prefix = f"{subset}-" if subset else ""
+    language = subset or source.languages[0]
+    corpus = open_table(source, "corpus", f"{prefix}corpus", "corpus", local_root, report)
+    queries = open_table(source, "queries", f"{prefix}queries", "queries", local_root, report)
+    corpus_index = index_ids(corpus, "corpus", report)  # ids only; texts stay on disk
+    query_index = index_ids(queries, "query", report)
+    for split in source.train_splits:
+        qrels = open_table(
+            source, f"qrels[{split}]", f"{prefix}qrels" if subset else "default", split, local_root, report
+        )
+        name = f"{prefix}{split}"
+        for found in _relevant_pairs(qrels, source, name, (query_index, corpus_index), report, chunk):
+            q_texts = queries.values([query_index[q] for q, _ in found], "text")
+            c_texts = corpus.values([corpus_index[c] for _, c in found], "text")
+            for (q, c), q_text, c_text in zip(found, q_texts, c_texts, strict=True):
+                query, positive = (c_text, q_text) if source.swap else (q_text, c_text)
+                row = checker.record(source.name, f"{name}:{q}->{c}", query, positive, language, source.instruction)
+                if row is not None:
+                    yield row
 
 
 def _coir_records(source: Source, checker: RowChecker, local_root: Path | None, chunk: int) -> Iterator[dict]:
     subsets = source.languages if source.layout == "coir_multilang" else (None,)
     for subset in subsets:
-        prefix = f"{subset}-" if subset else ""
-        language = subset or source.languages[0]
-        corpus = load_table(source, f"{prefix}corpus", "corpus", local_root)
-        queries = load_table(source, f"{prefix}queries", "queries", local_root)
-        require_columns(source.name, "corpus", corpus.column_names, ("_id", "text"))
-        require_columns(source.name, "queries", queries.column_names, ("_id", "text"))
-        corpus_index = {str(i): n for n, i in enumerate(corpus["_id"])}  # ids only; texts stay on disk
-        query_index = {str(i): n for n, i in enumerate(queries["_id"])}
-        for split in source.train_splits:
-            qrels = load_table(source, f"{prefix}qrels" if subset else "default", split, local_root)
-            require_columns(source.name, f"qrels[{split}]", qrels.column_names, ("query-id", "corpus-id"))
-            for start in range(0, len(qrels), chunk):
-                rows = qrels[start : start + chunk]
-                scores = rows.get("score") or [1] * len(rows["query-id"])
-                pairs = [
-                    (str(q), str(c))
-                    for q, c, s in zip(rows["query-id"], rows["corpus-id"], scores, strict=True)
-                    if s is None or float(s) > 0
-                ]
-                found = [(q, c) for q, c in pairs if q in query_index and c in corpus_index]
-                for q, c in pairs:
-                    if q not in query_index or c not in corpus_index:
-                        checker.report.skip(source.name, "qrel names a missing query or document", f"{q}->{c}")
-                q_texts = queries[[query_index[q] for q, _ in found]]["text"] if found else []
-                c_texts = corpus[[corpus_index[c] for _, c in found]]["text"] if found else []
-                for (q, c), q_text, c_text in zip(found, q_texts, c_texts, strict=True):
-                    query, positive = (c_text, q_text) if source.swap else (q_text, c_text)
-                    row = checker.record(
-                        source.name, f"{prefix}{split}:{q}->{c}", query, positive, language, source.instruction
-                    )
-                    if row is not None:
-                        yield row
+        yield from _coir_subset_records(source, checker, local_root, subset, chunk)
 
 
 def _pairs_records(source: Source, checker: RowChecker, local_root: Path | None) -> Iterator[dict]:
+    columns = (source.query_column, source.document_column)
     for language in source.languages:
         for split in source.train_splits:
-            table = load_table(source, None, split, local_root, data_dir=language)
-            require_columns(
-                source.name, f"{language}/{split}", table.column_names, (source.query_column, source.document_column)
+            table = open_table(
+                source, f"{language}/{split}", None, split, local_root, checker.report, data_dir=language
             )
-            for n, row in enumerate(table):
+            read = (*columns, source.id_column) if source.id_column else columns
+            for n, _, row in table.rows(columns, read=read):
                 row_id = f"{language}/{split}:{row.get(source.id_column, n) if source.id_column else n}"
-                query, positive = row[source.query_column], row[source.document_column]
+                query, positive = row.get(source.query_column), row.get(source.document_column)
                 if source.swap:
                     query, positive = positive, query
                 record = checker.record(source.name, row_id, query, positive, language, source.instruction)
