@@ -1,10 +1,17 @@
 """Figures for the notebooks: training curves, per-task scores, and PMA attention (paper section 3).
 
 Section 3's takeaway is that the PMA query learns which tokens matter (function signatures, key
-logic). `pma_attention` returns, for each text, its tokens and the head's weights (H, T) over them,
-and `attention_heatmap` draws the mean over heads and a heads x tokens panel. Tokens are shown
-readably: byte-level BPE markers are decoded (a space as a middle dot, a newline as a return arrow),
-and the document prefix / instruction and special tokens are marked.
+logic). `pma_attention` returns, for each text, its tokens and the head's weights (H, T) over them, and
+whether the text was cut to `max_tokens` (with its full length), so that statistics over a corpus can say so.
+`attention_heatmap` draws the mean over heads and a heads x tokens panel, coloured by weight x T on one fixed
+scale centred at 1 (uniform attention over the T tokens), so that near-uniform attention looks uniform. Tokens
+are shown readably: byte-level BPE markers are decoded (a space as a middle dot, a newline as a return arrow),
+and the document prefix / instruction and special tokens are marked. A token belongs to the prefix only if its
+characters lie wholly inside it: byte-level BPE fuses the prefix's last character with the first code token
+(`:def`), and such a token counts as code.
+
+`loss_curves` titles the training loss with the loss the recipe trained (section 4.1's in-batch + hard-negative
+InfoNCE, an in-batch-only or joint-softmax variant, or a Matryoshka sum over widths) and draws per-width curves.
 
 Every function returns a matplotlib Figure (or data) and never shows or saves it: `RunDir.save_figure`
 writes figures. Figures are released from pyplot (`detached`) before they are returned, so a notebook shows a
@@ -19,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .config import TrainConfig, from_dict
+
 
 def detached(fig):
     """`fig`, no longer tracked by pyplot (it still draws, saves and displays)."""
@@ -30,10 +39,38 @@ def detached(fig):
 
 @dataclass
 class TokenAttention:
-    tokens: list[str]  # readable token strings
+    tokens: list[str]  # readable token strings, the T tokens the model saw
     weights: np.ndarray  # (H, T) PMA attention over the tokens
-    prefix_tokens: int  # how many leading tokens belong to the instruction or document prefix
+    prefix_tokens: int  # how many leading tokens lie wholly inside the instruction or document prefix
     special: list[bool]  # special tokens (EOS, ...)
+    full_tokens: int | None = None  # tokens of the whole prompted text before truncation; None: T (not cut)
+
+    def __post_init__(self) -> None:
+        T = len(self.tokens)
+        if self.weights.ndim != 2 or self.weights.shape[1] != T or len(self.special) != T:
+            raise ValueError(f"TokenAttention: weights {self.weights.shape} and {len(self.special)} special flags "
+                             f"do not match {T} tokens (weights must be (H, T))")  # fmt: skip
+        self.full_tokens = T if self.full_tokens is None else self.full_tokens
+        if self.full_tokens < T:
+            raise ValueError(f"TokenAttention: full_tokens={self.full_tokens} is fewer than the {T} tokens shown")
+
+    @property
+    def truncated(self) -> bool:
+        """Whether the text was cut: the model saw fewer tokens than the whole text has."""
+        return self.full_tokens > len(self.tokens)
+
+
+def tokenize_with_offsets(encoder, text: str, kind: str, instruction: str | None, max_tokens: int):
+    """The prompted text, the token ids the model gets for it (truncated to `max_tokens`, as `encode` does), each
+    token's character span in the prompted text (None for an appended EOS), the prefix's length in characters,
+    and how many tokens the whole prompted text has (EOS included when appended)."""
+    formatted = encoder.format_texts([text], kind, instruction)[0]
+    batch = encoder.tokenize_formatted([formatted], max_tokens)
+    ids = batch["input_ids"][0][batch["attention_mask"][0].bool()].tolist()  # (T,) real tokens only
+    full = encoder.tokenizer(formatted, add_special_tokens=False, return_offsets_mapping=True)
+    eos = 1 if encoder.config.eos_appended else 0
+    offsets = [tuple(o) for o in full["offset_mapping"][: len(ids) - eos]] + [None] * eos
+    return formatted, ids, offsets, len(formatted) - len(text), len(full["input_ids"]) + eos
 
 
 def readable_token(text: str) -> str:
@@ -53,68 +90,133 @@ def require_pma(encoder) -> None:
 def pma_attention(
     encoder, texts: Sequence[str], kind: str = "document", instruction: str | None = None, max_tokens: int = 80
 ) -> list[TokenAttention]:
-    """PMA attention over each text's own tokens (no padding), truncated to `max_tokens` tokens."""
+    """PMA attention over each text's own tokens (no padding), truncated to `max_tokens` tokens; each item
+    records the full text's length (`full_tokens`) and whether it was cut (`truncated`)."""
     require_pma(encoder)
     out = []
     tok = encoder.tokenizer
-    for formatted, text in zip(encoder.format_texts(texts, kind, instruction), texts, strict=True):
-        batch = encoder.tokenize_formatted([formatted], max_tokens)
-        ids = batch["input_ids"][0].tolist()
-        prefix_chars = len(formatted) - len(text)
-        enc = tok(formatted, add_special_tokens=False, return_offsets_mapping=True, truncation=True,
-                  max_length=len(ids))  # fmt: skip
-        prefix = sum(1 for start, _ in enc["offset_mapping"] if start < prefix_chars)
+    special = set(tok.all_special_ids)
+    for n, text in enumerate(texts):
+        _, ids, offsets, prefix_chars, full_tokens = tokenize_with_offsets(encoder, text, kind, instruction,
+                                                                           max_tokens)  # fmt: skip
+        if not ids:
+            raise ValueError(f"pma_attention: text {n} ({text[:40]!r}) has no tokens, even with its prompt")
+        batch = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
         with torch.no_grad():
             _, attn = encoder(**batch, return_attention=True)  # (1, H, T)
-        special = set(tok.all_special_ids)
         out.append(TokenAttention(
             tokens=[readable_token(tok.decode([i])) for i in ids],
-            weights=attn[0].float().cpu().numpy(),
-            prefix_tokens=prefix,
+            weights=attn[0].float().cpu().numpy(),  # (H, T)
+            prefix_tokens=sum(1 for o in offsets if o is not None and o[1] <= prefix_chars),
             special=[i in special for i in ids],
+            full_tokens=full_tokens,
         ))  # fmt: skip
     return out
 
 
+UNIFORM_RANGE = 8.0  # the heatmaps' colour scale runs from 1/8 to 8 times uniform attention
+
+
+def relative_to_uniform(weights: np.ndarray) -> np.ndarray:
+    """Attention weights (..., T) times T: 1 is uniform attention over the T tokens, 2 twice uniform."""
+    return weights * weights.shape[-1]
+
+
+def _uniform_norm():
+    """The shared colour scale: log, from 1/UNIFORM_RANGE to UNIFORM_RANGE, so 1 (uniform) sits in the middle."""
+    from matplotlib.colors import LogNorm
+
+    return LogNorm(vmin=1 / UNIFORM_RANGE, vmax=UNIFORM_RANGE)
+
+
 def attention_heatmap(item: TokenAttention, title: str = ""):
-    """Two panels: attention averaged over heads, and heads x tokens; prefix and special tokens marked."""
+    """Two panels: attention averaged over heads, and heads x tokens; prefix and special tokens marked. Colour is
+    weight x T on one log scale shared by both panels and every figure: white is uniform attention (1/T on each
+    token), red more, blue less, saturated at UNIFORM_RANGE times more or less."""
     import matplotlib.pyplot as plt
-    import seaborn as sns
+    from matplotlib.ticker import FixedLocator, FuncFormatter
 
     H, T = item.weights.shape
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, 0.22 * T), 2.2 + 0.12 * H), sharex=True,
+    norm = _uniform_norm()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, 0.22 * T) + 1.2, 2.4 + 0.12 * H), sharex=True,
+                                      layout="constrained",
                                       gridspec_kw={"height_ratios": [1, max(2, H // 4)]})  # fmt: skip
-    sns.heatmap(item.weights.mean(0, keepdims=True), ax=top, cmap="viridis", cbar=False, yticklabels=["mean"])
-    sns.heatmap(item.weights, ax=bottom, cmap="viridis", cbar=False, yticklabels=max(1, H // 8))
+    floor = 1e-6  # a weight that underflowed to 0 is drawn as the lowest colour, not as missing
+    mean = np.maximum(relative_to_uniform(item.weights.mean(0, keepdims=True)), floor)  # (1, T)
+    heads = np.maximum(relative_to_uniform(item.weights), floor)  # (H, T)
+    image = top.imshow(mean, aspect="auto", cmap="RdBu_r", norm=norm, interpolation="nearest")
+    bottom.imshow(heads, aspect="auto", cmap="RdBu_r", norm=norm, interpolation="nearest")
+    top.set_yticks([0], ["mean"])
+    bottom.set_yticks(np.arange(0, H, max(1, H // 8)))
     bottom.set_ylabel("head")
-    bottom.set_xticks(np.arange(T) + 0.5)
-    bottom.set_xticklabels(item.tokens, rotation=90, fontsize=7, family="monospace")
+    bottom.set_xticks(np.arange(T), item.tokens, rotation=90, fontsize=7, family="monospace")
     for i, label in enumerate(bottom.get_xticklabels()):
         if item.special[i]:
             label.set_color("crimson")
         elif i < item.prefix_tokens:
             label.set_color("gray")
-    top.set_title(title or "PMA attention (gray: instruction or prefix, red: special tokens)")
-    fig.tight_layout()
+    ticks = [UNIFORM_RANGE**e for e in np.arange(-1, 1.01, 1 / 3)]
+    bar = fig.colorbar(image, ax=[top, bottom], extend="both", pad=0.01)
+    bar.ax.yaxis.set_major_locator(FixedLocator(ticks))
+    bar.ax.yaxis.set_minor_locator(FixedLocator([]))
+    bar.ax.yaxis.set_major_formatter(FuncFormatter(
+        lambda v, _: "1 = uniform" if abs(v - 1) < 1e-9 else f"{v:g}" if v > 1 else f"1/{1 / v:g}"))  # fmt: skip
+    bar.set_label(f"attention x T (T = {T} tokens)")
+    cut = f" [truncated: first {T} of {item.full_tokens} tokens]" if item.truncated else ""
+    top.set_title((title or "PMA attention relative to uniform (gray: instruction or prefix, red: special)") + cut)
     return detached(fig)
 
 
-def loss_curves(metrics: Sequence[dict]):
-    """Training loss per step, coloured by the batch's dataset, with the learning rate on a second axis."""
+def loss_description(train) -> str:
+    """The training loss a recipe (a `config.TrainConfig` or its dict) optimises, in words: section 4.1's
+    in-batch InfoNCE over the global batch plus a hard-negative InfoNCE over 1 + K candidates at tau, its
+    in-batch-only form (K = 0), one joint softmax, and the Matryoshka sum over widths (`losses.py`)."""
+    if isinstance(train, dict):
+        train = from_dict(TrainConfig, train, "loss_curves(train=...)")
+    if not isinstance(train, TrainConfig):
+        raise TypeError(f"loss_curves: train must be a TrainConfig or its dict, got {type(train).__name__}")
+    K, B, tau = train.num_negatives, train.global_batch_size, train.tau
+    if K == 0:
+        loss = f"InfoNCE, in-batch negatives only (K = 0) over the global batch of {B}, tau = {tau:g}"
+    elif train.joint_softmax:
+        loss = f"InfoNCE, one joint softmax over the global batch of {B} and K = {K} hard negatives, tau = {tau:g}"
+    else:
+        loss = f"InfoNCE, in-batch negatives over the global batch of {B} + K = {K} hard negatives, tau = {tau:g}"
+    if not train.gather_with_grad:
+        loss += " (positives gathered without gradient)"
+    if train.mrl_dims:
+        weights = f", weights [1, {', '.join(f'{w:g}' for w in train.mrl_weights)}]" if train.mrl_weights else ""
+        loss = f"Matryoshka loss over widths [full, {', '.join(map(str, train.mrl_dims))}]{weights} of: {loss}"
+    return loss
+
+
+def loss_curves(metrics: Sequence[dict], train=None):
+    """Training loss per step, coloured by the batch's dataset, with the learning rate on a second axis; titled
+    with the loss `train` (a `config.TrainConfig` or its dict) names, when given. Steps that logged per-width
+    Matryoshka losses (`loss@d`) get a second panel with one curve per width."""
     import matplotlib.pyplot as plt
     import pandas as pd
     import seaborn as sns
 
+    title = loss_description(train) if train is not None else "training loss (recipe not given)"
     frame = pd.DataFrame(list(metrics))
-    fig, ax = plt.subplots(figsize=(8, 3.5))
+    widths = sorted((c for c in frame.columns if c.startswith("loss@")), key=lambda c: -int(c[len("loss@") :]))
+    fig, axes = plt.subplots(1, 2 if widths else 1, figsize=(13 if widths else 8, 3.8), squeeze=False,
+                             layout="constrained")  # fmt: skip
+    ax = axes[0, 0]
     sns.scatterplot(frame, x="step", y="loss", hue="dataset", ax=ax, s=18)
     ax.plot(frame["step"], frame["loss"].rolling(5, min_periods=1).mean(), color="black", lw=1, label="mean of 5")
     ax.legend(fontsize=7)
+    ax.set_ylabel("loss (weighted sum over widths)" if widths else "loss")
     lr = ax.twinx()
     lr.plot(frame["step"], frame["lr"], color="gray", ls="--", lw=1)
     lr.set_ylabel("learning rate", color="gray")
-    ax.set_title("contrastive loss (in-batch + hard negatives)")
-    fig.tight_layout()
+    if widths:
+        for column in widths:
+            axes[0, 1].plot(frame["step"], frame[column].rolling(5, min_periods=1).mean(), label=column)
+        axes[0, 1].set(xlabel="step", ylabel="loss at width d (mean of 5)", title="per-width loss")
+        axes[0, 1].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
     return detached(fig)
 
 
@@ -176,35 +278,37 @@ def char_categories(code: str) -> list[str]:
 
 def token_categories(encoder, text: str, kind: str = "document", instruction: str | None = None,
                      max_tokens: int = 512) -> list[str]:  # fmt: skip
-    """The category of each token `pma_attention` shows for `text` (the category of its first non-space
-    character; the instruction or document prefix and special tokens are their own categories)."""
-    formatted = encoder.format_texts([text], kind, instruction)[0]
-    prefix = len(formatted) - len(text)
-    ids = encoder.tokenize_formatted([formatted], max_tokens)["input_ids"][0].tolist()
-    enc = encoder.tokenizer(formatted, add_special_tokens=False, return_offsets_mapping=True, truncation=True,
-                            max_length=max_tokens)  # fmt: skip
+    """The category of each token `pma_attention` shows for `text`, from character offsets: a token lying wholly
+    inside the instruction or document prefix is "instruction/prefix"; any other token takes the category of the
+    first non-space character of its code part (a token fusing the prefix's end with code, as `:def`, counts as
+    code); special tokens are "special"."""
+    formatted, ids, offsets, prefix, _ = tokenize_with_offsets(encoder, text, kind, instruction, max_tokens)
     chars = char_categories(text)
     special = set(encoder.tokenizer.all_special_ids)
     cats = []
-    for i, tok_id in enumerate(ids):
-        if tok_id in special or i >= len(enc["offset_mapping"]):
+    for tok_id, span in zip(ids, offsets, strict=True):
+        if tok_id in special or span is None:
             cats.append("special")
             continue
-        start, end = enc["offset_mapping"][i]
-        if start < prefix:
+        start, end = span
+        if end <= prefix:
             cats.append("instruction/prefix")
             continue
-        span = [chars[c - prefix] for c in range(start, end) if not formatted[c].isspace()]
-        cats.append(span[0] if span else "whitespace")
+        code = [chars[c - prefix] for c in range(max(start, prefix), end) if not formatted[c].isspace()]
+        cats.append(code[0] if code else "whitespace")
     return cats
 
 
 def attention_shares(items: Sequence[TokenAttention], categories: Sequence[Sequence[str]]):
-    """Share of attention (mean over heads, then over texts) by token category; the shares sum to 1."""
+    """Share of attention (mean over heads, then over texts) by token category; the shares sum to 1. The shares
+    are over the tokens each text was cut to (`truncation_summary` says how many texts were cut)."""
     import pandas as pd
 
     totals = dict.fromkeys(CATEGORIES, 0.0)
     for item, cats in zip(items, categories, strict=True):
+        if len(cats) != len(item.tokens):
+            raise ValueError(f"attention_shares: {len(cats)} categories for {len(item.tokens)} tokens "
+                             "(token_categories and pma_attention need the same max_tokens)")  # fmt: skip
         weights = item.weights.mean(0)  # (T,)
         for w, c in zip(weights, cats, strict=True):
             totals[c] += float(w) / len(items)
@@ -212,36 +316,62 @@ def attention_shares(items: Sequence[TokenAttention], categories: Sequence[Seque
 
 
 def position_profile(items: Sequence[TokenAttention], bins: int = 10):
-    """Share of attention by relative position of the token in its text (bins of equal width)."""
+    """Share of attention by relative position of the token in its whole text (bins of equal width). A text
+    cut to its first T tokens is placed in its full length, not stretched: its bins past the cut get nothing
+    (an appended EOS stays at the end)."""
     import pandas as pd
 
     shares = np.zeros(bins)
     for item in items:
         weights = item.weights.mean(0)  # (T,)
-        position = np.minimum((np.arange(len(weights)) / len(weights) * bins).astype(int), bins - 1)
+        index = np.arange(len(weights))  # (T,) token positions in the whole text
+        if item.truncated and item.special[-1]:
+            index[-1] = item.full_tokens - 1  # the EOS appended after the cut ends the text
+        position = np.minimum((index / item.full_tokens * bins).astype(int), bins - 1)
         shares += np.bincount(position, weights=weights, minlength=bins) / len(items)
     return pd.Series(shares, index=[f"{i / bins:.1f}-{(i + 1) / bins:.1f}" for i in range(bins)], name="share")
 
 
 def attention_entropy(item: TokenAttention) -> np.ndarray:
-    """Entropy (nats) of each head's attention over the tokens, (H,); log(T) is uniform attention."""
+    """Entropy (nats) of each head's attention over the tokens the model saw, (H,); log(T) is uniform attention
+    over those T tokens (fewer than the text's `full_tokens` when it was truncated)."""
     p = np.clip(item.weights, 1e-12, 1.0)
     return -(p * np.log(p)).sum(-1)
 
 
+def truncation_summary(items: Sequence[TokenAttention]) -> dict:
+    """How many texts were cut to fit `max_tokens`, and how long the texts were (tokens, prefix included)."""
+    full = np.array([item.full_tokens for item in items])
+    return {
+        "texts": len(items),
+        "truncated": sum(item.truncated for item in items),
+        "max_tokens_shown": max((len(item.tokens) for item in items), default=0),
+        "median_full_tokens": float(np.median(full)) if len(full) else 0.0,
+        "max_full_tokens": int(full.max()) if len(full) else 0,
+    }
+
+
 def attention_html(item: TokenAttention, title: str = "") -> str:
-    """The text with each token's background shaded by its mean attention (darker = more)."""
+    """The text with each token's background shaded by its mean attention relative to uniform (weight x T, on the
+    heatmaps' log scale): no shade is uniform attention, red more, blue less, full colour at UNIFORM_RANGE
+    times more or less."""
     import html
 
-    weights = item.weights.mean(0)
-    top = float(weights.max()) or 1.0
+    weights = item.weights.mean(0)  # (T,)
+    relative = relative_to_uniform(weights)  # (T,)
+    strength = np.clip(np.log(np.maximum(relative, 1e-12)) / np.log(UNIFORM_RANGE), -1.0, 1.0)  # (T,) in [-1, 1]
     spans = []
-    for tok, w, special in zip(item.tokens, weights, item.special, strict=True):
+    for tok, w, r, a, special in zip(item.tokens, weights, relative, strength, item.special, strict=True):
         text = html.escape(tok.replace("\u00b7", " ").replace("\u21b5", "\u21b5\n"))
         border = "border:1px solid crimson;" if special else ""
-        spans.append(f'<span title="{w:.4f}" style="background:rgba(68,1,84,{w / top:.2f});{border}">{text}</span>')
-    return (f"<html><body><h3>{html.escape(title)}</h3><pre style='font-size:13px;line-height:1.6'>"
-            + "".join(spans) + "</pre></body></html>")  # fmt: skip
+        colour = f"rgba(178,24,43,{a:.2f})" if a >= 0 else f"rgba(33,102,172,{-a:.2f})"
+        spans.append(f'<span title="{w:.4f} = {r:.2f} x uniform" style="background:{colour};{border}">{text}</span>')
+    T = len(item.tokens)
+    cut = f" Truncated: only the first {T} of {item.full_tokens} tokens were used." if item.truncated else ""
+    legend = (f"Shade: attention relative to uniform (1/{T} per token): none = uniform, red = more, blue = less, "
+              f"full colour at {UNIFORM_RANGE:g}x more or less. Hover a token for its weight.{cut}")  # fmt: skip
+    return (f"<html><body><h3>{html.escape(title)}</h3><p>{html.escape(legend)}</p>"
+            "<pre style='font-size:13px;line-height:1.6'>" + "".join(spans) + "</pre></body></html>")  # fmt: skip
 
 
 def dimension_curves(table, hidden: int, dims: Sequence[int]):
