@@ -3,6 +3,7 @@
 import pytest
 
 from c2llm_lib.data import DataError, add_hard_negatives, prepare_rows, prepare_sources
+from c2llm_lib.data.mix import OFFLINE_EVAL_TEXT
 
 from source_fixtures import write_fixtures
 
@@ -19,8 +20,10 @@ def test_decontamination_removes_planted_test_items(fixture_root):
     planted = ["SELECT   name FROM users\nWHERE age > 30;", "say hello to someone by name"]  # reformatted copies
     filtered = prepare_sources(NAMES, local_root=fixture_root, eval_texts=planted)
     removed = len(clean.rows) - len(filtered.rows)
-    assert removed == sum(filtered.decontaminated.values()) > 0
-    assert filtered.decontaminated["SyntheticText2SQL"] == 2  # one by its positive, one by its query
+    assert removed == sum(n for by_rule in filtered.decontamination().values() for n in by_rule.values()) > 0
+    assert (
+        filtered.decontamination()["SyntheticText2SQL"][OFFLINE_EVAL_TEXT] == 2
+    )  # one by its positive, one by its query
     texts = set(filtered.rows["query"]) | set(filtered.rows["positive"])
     assert "SELECT name FROM users WHERE age > 30;" not in texts and "say hello to someone by name" not in texts
 

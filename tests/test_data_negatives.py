@@ -1,4 +1,5 @@
-"""Hard-negative mining: BM25 on a hand-made corpus, the positive and near-duplicates never chosen."""
+"""Hard-negative mining: BM25 on a hand-made corpus; no correct answer (the positive of any row with the same
+query, or a near-duplicate of one) is ever chosen."""
 
 import numpy as np
 
@@ -39,9 +40,34 @@ def test_negatives_exclude_the_positive_and_near_duplicates():
 def test_select_negatives_known_answer():
     candidates = np.array([[0, 1, 2, 3], [1, 0, 2, 3]])
     positives = ["alpha beta gamma", "alpha beta gamma delta", "zeta", "eta"]
-    picked = select_negatives(candidates, positives, k=2, near_duplicate=0.7)
+    queries = ["q0", "q1", "q2", "q3"]
+    picked = select_negatives(candidates, queries, positives, k=2, near_duplicate=0.7)
     assert picked == [[2, 3], [2, 3]]  # rows 0 and 1 are near-duplicates (Jaccard 0.75)
-    assert select_negatives(candidates, positives, k=2, near_duplicate=0.9)[0] == [1, 2]
+    assert select_negatives(candidates, queries, positives, k=2, near_duplicate=0.9)[0] == [1, 2]
+
+
+def test_rows_sharing_a_query_never_get_each_others_positive():
+    # two overloads under one docstring: each positive is a correct answer to the other row's query
+    queries = ["read a json file", "read a json file", "add two numbers", "write a json file"]
+    positives = [
+        "def read(path): return json.load(open(path))",
+        "def read(path, encoding): return json.loads(open(path, encoding=encoding).read())",
+        "def add(a, b): return a + b",
+        "def write(path, obj): json.dump(obj, open(path, 'w'))",
+    ]
+    negatives = mine_negatives(queries, positives, k=1)
+    assert positives[1] not in negatives[0] and positives[0] not in negatives[1]
+    assert negatives[0] == negatives[1] == [positives[3]]  # the next hardest candidate, not a correct answer
+    # and a near-duplicate of a sibling's positive is a correct answer too (Jaccard 0.75 with row 1's)
+    candidates = np.array([[2, 3], [2, 3], [0, 1], [0, 1]])
+    near = ["zeta eta", "alpha beta gamma", "alpha beta gamma delta", "theta"]
+    assert select_negatives(candidates, ["q", "q", "r", "s"], near, k=1, near_duplicate=0.7)[:2] == [[3], [3]]
+
+
+def test_whitespace_variants_of_a_query_share_their_answers():
+    candidates = np.array([[1, 2], [0, 2], [0, 1]])
+    picked = select_negatives(candidates, ["find max", "find   max\n", "other"], ["a b", "c d", "e f"], k=1)
+    assert picked == [[2], [2], [0]]
 
 
 def test_small_groups_and_bad_arguments():
@@ -51,6 +77,8 @@ def test_small_groups_and_bad_arguments():
 
     with pytest.raises(ValueError, match="2 queries but 1 positives"):
         mine_negatives(["a", "b"], ["x"], k=1)
+    with pytest.raises(ValueError, match="1 queries but 2 positives"):
+        select_negatives(np.array([[0, 1]]), ["a"], ["x", "y"], k=1)
     with pytest.raises(ValueError, match="needs `encode`"):
         mine_negatives(["a", "b"], ["x", "y"], k=1, method="encoder")
 

@@ -1,4 +1,4 @@
-"""Statistics for notebook 01, and decontamination against an mteb task (mteb's own offline mock)."""
+"""Statistics for notebook 01 (decontamination against mteb's mock task: test_data_decontamination.py)."""
 
 import matplotlib
 
@@ -6,8 +6,6 @@ matplotlib.use("Agg")
 
 from matplotlib.figure import Figure  # noqa: E402
 
-from c2llm_lib.data import prepare_rows  # noqa: E402
-from c2llm_lib.data.mix import mteb_test_texts  # noqa: E402
 from c2llm_lib.data.stats import length_frame, length_histograms, row_counts  # noqa: E402
 
 ROWS = [
@@ -29,17 +27,3 @@ def test_lengths_and_histogram_figure():
     frame = length_frame(ROWS)
     assert sorted(frame[frame["field"] == "positive"]["chars"]) == [100, 200, 300]
     assert isinstance(length_histograms(ROWS), Figure)
-
-
-def test_mteb_mock_task_texts_decontaminate():
-    from mteb.mocks.mock_tasks.retrieval import MockRetrievalTask
-
-    texts = list(mteb_test_texts([MockRetrievalTask()]))
-    assert "This is a positive sentence" in texts
-
-    def rows(checker):
-        for i, (q, p) in enumerate([("a query", "This is a positive sentence"), ("another query", "clean code")]):
-            yield checker.record("S", str(i), q, p, "python", "")
-
-    prepared = prepare_rows(rows, "fp-mteb-mock", texts)
-    assert prepared.decontaminated["S"] == 1 and prepared.rows["positive"] == ["clean code"]

@@ -2,28 +2,32 @@
 
 Offline, the training rows are the snapshot's train split (real code, split by file), decontaminated
 against every offline evaluation text (the held-out split and HumanEval), capped per (dataset,
-language) group if asked, with K hard negatives mined per group. From the hub, the rows are the
-registry sources' training splits, decontaminated against the offline sets and, if asked, every
-MTEB(Code, v1) test query and document.
+language) group if asked, with K hard negatives mined per group. From the hub (or a local folder laid
+out like it), the rows are the registry sources' training splits, decontaminated against the offline
+sets and, if asked, the MTEB(Code, v1) evaluation: a row goes when its query is a test query or its
+positive a relevant test document (`mix.mteb_test_keys`; the rules and why are in `mix`).
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 from ..config import DataStage
 from .mix import (
+    MTEB_CODE_TASKS,
     Prepared,
     add_hard_negatives,
     fingerprint_of,
     group_indices,
-    mteb_test_texts,
+    mteb_test_keys,
     prepare_rows,
     prepare_sources,
 )
 from .offline import humaneval_records, load_snapshot
-from .records import RowChecker
+from .records import DataError, RowChecker
 
 
 def offline_eval_texts() -> list[str]:
@@ -48,11 +52,22 @@ def _capped(rows: list[dict], cap: int | None, seed: int) -> list[dict]:
     return [rows[i] for i in _kept_indices(groups.values(), cap, seed)]
 
 
-def build_training_data(stage: DataStage) -> tuple[Prepared, dict[str, int]]:
-    """(prepared rows with negatives, rows per group that got fewer than K negatives)."""
+def build_training_data(
+    stage: DataStage, local_root: str | Path | None = None, mteb_tasks: Sequence[Any] | None = None
+) -> tuple[Prepared, dict[str, int]]:
+    """(prepared rows with negatives, rows per group that got fewer than K negatives).
+
+    `local_root`: hub sources read from a local folder laid out like the hub (data_source "hub" only).
+    `mteb_tasks`: the task objects (or names) to decontaminate against when `decontaminate_mteb` is on,
+    instead of the 12 MTEB(Code, v1) tasks fetched by name from the hub."""
+    if local_root is not None and stage.data_source != "hub":
+        raise DataError(f"local_root={str(local_root)!r} reads hub sources, but data_source is {stage.data_source!r}")
+    if mteb_tasks is not None and not stage.decontaminate_mteb:
+        raise DataError("mteb_tasks were given to decontaminate against, but decontaminate_mteb is false")
     eval_texts = offline_eval_texts()
-    if stage.decontaminate_mteb:
-        eval_texts += list(mteb_test_texts())
+    mteb_keys = (
+        mteb_test_keys(MTEB_CODE_TASKS if mteb_tasks is None else mteb_tasks) if stage.decontaminate_mteb else ((), ())
+    )
     if stage.data_source == "offline":
         snapshot = _capped([r for r in load_snapshot() if r["split"] == "train"], stage.rows_per_group, stage.seed)
 
@@ -63,10 +78,11 @@ def build_training_data(stage: DataStage) -> tuple[Prepared, dict[str, int]]:
                 if record is not None:
                     yield record
 
-        fingerprint = fingerprint_of("offline", stage.rows_per_group, stage.seed, len(eval_texts))
-        prepared = prepare_rows(rows, fingerprint, eval_texts)
+        # prepare_rows adds the hash of every decontamination key to this fingerprint
+        fingerprint = fingerprint_of("offline", stage.rows_per_group, stage.seed)
+        prepared = prepare_rows(rows, fingerprint, eval_texts, mteb_keys=mteb_keys)
     else:
-        prepared = prepare_sources(stage.hub_sources, eval_texts=eval_texts)
+        prepared = prepare_sources(stage.hub_sources, local_root, eval_texts, mteb_keys=mteb_keys)
         if stage.rows_per_group is not None:
             groups = group_indices(prepared.rows).values()
             prepared.rows = prepared.rows.select(_kept_indices(groups, stage.rows_per_group, stage.seed))

@@ -6,14 +6,31 @@ grow with the number of rows beyond a few small hash sets and id indexes. Negati
 (dataset, language) group at a time, in shards of at most `shard_size` rows, so memory stays bounded
 by the shard, not the mix.
 
-Decontamination drops a training row whose query or positive, after normalisation
-(`records.text_key`), equals any evaluation query or document: every MTEB(Code, v1) test query and
-corpus document where the hub is reachable (`mteb_test_texts`), and always the offline evaluation
-sets. Counts are reported per source.
+Decontamination compares `records.text_key`s (normalised text) and drops a training row when
+  (a) its query is a test query of an evaluated split ("query is a test query"),
+  (b) its positive is a document that a test qrel marks relevant, score > 0 ("positive is a relevant
+      test document"), or
+  (c) its query or positive is an offline evaluation text ("offline evaluation text"),
+counting each dropped row once, under the first rule that hits, per source (`Prepared.summary()`).
+The MTEB(Code, v1) keys come from `mteb_test_keys`. A test document is compared both as the model
+sees it (`title + " " + text`, as mteb builds it) and as its bare text.
+
+Why not every test corpus document: mteb gives a CoIR task's whole corpus (train and valid documents
+included) for its test split, e.g. AppsRetrieval's 8,765 documents for 3,765 test queries, so
+matching the corpus dropped every CoIR training row and emptied the paper's training set. A corpus
+document that no test query retrieves as relevant is a distractor, not a leaked answer.
+
+CodeEditSearchRetrieval: mteb evaluates it on its *train* split, on the first 1,000 rows of each of
+its 13 language directories (a sample, not all rows): those rows' instructions are the test queries
+and their diffs the relevant documents. Rule (a) and (b) drop those up to 13,000 pairs from this
+source and also every other row whose instruction equals one of theirs (short commit messages such as
+"Fix typo" recur); the rest of the split trains. The paper trains on the train splits of all 12
+tasks, evaluated rows of this one included, so its published CodeEditSearch score is not clean: the
+reference's "clean" mean leaves CodeEditSearch out, and a comparison with the paper should too.
 
 A prepared mix is cached under `cache_dir/<fingerprint>/` (the Arrow table and its report), where
-the fingerprint hashes the sources, their revisions, every option and the data format version; the
-same request is read back instead of being rebuilt.
+the fingerprint hashes the sources, their revisions, every option, the data format version and the
+decontamination keys and rules; the same request is read back instead of being rebuilt.
 """
 
 from __future__ import annotations
@@ -33,7 +50,7 @@ from .negatives import mine_negatives
 from .records import DataError, RowChecker, SkipReport, text_key
 from .sources import SOURCES, iter_records
 
-DATA_FORMAT_VERSION = 1
+DATA_FORMAT_VERSION = 2  # 2: decontamination by rule (test queries, relevant documents, offline)
 MTEB_CODE_TASKS = (
     "AppsRetrieval", "CodeEditSearchRetrieval", "CodeFeedbackMT", "CodeFeedbackST", "CodeSearchNetCCRetrieval",
     "CodeSearchNetRetrieval", "CodeTransOceanContest", "CodeTransOceanDL", "COIRCodeSearchNetRetrieval", "CosQA",
@@ -62,6 +79,47 @@ def fingerprint_of(*parts: Any) -> str:
     return hashlib.sha256(blob).hexdigest()[:20]
 
 
+QUERY_IS_TEST_QUERY = "query is a test query"
+POSITIVE_IS_RELEVANT = "positive is a relevant test document"
+OFFLINE_EVAL_TEXT = "offline evaluation text"
+RULES = (QUERY_IS_TEST_QUERY, POSITIVE_IS_RELEVANT, OFFLINE_EVAL_TEXT)  # checked in this order
+
+
+@dataclass(frozen=True)
+class EvalKeys:
+    """The `text_key`s a training row must not match, one set per decontamination rule."""
+
+    test_queries: frozenset[str] = frozenset()
+    relevant_documents: frozenset[str] = frozenset()
+    offline: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(
+        cls, offline_texts: Iterable[str] = (), mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ())
+    ) -> EvalKeys:
+        """From offline evaluation texts and `mteb_test_keys`' (test-query keys, relevant-document keys)."""
+        test_queries, relevant_documents = mteb_keys
+        return cls(frozenset(test_queries), frozenset(relevant_documents), frozenset(map(text_key, offline_texts)))
+
+    def rule(self, query: str, positive: str) -> str | None:
+        """The first rule a (query, positive) row breaks, or None if it is clean."""
+        q, p = text_key(query), text_key(positive)
+        if q in self.test_queries:
+            return QUERY_IS_TEST_QUERY
+        if p in self.relevant_documents:
+            return POSITIVE_IS_RELEVANT
+        if q in self.offline or p in self.offline:
+            return OFFLINE_EVAL_TEXT
+        return None
+
+    def fingerprint(self) -> str:
+        """A hash of the rules and of every key of every set (not their sizes: equal sizes, other keys)."""
+        h = hashlib.sha256(json.dumps(RULES).encode())
+        for keys in (self.test_queries, self.relevant_documents, self.offline):
+            h.update(b"\x00" + "\n".join(sorted(keys)).encode())
+        return h.hexdigest()
+
+
 @dataclass
 class Prepared:
     """A prepared table and what happened on the way."""
@@ -69,42 +127,91 @@ class Prepared:
     rows: Any  # datasets.Dataset
     fingerprint: str
     report: SkipReport = field(default_factory=SkipReport)
-    decontaminated: Counter = field(default_factory=Counter)
+    decontaminated: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))  # source -> rule -> n
     unreachable: dict[str, str] = field(default_factory=dict)
+
+    def decontamination(self) -> dict[str, dict[str, int]]:
+        """Rows dropped per source and rule, every rule listed (0 included) for every source seen."""
+        sources = sorted(set(self.report.kept) | set(self.report.skipped) | set(self.decontaminated))
+        return {s: {rule: self.decontaminated.get(s, Counter())[rule] for rule in RULES} for s in sources}
 
     def summary(self) -> dict[str, Any]:
         return {
             "fingerprint": self.fingerprint,
             "rows": len(self.rows),
             "sources": self.report.as_dict(),
-            "decontaminated": dict(self.decontaminated),
+            "decontaminated": self.decontamination(),
             "unreachable": self.unreachable,
         }
 
 
-def mteb_test_texts(tasks: Sequence[Any] = MTEB_CODE_TASKS) -> Iterator[str]:
-    """Every query and corpus document of the tasks' evaluation splits (task names need the hub; task
-    objects, such as mteb's offline mock tasks, are used as given)."""
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise DataError(f"{what}: expected a text, got {type(value).__name__} {str(value)[:80]!r}")
+    return value
+
+
+def _task_name(task: Any) -> str:
+    return getattr(getattr(task, "metadata", None), "name", type(task).__name__)
+
+
+def split_keys(split: dict[str, Any], where: str) -> tuple[set[str], set[str]]:
+    """(test-query keys, relevant-document keys) of one mteb 2.x retrieval split: `queries` (id, text),
+    `corpus` (id, text, optional title) and `relevant_docs` ({query id: {document id: score}})."""
+    from ..eval import corpus_text
+
+    missing = [k for k in ("queries", "corpus", "relevant_docs") if k not in split]
+    if missing:
+        raise DataError(f"{where}: the split has no {missing}; a retrieval split needs queries, corpus, relevant_docs")
+    query_rows = zip(split["queries"]["id"], split["queries"]["text"], strict=True)
+    queries = {text_key(_text(text, f"{where} query {query_id}")) for query_id, text in query_rows}
+    relevant = {str(d) for docs in split["relevant_docs"].values() for d, score in docs.items() if score > 0}
+    corpus = split["corpus"]  # read only the relevant rows' texts: a CodeSearchNet corpus has ~1M documents
+    hits = corpus.select([i for i, doc_id in enumerate(corpus["id"]) if str(doc_id) in relevant])
+    titles = hits["title"] if "title" in hits.column_names else [None] * len(hits)
+    documents: set[str] = set()
+    for doc_id, text, title in zip(hits["id"], hits["text"], titles, strict=True):
+        text = _text(text, f"{where} document {doc_id}")
+        documents |= {text_key(corpus_text(text, title or "")), text_key(text)}  # as the model sees it; bare
+    return queries, documents
+
+
+def mteb_test_keys(tasks: Sequence[Any] = MTEB_CODE_TASKS) -> tuple[frozenset[str], frozenset[str]]:
+    """(keys of every test query, keys of every document a test qrel marks relevant) over the evaluated
+    splits of the tasks. Task names are fetched from the hub (`mteb.get_tasks`); task objects (mteb's
+    offline mock tasks, any AbsTaskRetrieval whose `load_data` fills `dataset` or the v1 attributes
+    `queries`/`corpus`/`relevant_docs`) are used as given."""
     import mteb
 
     names = [t for t in tasks if isinstance(t, str)]
     objects = [t for t in tasks if not isinstance(t, str)] + (list(mteb.get_tasks(tasks=names)) if names else [])
+    queries: set[str] = set()
+    documents: set[str] = set()
     for task in objects:
+        name = _task_name(task)
         try:
             task.load_data()
+            if hasattr(task, "convert_v1_dataset_format_to_v2"):
+                task.convert_v1_dataset_format_to_v2(num_proc=None)  # no-op for a task loaded in the v2 format
         except Exception as err:
-            raise DataError(f"MTEB task {task.metadata.name}: could not load its test data ({err})") from err
-        for subset in task.dataset.values():
+            raise DataError(f"MTEB task {name}: could not load its test data ({err})") from err
+        dataset = getattr(task, "dataset", None)
+        if not isinstance(dataset, dict) or not dataset:
+            raise DataError(f"MTEB task {name}: load_data left no `dataset` ({{subset: {{split: ...}}}}) to read")
+        for subset, splits in dataset.items():
             for split in task.metadata.eval_splits:
-                if split in subset:
-                    yield from subset[split]["queries"]["text"]
-                    yield from subset[split]["corpus"]["text"]
+                if split in splits:
+                    q, d = split_keys(splits[split], f"MTEB task {name}, subset {subset}, split {split}")
+                    queries |= q
+                    documents |= d
+    return frozenset(queries), frozenset(documents)
 
 
-def _filtered(rows: Iterable[dict], keys: set[str], counts: Counter) -> Iterator[dict]:
+def _filtered(rows: Iterable[dict], keys: EvalKeys, counts: dict[str, Counter]) -> Iterator[dict]:
     for row in rows:
-        if keys and (text_key(row["query"]) in keys or text_key(row["positive"]) in keys):
-            counts[row["dataset"]] += 1
+        rule = keys.rule(row["query"], row["positive"])
+        if rule is not None:
+            counts[row["dataset"]][rule] += 1
             continue
         yield row
 
@@ -121,13 +228,11 @@ def _cached(cache_dir: Path | None, fingerprint: str) -> Prepared | None:
         for reason, n in entry["skipped"].items():
             report.skipped[source][reason] = n
             report.examples[source, reason] = entry["examples"].get(reason, [])
-    return Prepared(
-        load_from_disk(str(cache_dir / fingerprint / "rows")),
-        fingerprint,
-        report,
-        Counter(summary["decontaminated"]),
-        summary["unreachable"],
-    )
+    decontaminated: dict[str, Counter] = defaultdict(Counter)
+    for source, by_rule in summary["decontaminated"].items():
+        decontaminated[source].update({rule: n for rule, n in by_rule.items() if n})
+    rows = load_from_disk(str(cache_dir / fingerprint / "rows"))
+    return Prepared(rows, fingerprint, report, decontaminated, summary["unreachable"])
 
 
 def _store(prepared: Prepared, cache_dir: Path | None) -> Prepared:
@@ -165,14 +270,21 @@ def prepare_rows(
     fingerprint: str,
     eval_texts: Iterable[str] = (),
     cache_dir: str | Path | None = None,
+    mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
 ) -> Prepared:
-    """Checks, deduplicates and decontaminates the rows that `rows(checker)` yields into an Arrow table."""
+    """Checks, deduplicates and decontaminates the rows that `rows(checker)` yields into an Arrow table.
 
+    `eval_texts` are offline evaluation texts (rule c), `mteb_keys` is `mteb_test_keys`' (test-query
+    keys, relevant-document keys) (rules a and b). The table's fingerprint is `fingerprint` (the rows'
+    origin and options) combined with the hash of every decontamination key, so other keys never read
+    back a cached table."""
+
+    keys = EvalKeys.of(eval_texts, mteb_keys)
+    fingerprint = fingerprint_of(fingerprint, keys.fingerprint())
     cache = Path(cache_dir) if cache_dir is not None else None
     hit = _cached(cache, fingerprint)
     if hit is not None:
         return hit
-    keys = {text_key(t) for t in eval_texts}
     prepared = Prepared(rows=None, fingerprint=fingerprint)
     checker = RowChecker(prepared.report)
 
@@ -206,20 +318,15 @@ def prepare_sources(
     eval_texts: Iterable[str] = (),
     on_unreachable: str = "error",
     cache_dir: str | Path | None = None,
+    mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
 ) -> Prepared:
-    """The training rows of the named registry sources, checked and decontaminated."""
+    """The training rows of the named registry sources, checked and decontaminated (see `prepare_rows`)."""
     unknown = [n for n in names if n not in SOURCES]
     if unknown:
         raise DataError(f"unknown source(s) {unknown}; known: {sorted(SOURCES)}")
     if on_unreachable not in ("error", "skip"):
         raise ValueError(f"on_unreachable must be 'error' or 'skip', got {on_unreachable!r}")
-    eval_texts = list(eval_texts)
-    fp = fingerprint_of(
-        [asdict(SOURCES[n]) for n in names],
-        str(local_root),
-        on_unreachable,
-        hashlib.sha256("\n".join(sorted(eval_texts)).encode()).hexdigest(),
-    )
+    fp = fingerprint_of([asdict(SOURCES[n]) for n in names], str(local_root), on_unreachable)
     unreachable: dict[str, str] = {}
 
     def rows(checker: RowChecker) -> Iterator[dict]:
@@ -231,7 +338,7 @@ def prepare_sources(
                     raise
                 unreachable[name] = str(err)
 
-    prepared = prepare_rows(rows, fp, eval_texts, cache_dir)
+    prepared = prepare_rows(rows, fp, eval_texts, cache_dir, mteb_keys)
     prepared.unreachable.update(unreachable)
     return prepared
 

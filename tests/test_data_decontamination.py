@@ -1,0 +1,193 @@
+"""Decontamination by rule (section 4.1): a training row goes when its query is a test query, its positive a
+document a test qrel marks relevant, or either an offline evaluation text; a test corpus document that no test
+query retrieves (mteb's CoIR corpora hold the training documents too) keeps its row."""
+
+import pytest
+from datasets import Dataset
+from mteb.abstasks.retrieval import AbsTaskRetrieval
+from mteb.abstasks.task_metadata import TaskMetadata
+from mteb.mocks.mock_tasks.retrieval import MockRetrievalTask, general_args
+
+from c2llm_lib.config import DataStage
+from c2llm_lib.data import DataError, prepare_rows
+from c2llm_lib.data.build import build_training_data
+from c2llm_lib.data.mix import OFFLINE_EVAL_TEXT, POSITIVE_IS_RELEVANT, QUERY_IS_TEST_QUERY, EvalKeys, mteb_test_keys
+from c2llm_lib.data.records import text_key
+
+from source_fixtures import write_fixtures
+
+
+class CoirLikeTask(AbsTaskRetrieval):
+    """An in-memory retrieval task in mteb 2.x's format: dataset[subset][split] = queries, corpus, relevant_docs."""
+
+    metadata = TaskMetadata(type="Retrieval", name="CoirLikeTask", main_score="ndcg_at_10", **general_args)
+
+    def __init__(self, queries: dict[str, str], corpus: dict[str, tuple[str, str]], qrels: dict[str, dict[str, int]]):
+        super().__init__()
+        self.split_data = {
+            "queries": Dataset.from_list([{"id": i, "text": t} for i, t in queries.items()]),
+            "corpus": Dataset.from_list([{"id": i, "title": title, "text": t} for i, (title, t) in corpus.items()]),
+            "relevant_docs": qrels,
+            "top_ranked": None,
+        }
+
+    def load_data(self, num_proc=None, **kwargs) -> None:
+        self.dataset = {"default": {"test": self.split_data}}
+        self.data_loaded = True
+
+
+class CodeEditLikeTask(AbsTaskRetrieval):
+    """Loaded the way mteb's CodeEditSearchRetrieval is: v1 attributes per language, evaluated on the train split."""
+
+    metadata = TaskMetadata(
+        type="Retrieval",
+        name="CodeEditLikeTask",
+        main_score="ndcg_at_10",
+        **(general_args | {"eval_splits": ["train"], "eval_langs": {"python": ["python-Code"], "go": ["go-Code"]}}),
+    )
+
+    def load_data(self, num_proc=None, **kwargs) -> None:
+        rows = {"python": [("fix typo", "- teh\n+ the")], "go": [("add a test", "+ func TestX(t *testing.T) {}")]}
+        self.queries = {lang: {"train": {str(i): q for i, (q, _) in enumerate(r)}} for lang, r in rows.items()}
+        self.corpus = {
+            lang: {"train": {f"c{i}": {"text": d} for i, (_, d) in enumerate(r)}} for lang, r in rows.items()
+        }
+        self.relevant_docs = {
+            lang: {"train": {str(i): {f"c{i}": 1} for i in range(len(r))}} for lang, r in rows.items()
+        }
+        self.data_loaded = True
+
+
+# Training pairs of one CoIR-like source; the task's test corpus holds every one of their positives.
+TRAIN = [(f"training question {i}", f"def train_solution_{i}(x):\n    return x + {i}") for i in range(8)]
+TRAIN[3] = ("training question 3", "Header 3 def body_3(): pass")  # a positive equal to title + text of a test doc
+TRAIN[4] = ("a test question", "def train_solution_4(x):\n    return x + 4")  # the query is a test query
+OFFLINE = ["training question 5"]  # an offline evaluation text
+CORPUS = {f"d{i}": ("", p) for i, (_, p) in enumerate(TRAIN)} | {"d3": ("Header 3", "def body_3(): pass")}
+QRELS = {
+    "t0": {"d1": 1, "d2": 0},  # row 1's positive is relevant; row 2's is in the corpus with score 0 only
+    "t1": {"d3": 2},  # row 3's positive is this document as the model sees it (title + " " + text)
+}
+TEST_QUERIES = {"t0": "a test question", "t1": "another   test question"}
+
+
+def training_rows(pairs):
+    def rows(checker):
+        for i, (q, p) in enumerate(pairs):
+            row = checker.record("CoirLike", str(i), q, p, "python", "instr")
+            if row is not None:
+                yield row
+
+    return rows
+
+
+def test_only_test_queries_relevant_documents_and_offline_texts_are_dropped():
+    task = CoirLikeTask(TEST_QUERIES, CORPUS, QRELS)
+    prepared = prepare_rows(training_rows(TRAIN), "fp-coir-like", OFFLINE, mteb_keys=mteb_test_keys([task]))
+    kept = sorted(prepared.rows["query"])
+    assert kept == ["training question 0", "training question 2", "training question 6", "training question 7"]
+    assert prepared.decontamination() == {
+        "CoirLike": {QUERY_IS_TEST_QUERY: 1, POSITIVE_IS_RELEVANT: 2, OFFLINE_EVAL_TEXT: 1}
+    }
+    assert prepared.summary()["decontaminated"] == prepared.decontamination()
+
+
+def test_keys_of_an_mteb_split_only_relevant_documents_as_seen_and_bare():
+    queries, documents = mteb_test_keys([CoirLikeTask(TEST_QUERIES, CORPUS, QRELS)])
+    assert queries == {text_key("a test question"), text_key("another test question")}
+    assert documents == {text_key(TRAIN[1][1]), text_key("Header 3 def body_3(): pass"), text_key("def body_3(): pass")}
+
+
+def test_mteb_mock_task():
+    queries, documents = mteb_test_keys([MockRetrievalTask()])
+    assert text_key("This is a test sentence") in queries and text_key("This is a positive sentence") in documents
+    pairs = [
+        ("a query", "This is a positive sentence"),  # bare text of a relevant document
+        ("This is a test sentence", "clean code"),  # a test query
+        ("another query", "Title of d1 This is a positive sentence"),  # title + text, as the model sees it
+        ("yet another query", "clean code 2"),
+    ]
+    prepared = prepare_rows(training_rows(pairs), "fp-mteb-mock", mteb_keys=(queries, documents))
+    assert prepared.rows["positive"] == ["clean code 2"]
+    assert prepared.decontamination()["CoirLike"] == {
+        QUERY_IS_TEST_QUERY: 1,
+        POSITIVE_IS_RELEVANT: 2,
+        OFFLINE_EVAL_TEXT: 0,
+    }
+
+
+def test_a_task_loaded_like_code_edit_search_on_its_train_split():
+    queries, documents = mteb_test_keys([CodeEditLikeTask()])
+    assert queries == {text_key("fix typo"), text_key("add a test")}
+    assert documents == {text_key("- teh\n+ the"), text_key("+ func TestX(t *testing.T) {}")}
+    pairs = [("fix typo", "- recieve\n+ receive"), ("bump version", "- 1.0\n+ 1.1")]  # the same message recurs
+    prepared = prepare_rows(training_rows(pairs), "fp-code-edit", mteb_keys=(queries, documents))
+    assert prepared.rows["query"] == ["bump version"]
+
+
+def test_the_fingerprint_hashes_the_keys_not_their_number(tmp_path):
+    a = prepare_rows(training_rows(TRAIN), "fp-same", ["training question 5"], cache_dir=tmp_path)
+    b = prepare_rows(training_rows(TRAIN), "fp-same", ["training question 6"], cache_dir=tmp_path)
+    assert a.fingerprint != b.fingerprint and "training question 6" not in b.rows["query"]
+    assert "training question 6" in a.rows["query"]
+    keys = (frozenset({text_key("x")}), frozenset())
+    assert EvalKeys.of(mteb_keys=keys).fingerprint() != EvalKeys.of(["x"]).fingerprint()  # same key, other rule
+    again = prepare_rows(training_rows(TRAIN), "fp-same", ["training question 5"], cache_dir=tmp_path)
+    assert again.summary() == a.summary() and again.decontamination()["CoirLike"][OFFLINE_EVAL_TEXT] == 1
+
+
+def test_unreadable_tasks_are_named():
+    class Empty(CoirLikeTask):
+        def load_data(self, num_proc=None, **kwargs):
+            self.dataset = {}
+
+    with pytest.raises(DataError, match="MTEB task CoirLikeTask: load_data left no `dataset`"):
+        mteb_test_keys([Empty({}, {}, {})])
+
+    class Broken(CoirLikeTask):
+        def load_data(self, num_proc=None, **kwargs):
+            raise OSError("no such dataset on disk")
+
+    with pytest.raises(DataError, match="MTEB task CoirLikeTask: could not load its test data .no such dataset"):
+        mteb_test_keys([Broken({}, {}, {})])
+    bad = CoirLikeTask({"t0": "ok"}, CORPUS, {"t0": {"d1": 1}})
+    bad.split_data["queries"] = Dataset.from_list([{"id": "t9", "text": ["a", "turn"]}])
+    with pytest.raises(DataError, match="CoirLikeTask, subset default, split test query t9: expected a text"):
+        mteb_test_keys([bad])
+
+
+# End to end through notebook 01's stage: hub sources from a local folder, one CoIR-like evaluation task whose
+# test corpus holds every training positive but whose qrels mark two of them relevant.
+NAMES = ["AppsRetrieval", "CosQA", "SyntheticText2SQL", "CodeSearchNetCCRetrieval"]
+
+
+@pytest.fixture(scope="module")
+def fixture_root(tmp_path_factory):
+    return write_fixtures(tmp_path_factory.mktemp("hub"))
+
+
+def test_build_keeps_the_training_set_against_a_coir_like_corpus(fixture_root):
+    stage = DataStage(data_source="hub", hub_sources=NAMES, num_negatives=1, decontaminate_mteb=True)
+    plain, _ = build_training_data(DataStage(data_source="hub", hub_sources=NAMES, num_negatives=1), fixture_root)
+    positives = sorted(set(plain.rows["positive"]))
+    corpus = {f"d{i}": ("", p) for i, p in enumerate(positives)}
+    greet = positives.index("def greet(name):\n    return 'hi ' + name")
+    count = positives.index("SELECT COUNT(*) FROM orders;")
+    corpus[f"d{count}"] = ("orders", "SELECT COUNT(*) FROM orders;")  # titled: matched as the model sees it, and bare
+    qrels = {"t0": {f"d{greet}": 1, "d0": 0}, "t1": {f"d{count}": 1}}
+    task = CoirLikeTask({"t0": "greet a person", "t1": "how many orders are there"}, corpus, qrels)
+    prepared, short = build_training_data(stage, local_root=fixture_root, mteb_tasks=[task])
+    assert len(plain.rows) == 18 and len(prepared.rows) == 14  # was: every row dropped, "no training rows are left"
+    dropped = {s: by_rule[POSITIVE_IS_RELEVANT] for s, by_rule in prepared.decontamination().items()}
+    assert dropped == {"AppsRetrieval": 1, "CodeSearchNetCCRetrieval": 1, "CosQA": 1, "SyntheticText2SQL": 1}
+    assert sum(n for by_rule in prepared.decontamination().values() for n in by_rule.values()) == 4
+    assert prepared.fingerprint != plain.fingerprint
+    lone = ("AppsRetrieval/python", "CodeSearchNetCCRetrieval/python", "CosQA/python", "SyntheticText2SQL/sql")
+    assert short == dict.fromkeys(lone, 1)  # each group that lost a row has one row left: no negative to mine
+
+
+def test_build_refuses_options_it_would_ignore(fixture_root):
+    with pytest.raises(DataError, match="local_root=.* reads hub sources, but data_source is 'offline'"):
+        build_training_data(DataStage(), local_root=fixture_root)
+    with pytest.raises(DataError, match="mteb_tasks were given .* but decontaminate_mteb is false"):
+        build_training_data(DataStage(), mteb_tasks=[MockRetrievalTask()])
