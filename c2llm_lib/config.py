@@ -2,7 +2,8 @@
 
 Parameters are flat (one level of keys) so that a params file is a list of overrides and papermill can
 pass each notebook the keys it declares. `from_dict` refuses unknown keys (with a did-you-mean) and
-values of the wrong type or range, naming the source (a file, a notebook) and the key.
+values of the wrong type or range, naming the source (a file, a notebook) and the key. Every numeric key
+has a range, and every float must be finite (`.inf` and `.nan` are refused).
 
 `ModelConfig` holds the encoder of section 3 of the paper, `TrainConfig` the recipe of section 4.1, and
 the `*Stage` classes the remaining parameters of notebooks 01, 03, 04, 05 and 06; the defaults are the released
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -21,6 +24,8 @@ from typing import Any, Literal, TypeVar
 
 C = TypeVar("C")
 
+MAX_TOKENS = 131_072  # the longest context a Qwen2.5-Coder backbone takes (with YaRN); a longer length is a typo
+DEVICE = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -40,7 +45,8 @@ def _matches(value: Any, annotation: Any) -> bool:
         (item,) = typing.get_args(annotation) or (Any,)
         return isinstance(value, list) and all(_matches(v, item) for v in value)
     if origin is dict:
-        return isinstance(value, dict)
+        key_type, item = typing.get_args(annotation) or (Any, Any)
+        return isinstance(value, dict) and all(_matches(k, key_type) and _matches(v, item) for k, v in value.items())
     if annotation is type(None):
         return value is None
     if annotation is float:
@@ -86,8 +92,16 @@ def from_dict(cls: type[C], data: dict[str, Any], source: str = "parameters") ->
         raise ConfigError(f"{source}: {err}") from None
 
 
+def _not_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_not_finite(v) for v in value.values())
+    return isinstance(value, list) and any(_not_finite(v) for v in value)
+
+
 def check_types(obj: Any) -> None:
-    """Checks every field of a dataclass instance against its annotation."""
+    """Checks every field of a dataclass instance against its annotation, and that every float is finite."""
     hints = typing.get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
@@ -95,6 +109,22 @@ def check_types(obj: Any) -> None:
             raise ConfigError(
                 f"parameter {f.name!r} must be {_describe(hints[f.name])}, got {value!r} ({type(value).__name__})"
             )
+        if _not_finite(value):
+            raise ConfigError(f"parameter {f.name!r} must be finite, got {value!r}")
+
+
+def plain_names(values: list[str]) -> bool:
+    """Non-empty and distinct, each a non-empty name without a path separator."""
+    return bool(values) and len(set(values)) == len(values) and all(
+        v.strip() and v not in (".", "..") and "/" not in v and "\\" not in v for v in values)  # fmt: skip
+
+
+def seed_range(seed: int, key: str) -> None:
+    require(0 <= seed < 2**32, key, f"must be in [0, 2**32) (the range numpy's and torch's seeds take), got {seed}")
+
+
+def length_range(length: int, key: str) -> None:
+    require(2 <= length <= MAX_TOKENS, key, f"must be at least 2 tokens and at most {MAX_TOKENS}, got {length}")
 
 
 def require(condition: bool, key: str, message: str) -> None:
@@ -138,11 +168,20 @@ class ModelConfig:
                 f"({self.embedding_dim}) must be divisible by pma_heads ({self.pma_heads})",
             )
             require(self.pooling == "pma", "embedding_dim", "can only be set with pooling='pma'")
-        require(self.max_length >= 2, "max_length", f"must be at least 2 tokens, got {self.max_length}")
+        length_range(self.max_length, "max_length")
         require(self.lora_r > 0, "lora_r", f"must be positive, got {self.lora_r}")
+        require(self.lora_alpha > 0, "lora_alpha", f"must be positive, got {self.lora_alpha}")
         require(0.0 <= self.lora_dropout < 1.0, "lora_dropout", f"must be in [0, 1), got {self.lora_dropout}")
         require(bool(self.lora_targets), "lora_targets", "must name at least one module")
-        require(bool(self.backbone), "backbone", "must not be empty")
+        require(len(set(self.lora_targets)) == len(self.lora_targets), "lora_targets",
+                f"repeats a module: {self.lora_targets}")  # fmt: skip
+        bad = [t for t in self.lora_targets if not all(part.isidentifier() for part in t.split("."))]
+        require(not bad, "lora_targets", f"must be module names (identifiers, e.g. 'q_proj'), got {bad}")
+        require(bool(self.backbone.strip()), "backbone", "must not be empty")
+        for key in ("backbone_revision", "gguf_file"):
+            require(getattr(self, key) is None or bool(getattr(self, key).strip()), key, "must be None or non-empty")
+        require(DEVICE.fullmatch(self.device) is not None, "device",
+                f"must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got {self.device!r}")  # fmt: skip
 
     @property
     def eos_appended(self) -> bool:
@@ -189,12 +228,25 @@ class TrainConfig:
         require(self.global_batch_size >= 2, "global_batch_size", "must be at least 2 (in-batch negatives)")
         require(self.num_negatives >= 0, "num_negatives", "must be >= 0")
         require(self.tau > 0, "tau", f"must be positive, got {self.tau}")
-        require(self.learning_rate > 0, "learning_rate", "must be positive")
+        require(self.learning_rate >= 0, "learning_rate", f"must be >= 0, got {self.learning_rate}")
+        require(self.pma_learning_rate is None or self.pma_learning_rate >= 0, "pma_learning_rate",
+                f"must be >= 0 (0 freezes the PMA head) or None, got {self.pma_learning_rate}")  # fmt: skip
+        require(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
         require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
         require(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", "must be in [0, 1]")
+        require(self.max_grad_norm > 0, "max_grad_norm",
+                f"must be positive (the norm gradients are clipped to), got {self.max_grad_norm}")  # fmt: skip
+        length_range(self.max_length, "max_length")
+        seed_range(self.seed, "seed")
         require(self.grad_cache_chunk >= 1, "grad_cache_chunk", "must be at least 1")
         require(all(w >= 0 for w in self.loss_weights.values()), "loss_weights", "must be non-negative")
+        require(all(k.strip() for k in self.loss_weights), "loss_weights", "has an empty dataset name")
         require(all(s >= 1 for s in self.checkpoint_steps), "checkpoint_steps", "must be positive step numbers")
+        require(len(set(self.checkpoint_steps)) == len(self.checkpoint_steps), "checkpoint_steps",
+                f"repeats a step: {self.checkpoint_steps}")  # fmt: skip
+        late = [s for s in self.checkpoint_steps if self.max_steps is not None and s > self.max_steps]
+        require(not late, "checkpoint_steps",
+                f"{late} lie beyond max_steps = {self.max_steps}; set checkpoint_steps within the run")  # fmt: skip
         require(all(d >= 1 for d in self.mrl_dims), "mrl_dims", f"must be positive widths, got {self.mrl_dims}")
         require(len(set(self.mrl_dims)) == len(self.mrl_dims), "mrl_dims", f"repeats a width: {self.mrl_dims}")
         require(not self.mrl_weights or len(self.mrl_weights) == len(self.mrl_dims), "mrl_weights",
@@ -227,6 +279,9 @@ class DataStage:
         require(self.num_negatives >= 0, "num_negatives", "must be >= 0")
         unknown = sorted(set(self.hub_sources) - set(SOURCE_NAMES))
         require(not unknown, "hub_sources", f"names unknown sources {unknown}")
+        require(len(set(self.hub_sources)) == len(self.hub_sources), "hub_sources", "repeats a source")
+        require(bool(self.hub_sources) or self.data_source != "hub", "hub_sources", "must name a source for the hub")
+        seed_range(self.seed, "seed")
 
 
 @dataclass
@@ -242,6 +297,8 @@ class MergeStage:
         if self.merge_weights is not None:
             require(len(self.merge_weights) == self.merge_last, "merge_weights",
                     f"must have merge_last = {self.merge_last} entries, got {len(self.merge_weights)}")  # fmt: skip
+            require(all(w >= 0 for w in self.merge_weights) and sum(self.merge_weights) > 0, "merge_weights",
+                    f"must be non-negative and not all zero, got {self.merge_weights}")  # fmt: skip
 
 
 @dataclass
@@ -262,9 +319,17 @@ class EvalStage:
         check_types(self)
         require(self.eval_limit is None or self.eval_limit > 0, "eval_limit", "must be positive")
         require(all(d > 0 for d in self.ablation_dims), "ablation_dims", "must be positive")
+        require(len(set(self.ablation_dims)) == len(self.ablation_dims), "ablation_dims", "repeats a width")
         require(self.eval_batch_size > 0, "eval_batch_size", "must be positive")
+        length_range(self.eval_max_length, "eval_max_length")
         bad = sorted(set(self.baselines) - {"bm25", "mean", "last_token"})
         require(not bad, "baselines", f"has unknown entries {bad}; choose from bm25, mean, last_token")
+        require(len(set(self.baselines)) == len(self.baselines), "baselines", "repeats a baseline")
+        require(not self.mteb_tasks or plain_names(self.mteb_tasks), "mteb_tasks", "must be distinct task names")
+        for key in ("eval_released", "eval_released_revision"):
+            require(getattr(self, key) is None or bool(getattr(self, key).strip()), key, "must be None or non-empty")
+        require(self.eval_released_revision is None or self.eval_released is not None, "eval_released_revision",
+                "pins a released checkpoint: set eval_released too")  # fmt: skip
 
 
 @dataclass
@@ -279,7 +344,8 @@ class AttentionStage:
         check_types(self)
         require(self.attention_examples >= 1, "attention_examples", "must be at least 1")
         require(self.attention_corpus >= 1, "attention_corpus", "must be at least 1")
-        require(self.attention_max_tokens >= 8, "attention_max_tokens", "must be at least 8")
+        require(8 <= self.attention_max_tokens <= MAX_TOKENS, "attention_max_tokens",
+                f"must be between 8 and {MAX_TOKENS}, got {self.attention_max_tokens}")  # fmt: skip
 
 
 @dataclass
@@ -296,6 +362,8 @@ class CompareStage:
     def __post_init__(self) -> None:
         check_types(self)
         require(len(set(self.compare_recipes)) == len(self.compare_recipes), "compare_recipes", "repeats a recipe")
+        require(not self.compare_recipes or plain_names(self.compare_recipes), "compare_recipes",
+                f"must be params file stems (e.g. 'c2llm-0.5b'), got {self.compare_recipes}")  # fmt: skip
         for key in ("compare_dims", "compare_pma_dims"):
             dims = getattr(self, key)
             require(all(d > 0 for d in dims) and len(set(dims)) == len(dims), key,
@@ -304,3 +372,4 @@ class CompareStage:
         require(not extra, "compare_pma_dims", f"{extra} must also be in compare_dims, where the curves are compared")
         require(self.eval_limit is None or self.eval_limit > 0, "eval_limit", "must be positive")
         require(self.eval_batch_size > 0, "eval_batch_size", "must be positive")
+        length_range(self.eval_max_length, "eval_max_length")

@@ -10,25 +10,39 @@ Layout:
     merged/                the merged encoder (C2LLMEncoder.save_pretrained)
     metrics/*.json         numbers each stage reports
     figures/*.png          figures each stage draws
+    .lock                  held (fcntl) by the pipeline runner working in the run; released when it exits
 
 Notebooks talk to each other only through these paths. `require` names the notebook that produces a
 missing input, so running notebook 03 before 02 says what to run instead of failing deep inside.
+`INPUTS` lists what each notebook reads and `PRODUCTS` what it writes: the runner fingerprints a
+notebook's inputs to know whether a finished notebook is still current, and `--overwrite --only NN`
+replaces only notebook NN's products.
+
+A run name is a plain directory name (no `.`, `..`, path separator or empty name), and a run directory
+only ever deletes inside itself: `create(..., "overwrite")` refuses a run directory that resolves (through
+symlinks) anywhere but `<outputs>/<run>`.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import platform
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from .config import ConfigError
+from .files import load_json
 
 PRODUCERS = {
     "data/train": "01_data_prep",
@@ -37,11 +51,80 @@ PRODUCERS = {
     "metrics/train.json": "02_train_lora_contrastive",
     "merged": "03_merge_checkpoints",
 }
+# What each notebook reads from the run directory (fingerprinted: a finished notebook whose inputs changed
+# reruns on --resume) and what it writes (replaced by --overwrite --only). Globs relative to the run root.
+INPUTS = {
+    "01_data_prep": (),
+    "02_train_lora_contrastive": ("data/train",),
+    "03_merge_checkpoints": ("checkpoints", "metrics/train.json"),
+    "04_eval_mteb_code": ("merged", "data/train", "metrics/train.json"),  # the last two for the ablations
+    "05_pma_attention": ("merged",),
+    "06_recipe_comparison": ("data/train", "metrics/train.json"),
+}
+PRODUCTS = {
+    "01_data_prep": ("data", "metrics/data.json", "figures/data_lengths.png"),
+    "02_train_lora_contrastive": ("checkpoints", "metrics/train.json", "figures/loss.png"),
+    "03_merge_checkpoints": ("merged", "metrics/merge.json"),
+    "04_eval_mteb_code": (
+        "mteb",
+        "metrics/eval.json",
+        "metrics/results.md",
+        "figures/scores.png",
+        "metrics/ablations.*",
+        "figures/ablation_*",
+        "metrics/mteb_code.*",
+    ),
+    "05_pma_attention": ("metrics/attention.json", "figures/attention_*"),
+    "06_recipe_comparison": ("comparison", "metrics/comparison.*", "figures/comparison.png"),
+}
+LOCK_FILE = ".lock"
 LIBRARIES = ("c2llm_lib", "torch", "transformers", "peft", "datasets", "accelerate", "mteb", "papermill", "bm25s")
+
+
+def _delete_inside(path: Path, real_root: Path) -> None:
+    """Deletes `path` (a file, a symlink, or a folder without following its symlinks) if it lies in `real_root`."""
+    if not path.parent.resolve().is_relative_to(real_root):
+        raise FileExistsError(f"{path} lies outside the run directory {real_root}: not deleted")
+    if path.is_symlink() or not path.is_dir():
+        path.unlink()
+    else:
+        shutil.rmtree(path)
 
 
 class MissingInput(FileNotFoundError):
     """A stage's input is not in the run directory; the message names the notebook that writes it."""
+
+
+class RunInUse(RuntimeError):
+    """Another runner holds the run directory's lock; the message names the run."""
+
+
+def check_run_name(name: str, source: str = "run name") -> str:
+    """`name` if it is a plain directory name; `.`, `..`, an empty name or a path separator is refused."""
+    if not isinstance(name, str) or name.strip() in ("", ".", "..") or any(c in name for c in ("/", "\\", "\0")):
+        raise ConfigError(
+            f"{source}: {name!r} is not a plain run name (the run directory is <outputs>/<run>); "
+            "name the params file e.g. my-run.yaml"
+        )
+    return name
+
+
+def fingerprint(root: Path, relative: str) -> str:
+    """A digest of the file names, sizes and modification times under `root/relative` ("missing" when it is
+    absent). Hidden entries (staging folders, the lock) and `cache-*` files (what `datasets` adds beside a
+    dataset it maps) are left out: they change without the product changing."""
+    path = root / relative
+    if not path.exists():
+        return "missing"
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    digest = hashlib.sha256()
+    for file in files:
+        rel = file.relative_to(root).as_posix()
+        if any(part.startswith(".") for part in Path(rel).parts) or file.name.startswith("cache-"):
+            continue
+        stat = file.stat()
+        digest.update(f"{rel}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
 
 
 def git_state(repo: Path) -> dict[str, Any]:
@@ -76,30 +159,85 @@ def versions() -> dict[str, str | None]:
 @dataclass
 class RunDir:
     root: Path
+    lock: Any = field(default=None, repr=False, compare=False)  # the open lock file while a runner holds it
 
     @classmethod
-    def create(cls, root: str | Path, mode: str = "new") -> RunDir:
-        """A run directory for a pipeline run. mode: "new" (refuses an existing non-empty run), "resume"
-        (continues in it), or "overwrite" (deletes it first, deliberately)."""
+    def create(cls, root: str | Path, mode: str = "new", replace: Iterable[str] | None = None) -> RunDir:
+        """A run directory for a pipeline run, locked against a second runner until `release()`.
+
+        mode: "new" (refuses an existing non-empty run), "resume" (continues in it), or "overwrite": deletes
+        its contents first, deliberately, or with `replace` (globs relative to the run, e.g. `PRODUCTS` of the
+        notebooks to rerun) only those. Deletion stays inside `<outputs>/<run>`: a run directory that is a
+        symlink, or resolves anywhere else, is refused."""
         root = Path(root)
         if mode not in ("new", "resume", "overwrite"):
             raise ValueError(f"mode must be 'new', 'resume' or 'overwrite', got {mode!r}")
-        exists = root.exists() and any(root.iterdir())
-        if exists and mode == "new":
+        check_run_name(root.name, str(root))
+        root.mkdir(parents=True, exist_ok=True)
+        run = cls(root)
+        run._acquire()
+        try:
+            exists = any(p.name != LOCK_FILE for p in root.iterdir())
+            if exists and mode == "new":
+                raise FileExistsError(
+                    f"{root} already holds a run; resume it (--resume), overwrite it deliberately (--overwrite), "
+                    "or choose another run name"
+                )
+            if exists and mode == "overwrite":
+                real = run._real_root()
+                nested = [p.name for p in root.iterdir() if (p / "manifest.json").is_file()]
+                if nested:
+                    raise FileExistsError(f"{root} holds other runs ({nested}), not a run of its own: not deleted")
+                doomed = [p for p in root.iterdir() if p.name != LOCK_FILE] if replace is None else [
+                    p for pattern in replace for p in sorted(root.glob(pattern))]  # fmt: skip
+                for path in doomed:
+                    _delete_inside(path, real)
+            for sub in ("notebooks", "data", "checkpoints", "metrics", "figures"):
+                (root / sub).mkdir(parents=True, exist_ok=True)
+        except BaseException:
+            run.release()
+            raise
+        return run
+
+    def _real_root(self) -> Path:
+        """The run directory resolved, refused unless it is really `<outputs>/<run>` (no symlink out)."""
+        outputs = self.root.parent.resolve()
+        real = self.root.resolve()
+        if self.root.is_symlink() or real != outputs / self.root.name:
             raise FileExistsError(
-                f"{root} already holds a run; resume it (--resume), overwrite it deliberately (--overwrite), "
-                "or choose another run name"
+                f"{self.root} resolves to {real}, outside {outputs}: --overwrite deletes only inside a run "
+                "directory that really lies in the outputs folder; remove it by hand if you mean to"
             )
-        if exists and mode == "overwrite":
-            shutil.rmtree(root)
-        for sub in ("notebooks", "data", "checkpoints", "metrics", "figures"):
-            (root / sub).mkdir(parents=True, exist_ok=True)
-        return cls(root)
+        return real
+
+    def _acquire(self) -> None:
+        handle = open(self.root / LOCK_FILE, "a+")  # noqa: SIM115 (held open until release)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise RunInUse(
+                f"run {self.root.name!r} ({self.root}) is in use by another pipeline runner (pid {holder}); "
+                "wait for it to finish or stop it (its lock dies with it)"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        self.lock = handle
+
+    def release(self) -> None:
+        """Releases the runner's lock (closing the file drops the fcntl lock)."""
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
 
     @classmethod
     def open(cls, run: str, outputs_dir: str | Path) -> RunDir:
         """The run directory a notebook works in (created if a notebook runs on its own in JupyterLab)."""
-        root = Path(outputs_dir) / run
+        root = Path(outputs_dir) / check_run_name(run, "parameter 'run'")
         for sub in ("notebooks", "data", "checkpoints", "metrics", "figures"):
             (root / sub).mkdir(parents=True, exist_ok=True)
         return cls(root)
@@ -137,13 +275,27 @@ class RunDir:
         (self.root / "params.yaml").write_text(yaml.safe_dump(given, sort_keys=True))
         (self.root / "resolved.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
 
-    def write_manifest(self, repo: Path, **extra: Any) -> dict[str, Any]:
+    def read_manifest(self) -> dict[str, Any]:
         path = self.root / "manifest.json"
-        manifest = json.loads(path.read_text()) if path.is_file() else {}
+        return load_json(path, "run manifest") if path.is_file() else {}
+
+    def write_manifest(self, repo: Path, drop: Iterable[str] = (), **extra: Any) -> dict[str, Any]:
+        """Updates manifest.json with `extra` (and the git state, versions and device), removing the keys in
+        `drop`; written to a temporary file and renamed, so a killed runner never leaves half a manifest."""
+        path = self.root / "manifest.json"
+        manifest = self.read_manifest()
         manifest.setdefault("started", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         manifest.update(git=git_state(repo), versions=versions(), device=device_description(), **extra)
-        path.write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+        for key in drop:
+            manifest.pop(key, None)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+        os.replace(tmp, path)
         return manifest
+
+    def input_fingerprints(self, notebook: str) -> dict[str, str]:
+        """{input: fingerprint} of what `notebook` reads from this run (`INPUTS`)."""
+        return {relative: fingerprint(self.root, relative) for relative in INPUTS[notebook]}
 
     def save_metrics(self, name: str, values: Any) -> Path:
         path = self.root / "metrics" / f"{name}.json"

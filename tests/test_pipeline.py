@@ -89,11 +89,13 @@ def test_a_run_is_never_overwritten_unless_asked(smoke_run):
 
 
 def test_overwrite_and_a_missing_upstream_product(tmp_path):
-    (tmp_path / "smoke").mkdir()
+    (tmp_path / "smoke" / "merged").mkdir(parents=True)
+    (tmp_path / "smoke" / "merged" / "old.safetensors").write_text("an earlier merge")
     (tmp_path / "smoke" / "mine.txt").write_text("mine")
     with pytest.raises(PipelineError, match=r"03_merge_checkpoints failed.*run 02_train_lora_contrastive"):
         run_pipeline(SMOKE, outputs=tmp_path, mode="overwrite", only=["03"], log=lambda *_: None)
-    assert not (tmp_path / "smoke" / "mine.txt").exists()  # deleted, as asked
+    assert not (tmp_path / "smoke" / "merged" / "old.safetensors").exists()  # 03's product: replaced, as asked
+    assert (tmp_path / "smoke" / "mine.txt").read_text() == "mine"  # not 03's: --only keeps it
     assert (tmp_path / "smoke" / "notebooks" / "03_merge_checkpoints.ipynb").is_file()  # saved with its error
     manifest = json.loads((tmp_path / "smoke" / "manifest.json").read_text())
     assert manifest["status"] == "failed" and manifest["failed_notebook"] == "03_merge_checkpoints"
