@@ -561,7 +561,9 @@ class Trainer:
             self.sampler.load_state_dict(state["sampler"])
         except (KeyError, TypeError, ValueError) as err:
             raise CorruptFile(f"{source}: the saved trainer state does not fit ({type(err).__name__}: {err})") from None
-        self.step, self.metrics, self.checkpoints = int(state["step"]), state["metrics"], state["checkpoints"]
+        self.step, self.metrics, self.checkpoints = int(state["step"]), state["metrics"], list(state["checkpoints"])
+        if self.checkpoint_root is not None:  # where they are now (a run directory may have moved)
+            self.checkpoints = [str(self.checkpoint_root / Path(c).name) for c in self.checkpoints]
         set_rng_state(rng)
 
     def resume_latest(self) -> str:
