@@ -40,7 +40,7 @@ def train_variant(model: ModelConfig, train: TrainConfig, rows) -> C2LLMEncoder:
     """A fresh encoder of configuration `model`, trained with the recipe `train` on `rows` (no checkpoints)."""
     torch.manual_seed(train.seed)
     encoder = C2LLMEncoder.from_config(dataclasses.replace(model, use_lora=True))
-    Trainer(encoder, rows, dataclasses.replace(train, checkpoint_steps=[])).train()
+    Trainer(encoder, rows, dataclasses.replace(train, checkpoint_steps=[], checkpoint_fractions=[])).train()
     return encoder.eval()
 
 

@@ -98,7 +98,7 @@ def recipe_configs(
         train_keys.update(mrl_dims=sorted(dims, reverse=True), mrl_weights=[])
     try:
         model = dataclasses.replace(base_model, **model_keys, use_lora=True, embedding_dim=None)
-        train = dataclasses.replace(base_train, **train_keys, checkpoint_steps=[])
+        train = dataclasses.replace(base_train, **train_keys, checkpoint_steps=[], checkpoint_fractions=[])
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
     return model, train

@@ -212,6 +212,7 @@ class TrainConfig:
     max_length: int = 1024
     loss_weights: dict[str, float] = field(default_factory=dict)  # dataset -> weight (default 1)
     checkpoint_steps: list[int] = field(default_factory=list)
+    checkpoint_fractions: list[float] = field(default_factory=list)  # of the run's total steps, in (0, 1]
     seed: int = 0
     grad_cache: bool = False
     grad_cache_chunk: int = 16  # texts per chunk
@@ -247,6 +248,8 @@ class TrainConfig:
         late = [s for s in self.checkpoint_steps if self.max_steps is not None and s > self.max_steps]
         require(not late, "checkpoint_steps",
                 f"{late} lie beyond max_steps = {self.max_steps}; set checkpoint_steps within the run")  # fmt: skip
+        require(all(0 < f <= 1 for f in self.checkpoint_fractions), "checkpoint_fractions",
+                f"must be fractions of the run's steps in (0, 1], got {self.checkpoint_fractions}")  # fmt: skip
         require(all(d >= 1 for d in self.mrl_dims), "mrl_dims", f"must be positive widths, got {self.mrl_dims}")
         require(len(set(self.mrl_dims)) == len(self.mrl_dims), "mrl_dims", f"repeats a width: {self.mrl_dims}")
         require(not self.mrl_weights or len(self.mrl_weights) == len(self.mrl_dims), "mrl_weights",

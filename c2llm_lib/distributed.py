@@ -5,13 +5,16 @@ functional all-gather, whose backward reduce-scatters gradients with a sum, so e
 get the gradient of every rank's queries (torch 2.13 deprecates torch.distributed.nn.functional's
 all_gather). `gather_without_grad` reproduces accelerate.gather as the F2LLM trainer uses it: values
 only, no autograd history. `init_distributed` starts the process group torchrun describes in the
-environment (NCCL on CUDA, gloo on CPU).
+environment (NCCL on CUDA, gloo on CPU). `all_ranks_true` and `all_gather_json` let the ranks agree on a
+check (a finite update) and collect each rank's own small state (its RNG, for the checkpoint) without pickle.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -55,3 +58,37 @@ def gather_without_grad(x: torch.Tensor) -> torch.Tensor:
     parts = [torch.empty_like(x) for _ in range(world()[1])]
     dist.all_gather(parts, x.detach().contiguous())
     return torch.cat(parts)
+
+
+def barrier() -> None:
+    """Waits for every rank (no-op in a single process)."""
+    if world()[1] > 1:
+        dist.barrier()
+
+
+def _collective_device() -> torch.device:
+    """Where a collective's tensors must live: the current GPU under NCCL, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def all_ranks_true(flag: torch.Tensor | bool) -> bool:
+    """True when `flag` holds on every rank (a MIN all-reduce): the same answer on every rank."""
+    if world()[1] == 1:
+        return bool(flag)
+    value = torch.as_tensor(flag).reshape(1).to(device=_collective_device(), dtype=torch.int32)  # (1,)
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return bool(value.item())
+
+
+def all_gather_json(value: Any) -> list[Any]:
+    """Every rank's JSON-serialisable `value`, in rank order (sent as UTF-8 bytes: nothing is unpickled)."""
+    if world()[1] == 1:
+        return [value]
+    device = _collective_device()
+    data = torch.frombuffer(bytearray(json.dumps(value).encode()), dtype=torch.uint8).to(device)  # (n,)
+    sizes = gather_without_grad(torch.tensor([data.numel()], device=device))  # (W,)
+    padded = torch.zeros(int(sizes.max()), dtype=torch.uint8, device=device)  # (max n,)
+    padded[: data.numel()] = data
+    parts = [torch.empty_like(padded) for _ in range(world()[1])]
+    dist.all_gather(parts, padded)
+    return [json.loads(part[: int(n)].cpu().numpy().tobytes()) for part, n in zip(parts, sizes, strict=True)]

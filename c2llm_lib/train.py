@@ -14,16 +14,29 @@ gradient with respect to the embeddings, then re-embed chunk by chunk with a gra
 the cached gradients. Memory then depends on the chunk, not the global batch, and the loss and
 gradients are those of the plain step (tested).
 
-Checkpoints are written at the configured global steps, atomically (a staging folder renamed into
-place): the LoRA adapter and PMA head in safetensors, and the optimizer, scheduler, sampler and RNG
-states, so that a killed run resumed from its last checkpoint ends with the same weights as an
-uninterrupted one (tested). A non-finite loss stops the run with a message naming the step and
-dataset, before any update or checkpoint, so the last good checkpoint stays intact.
+Checkpoints (the paper merges "four checkpoints captured at different global steps") are written at
+`checkpoint_steps` and at `checkpoint_fractions` of the run's optimizer steps (so that [0.7, 0.8, 0.9, 1.0]
+gives 4 late checkpoints at any run length), atomically (a staging folder renamed into place): the LoRA
+adapter and PMA head in safetensors, and the trainer state with no pickle in it: optimizer tensors in
+`trainer_state.safetensors`, and in `trainer_state.json` the step, scheduler, sampler, metrics, every
+rank's own RNG state, and what identifies the training (model and training configs, a fingerprint of
+the rows, the world size). A killed run resumed from its last checkpoint ends with the same weights as
+an uninterrupted one (tested); resuming refuses a checkpoint of another training, naming what differs,
+and a corrupt file is named with what is wrong. `Trainer.resume_latest` is what notebook 02 calls: it
+resumes the same training from its last complete checkpoint, and moves another training's checkpoints
+aside (never deleting them).
+
+A non-finite loss on any rank stops every rank (the ranks agree before the backward pass) with one
+message naming the step and dataset; a non-finite weight after an update stops the run before that
+step is checkpointed. Either way every checkpoint on disk holds finite weights. The logged losses are
+means over all ranks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
 import math
 import os
@@ -35,22 +48,35 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from .atomic import atomic_directory
-from .config import ModelConfig, TrainConfig, from_dict
+from .config import ConfigError, ModelConfig, TrainConfig, from_dict
 from .data.records import text_key
-from .distributed import world
+from .distributed import all_gather_json, all_ranks_true, barrier, gather_without_grad, world
+from .files import CorruptFile, load_json, load_tensors
 from .losses import contrastive_loss, matryoshka_loss
 from .model import C2LLMEncoder
 from .prompts import prompts
 from .samplers import GroupedBatchSampler
 
+STATE_JSON = "trainer_state.json"  # step, scheduler, sampler, metrics, RNG of every rank, the training's identity
+STATE_TENSORS = "trainer_state.safetensors"  # the optimizer's tensors
+STATE_KEYS = ("step", "training", "optimizer", "scheduler", "sampler", "rng", "metrics", "checkpoints")
+
 
 class NonFiniteLoss(RuntimeError):
-    """The loss became NaN or infinite; the run stopped before updating anything."""
+    """The loss became NaN or infinite on some rank; every rank stopped before updating anything."""
+
+
+class NonFiniteWeights(RuntimeError):
+    """An update made a trainable weight NaN or infinite; the run stopped before checkpointing it."""
+
+
+class CheckpointMismatch(ValueError):
+    """A checkpoint written by another training (model, training config, rows or world size); names what differs."""
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float, schedule: str = "cosine"):
@@ -69,6 +95,21 @@ def lr_lambda(warmup: int, total: int, min_ratio: float, schedule: str = "cosine
     return factor
 
 
+def checkpoint_schedule(cfg: TrainConfig, total_steps: int) -> list[int]:
+    """The optimizer steps to checkpoint: `checkpoint_steps`, and each of `checkpoint_fractions` of `total_steps`
+    rounded half up (at least step 1; 1.0 is the last step), sorted and deduplicated. A checkpoint step beyond
+    the training is an error naming it (it would silently never be written)."""
+    beyond = sorted(s for s in cfg.checkpoint_steps if s > total_steps)
+    if beyond:
+        raise ConfigError(
+            f"parameter 'checkpoint_steps' {beyond} lie beyond this training's {total_steps} optimizer steps; "
+            "lower them, or use checkpoint_fractions (e.g. [0.7, 0.8, 0.9, 1.0]), which scale with the run"
+        )
+    from_fractions = {min(total_steps, max(1, math.floor(f * total_steps + 0.5))) for f in cfg.checkpoint_fractions}
+    return sorted(set(cfg.checkpoint_steps) | from_fractions)
+
+
+# RNG states: in memory as the libraries give them, on disk as JSON lists ------------------------------
 def rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -84,42 +125,227 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(directory: Path, encoder: C2LLMEncoder, trainer_state: dict[str, Any] | None = None) -> Path:
-    """Adapter + PMA head (safetensors) + the model config [+ trainer state], written atomically."""
+def rng_to_json(state: dict[str, Any]) -> dict[str, Any]:
+    """`rng_state()` as plain lists and numbers (no pickle needed to store or read it)."""
+    version, internal, gauss = state["python"]
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    out = {"python": [version, list(internal), gauss], "numpy": [name, keys.tolist(), int(pos), int(has_gauss),
+           float(cached)], "torch": state["torch"].tolist()}  # fmt: skip
+    if "cuda" in state:
+        out["cuda"] = [s.tolist() for s in state["cuda"]]
+    return out
+
+
+def rng_from_json(value: Any, source: str | Path) -> dict[str, Any]:
+    """The inverse of `rng_to_json`; a malformed state is an error naming `source`."""
+    try:
+        version, internal, gauss = value["python"]
+        name, keys, pos, has_gauss, cached = value["numpy"]
+        state = {
+            "python": (int(version), tuple(int(x) for x in internal), gauss),
+            "numpy": (str(name), np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)),
+            "torch": torch.tensor(value["torch"], dtype=torch.uint8),
+        }
+        if "cuda" in value:
+            state["cuda"] = [torch.tensor(s, dtype=torch.uint8) for s in value["cuda"]]
+    except (KeyError, TypeError, ValueError) as err:
+        raise CorruptFile(f"{source}: the saved RNG state is malformed ({type(err).__name__}: {err})") from None
+    return state
+
+
+# the training's identity: what must match for a checkpoint to be resumed -------------------------------
+def data_fingerprint(rows) -> str:
+    """A content hash of the training rows: every column, in row order (the sampler depends on the order)."""
+    columns = sorted(rows.column_names)
+    digest = hashlib.blake2b(json.dumps([columns, len(rows)]).encode(), digest_size=12)
+    for batch in rows.iter(batch_size=4096):
+        digest.update(json.dumps([batch[c] for c in columns], default=str).encode())
+    return digest.hexdigest()
+
+
+def training_identity(model: ModelConfig, train: TrainConfig, fingerprint: str, world_size: int) -> dict[str, Any]:
+    """Model and training configs (the device left out: where it runs does not change the training), the rows'
+    fingerprint and the world size, normalised as JSON holds them."""
+    model_config = {k: v for k, v in model.to_dict().items() if k != "device"}
+    identity = {"model_config": model_config, "train_config": train.to_dict(), "data_fingerprint": fingerprint,
+                "world_size": world_size}  # fmt: skip
+    return json.loads(json.dumps(identity))
+
+
+def config_differences(theirs: dict[str, Any], mine: dict[str, Any]) -> list[str]:
+    """'key: value in the checkpoint, value here' for each differing key (the device aside)."""
+    out = []
+    for key in sorted(set(theirs) | set(mine)):
+        a, b = theirs.get(key, "(absent)"), mine.get(key, "(absent)")
+        if key != "device" and a != b:
+            out.append(f"{key}: {a!r} in the checkpoint, {b!r} here")
+    return out
+
+
+def identity_differences(saved: dict[str, Any], ours: dict[str, Any]) -> list[str]:
+    """What differs between a checkpoint's training identity and this run's, one phrase per key."""
+    out = []
+    for section in ("model_config", "train_config"):
+        out += config_differences(saved.get(section) or {}, ours[section])
+    if saved.get("data_fingerprint") != ours["data_fingerprint"]:
+        out.append(f"the training rows: fingerprint {saved.get('data_fingerprint')} in the checkpoint, "
+                   f"{ours['data_fingerprint']} here")  # fmt: skip
+    if saved.get("world_size") != ours["world_size"]:
+        out.append(f"world size: {saved.get('world_size')} in the checkpoint, {ours['world_size']} here")
+    return out
+
+
+# checkpoints on disk ----------------------------------------------------------------------------------
+def optimizer_to_state(state_dict: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """An optimizer state_dict as (JSON part, tensors): tensors keyed `optimizer.<param id>.<name>`."""
+    tensors, scalars = {}, {}
+    for pid, values in state_dict["state"].items():
+        for name, value in values.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optimizer.{pid}.{name}"] = value.detach().contiguous().cpu()
+            else:
+                scalars.setdefault(str(pid), {})[name] = value
+    return {"param_groups": state_dict["param_groups"], "scalars": scalars}, tensors
+
+
+def optimizer_from_state(value: dict[str, Any], tensors: dict[str, torch.Tensor], source: str | Path) -> dict:
+    """The inverse of `optimizer_to_state` (param ids back to ints, as `load_state_dict` matches them)."""
+    try:
+        state: dict[int, dict[str, Any]] = {}
+        for key, tensor in tensors.items():
+            _, pid, name = key.split(".", 2)
+            state.setdefault(int(pid), {})[name] = tensor
+        for pid, values in value["scalars"].items():
+            state.setdefault(int(pid), {}).update(values)
+        return {"state": state, "param_groups": value["param_groups"]}
+    except (KeyError, TypeError, ValueError) as err:
+        raise CorruptFile(f"{source}: the saved optimizer state is malformed ({type(err).__name__}: {err})") from None
+
+
+TrainerState = tuple[dict[str, Any], dict[str, torch.Tensor]]  # (the JSON part, the optimizer's tensors)
+
+
+def save_checkpoint(directory: Path, encoder: C2LLMEncoder, trainer_state: TrainerState | None = None) -> Path:
+    """Adapter + PMA head (safetensors) + the model config [+ trainer state: JSON and safetensors], written
+    atomically. The weights must be finite: a checkpoint is a point to return to."""
     if encoder.base_model is encoder.backbone:
         raise ValueError("checkpoints hold a LoRA adapter; this encoder has none (use_lora=False)")
+    bad = [n for n, p in encoder.named_parameters() if p.requires_grad and not torch.isfinite(p).all()]
+    if bad:
+        raise NonFiniteWeights(f"not writing {directory}: non-finite trainable weights in {bad[:3]}")
     with atomic_directory(directory) as staging:
         encoder.backbone.save_pretrained(staging / "adapter")
         pooler = {k: v.detach().contiguous().cpu() for k, v in encoder.pooler.state_dict().items()}
         save_file(pooler, staging / "pooler.safetensors", metadata={"format": "pt"})
         (staging / "model_config.json").write_text(json.dumps(encoder.config.to_dict(), indent=2) + "\n")
         if trainer_state is not None:
-            torch.save(trainer_state, staging / "trainer_state.pt")
+            values, tensors = trainer_state
+            save_file(tensors, staging / STATE_TENSORS, metadata={"format": "pt"})
+            (staging / STATE_JSON).write_text(json.dumps(values, separators=(",", ":")) + "\n")
     return Path(directory)
+
+
+@dataclass
+class Checkpoint:
+    """A training checkpoint, every file read and checked (`read_checkpoint`)."""
+
+    path: Path
+    adapter: dict[str, torch.Tensor]
+    pooler: dict[str, torch.Tensor]
+    model_config: dict[str, Any]
+    state: dict[str, Any] | None = None  # trainer_state.json
+    state_tensors: dict[str, torch.Tensor] | None = None  # trainer_state.safetensors
+
+
+def read_checkpoint(directory: str | Path, with_state: bool = True) -> Checkpoint:
+    """Reads every file of a checkpoint; a missing, truncated or corrupt file is an error naming it and what is
+    wrong, and a pickled trainer state (an older format, or a crafted file) is refused unread."""
+    directory = Path(directory)
+    if not (directory / "adapter").is_dir():
+        raise FileNotFoundError(f"{directory} is not a training checkpoint (no adapter/ folder)")
+    load_json(directory / "adapter" / "adapter_config.json", "LoRA adapter configuration")
+    adapter = load_tensors(directory / "adapter" / "adapter_model.safetensors", "LoRA adapter")
+    pooler = load_tensors(directory / "pooler.safetensors", "PMA head")
+    model_config = load_json(directory / "model_config.json", "model configuration")
+    if not with_state:
+        return Checkpoint(directory, adapter, pooler, model_config)
+    pickled = directory / "trainer_state.pt"
+    if pickled.exists() and not (directory / STATE_JSON).exists():
+        raise CorruptFile(
+            f"{pickled}: a trainer state in pickle format; refusing to load it (unpickling can run code). This "
+            f"trainer writes {STATE_JSON} and {STATE_TENSORS}: resume from a checkpoint it wrote"
+        )
+    state = load_json(directory / STATE_JSON, "trainer state")
+    missing = [k for k in STATE_KEYS if k not in state]
+    if missing:
+        raise CorruptFile(f"{directory / STATE_JSON}: the trainer state lacks {missing}")
+    tensors = load_tensors(directory / STATE_TENSORS, "optimizer state")
+    return Checkpoint(directory, adapter, pooler, model_config, state, tensors)
+
+
+def apply_weights(checkpoint: Checkpoint, encoder: C2LLMEncoder) -> None:
+    """Loads a checkpoint's adapter and PMA head into `encoder`, refusing one of another model configuration."""
+    from peft import set_peft_model_state_dict
+
+    differ = config_differences(checkpoint.model_config, json.loads(json.dumps(encoder.config.to_dict())))
+    if differ:
+        raise CheckpointMismatch(
+            f"{checkpoint.path}: the checkpoint's model configuration differs from this model's in "
+            + "; ".join(differ)
+            + ". Build the model with the configuration that wrote the checkpoint"
+        )
+    result = set_peft_model_state_dict(encoder.backbone, checkpoint.adapter)
+    unexpected = getattr(result, "unexpected_keys", [])
+    if unexpected:
+        raise CheckpointMismatch(f"{checkpoint.path}: adapter weights do not fit this encoder: {unexpected[:5]}")
+    encoder.pooler.load_state_dict(checkpoint.pooler)
 
 
 def load_checkpoint_weights(directory: Path, encoder: C2LLMEncoder) -> None:
     """Loads a checkpoint's adapter and PMA head into an encoder built with the same ModelConfig."""
-    from peft import set_peft_model_state_dict
-
-    directory = Path(directory)
-    if not (directory / "adapter").is_dir():
-        raise FileNotFoundError(f"{directory} is not a training checkpoint (no adapter/ folder)")
-    result = set_peft_model_state_dict(encoder.backbone, load_file(directory / "adapter" / "adapter_model.safetensors"))
-    unexpected = getattr(result, "unexpected_keys", [])
-    if unexpected:
-        raise ValueError(f"{directory}: adapter weights do not fit this encoder: {unexpected[:5]}")
-    encoder.pooler.load_state_dict(load_file(directory / "pooler.safetensors"))
+    apply_weights(read_checkpoint(directory, with_state=False), encoder)
 
 
 def encoder_from_checkpoint(directory: Path, device: str | None = None) -> C2LLMEncoder:
     """A fresh encoder (base backbone as configured) carrying the checkpoint's adapter and head."""
-    cfg = from_dict(ModelConfig, json.loads((Path(directory) / "model_config.json").read_text()), str(directory))
+    checkpoint = read_checkpoint(directory, with_state=False)
+    cfg = from_dict(ModelConfig, checkpoint.model_config, str(Path(directory) / "model_config.json"))
     if device:
         cfg.device = device
     encoder = C2LLMEncoder.from_config(cfg)
-    load_checkpoint_weights(directory, encoder)
+    apply_weights(checkpoint, encoder)
     return encoder
+
+
+def move_aside(folder: Path, label: str) -> Path:
+    """Renames `folder` to `<folder>.<label>-<timestamp>` beside it (never deleting anything); returns the new path."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target, n = folder.with_name(f"{folder.name}.{label}-{stamp}"), 1
+    while target.exists():
+        target, n = folder.with_name(f"{folder.name}.{label}-{stamp}-{n}"), n + 1
+    os.replace(folder, target)
+    return target
+
+
+def checkpoints_to_merge(train_record: str | Path, checkpoints_dir: str | Path, last: int) -> list[Path]:
+    """The last `last` checkpoints of the training that notebook 02's `metrics/train.json` describes (its
+    "checkpoints", in step order), found by name in `checkpoints_dir`. Only that training's checkpoints are
+    merged, whatever else the folder holds; too few, or a listed one missing, is an error naming them."""
+    record = load_json(train_record, "training record")
+    listed = record.get("checkpoints")
+    if not isinstance(listed, list) or not all(isinstance(c, str) for c in listed):
+        raise CorruptFile(f"{train_record}: 'checkpoints' must be a list of checkpoint paths, got {listed!r}")
+    paths = [Path(checkpoints_dir) / Path(c).name for c in listed]
+    if len(paths) < last:
+        raise ValueError(
+            f"{train_record}: the training wrote {len(paths)} checkpoint(s) ({[p.name for p in paths]}), fewer "
+            f"than merge_last = {last}; lower merge_last, or checkpoint more steps (checkpoint_fractions)"
+        )
+    chosen = paths[len(paths) - last :]
+    missing = [str(p) for p in chosen if not p.is_dir()]
+    if missing:
+        raise FileNotFoundError(f"{train_record} lists {missing}, which are missing: rerun 02_train_lora_contrastive")
+    return chosen
 
 
 @dataclass
@@ -144,9 +370,10 @@ class Trainer:
             )
         self.encoder, self.rows, self.cfg = encoder, rows, cfg
         self.checkpoint_root = Path(checkpoint_root) if checkpoint_root is not None else None
-        if cfg.checkpoint_steps and self.checkpoint_root is None:
-            raise ValueError("checkpoint_steps are set but no checkpoint_root was given")
         self.rank, self.world_size = world()
+        pma_lr = cfg.learning_rate if cfg.pma_learning_rate is None else cfg.pma_learning_rate
+        if pma_lr == 0:  # a frozen head: no gradient, no optimizer state, no update (before DDP lists the params)
+            encoder.pooler.requires_grad_(False)
         self.model = DistributedDataParallel(encoder) if self.world_size > 1 else encoder
         torch.manual_seed(cfg.seed)
         self.sampler = GroupedBatchSampler(
@@ -165,10 +392,13 @@ class Trainer:
                 "is smaller; lower global_batch_size"
             )
         self.total_steps = min(cfg.max_steps or steps_per_epoch * cfg.epochs, steps_per_epoch * cfg.epochs)
-        pma_lr = cfg.pma_learning_rate or cfg.learning_rate
+        self.checkpoint_steps = checkpoint_schedule(cfg, self.total_steps)
+        if self.checkpoint_steps and self.checkpoint_root is None:
+            raise ValueError("checkpoint_steps or checkpoint_fractions are set but no checkpoint_root was given")
+        self.trained = [(n, p) for n, p in encoder.named_parameters() if p.requires_grad]
         groups = [
             {"params": [p for p in encoder.backbone.parameters() if p.requires_grad], "lr": cfg.learning_rate},
-            {"params": list(encoder.pooler.parameters()), "lr": pma_lr},
+            {"params": [p for p in encoder.pooler.parameters() if p.requires_grad], "lr": pma_lr},
         ]
         self.optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -178,6 +408,14 @@ class Trainer:
         self._tokens = 0  # real (non-padding) tokens embedded with a graph in the current step
         self.metrics: list[dict[str, Any]] = []
         self.checkpoints: list[str] = []
+
+    @functools.cached_property
+    def data_fingerprint(self) -> str:
+        return data_fingerprint(self.rows)
+
+    def identity(self) -> dict[str, Any]:
+        """What a checkpoint must share with this trainer to be resumed by it (`training_identity`)."""
+        return training_identity(self.encoder.config, self.cfg, self.data_fingerprint, self.world_size)
 
     # one step ------------------------------------------------------------------------------------
     def texts(self, batch: dict[str, list]) -> tuple[list[str], int]:
@@ -216,13 +454,15 @@ class Trainer:
         return contrastive_loss(q, p, n, **kwargs)
 
     def forward_backward(self, batch: dict[str, list]) -> dict[str, torch.Tensor]:
+        """One step's forward and backward passes; returns the logged losses, each the mean over all ranks.
+        A non-finite loss on any rank raises on every rank before any backward pass."""
         texts, k = self.texts(batch)
         b, dataset = len(batch["query"]), batch["dataset"][0]
         if not self.cfg.grad_cache:
             out = self.loss_from(self.embed(texts), b, k, dataset)
-            self.check_finite(out["loss"], dataset)
+            logged = self.agree_finite(out, dataset)
             out["loss"].backward()
-            return out
+            return logged
         chunks = [texts[i : i + self.cfg.grad_cache_chunk] for i in range(0, len(texts), self.cfg.grad_cache_chunk)]
         states, parts = [], []
         with torch.no_grad():
@@ -231,7 +471,7 @@ class Trainer:
                 parts.append(self.embed(chunk))
         cached = torch.cat(parts).detach().requires_grad_()  # (N, d)
         out = self.loss_from(cached, b, k, dataset)
-        self.check_finite(out["loss"], dataset)
+        logged = self.agree_finite(out, dataset)
         out["loss"].backward()
         grads = cached.grad.split([len(c) for c in chunks])
         for i, (chunk, state, grad) in enumerate(zip(chunks, states, grads, strict=True)):
@@ -244,41 +484,146 @@ class Trainer:
             with sync:
                 set_rng_state(state)  # the same dropout masks as in the graph-free pass
                 self.embed(chunk).backward(grad)
-        return {key: value.detach() for key, value in out.items()}
+        return logged
 
-    def check_finite(self, loss: torch.Tensor, dataset: str) -> None:
-        if not torch.isfinite(loss):
-            last = self.checkpoints[-1] if self.checkpoints else "none written yet"
+    def last_good(self) -> str:
+        return self.checkpoints[-1] if self.checkpoints else "none written yet"
+
+    def agree_finite(self, out: dict[str, torch.Tensor], dataset: str) -> dict[str, torch.Tensor]:
+        """Every rank's losses, gathered before the backward pass (whose all-reduce would wait forever for a rank
+        that stopped): any non-finite value stops every rank with the same message. Returns the means over ranks."""
+        keys = ["loss", "in_batch", "hard_negative", *sorted(k for k in out if k.startswith("loss@"))]
+        local = torch.stack([out[k].detach().float().reshape(()) for k in keys])  # (L,)
+        every = gather_without_grad(local[None])  # (W, L), rank order
+        bad = [r for r in range(every.shape[0]) if not torch.isfinite(every[r]).all()]
+        if bad:
+            where = f" on rank {', '.join(map(str, bad))} of {self.world_size}" if self.world_size > 1 else ""
             raise NonFiniteLoss(
-                f"the loss is {loss.item()} at step {self.step + 1} (dataset {dataset}); stopping before the update. "
-                f"The last good checkpoint is {last}"
+                f"the loss is {every[bad[0], 0].item()} at step {self.step + 1} (dataset {dataset}){where}; stopping "
+                f"before the update. The last good checkpoint is {self.last_good()}"
             )
+        mean = every.mean(0)  # (L,)
+        return {key: mean[i] for i, key in enumerate(keys)}
+
+    def check_weights(self, dataset: str) -> None:
+        """After an update: every trainable weight finite on every rank, or the run stops before checkpointing."""
+        finite = torch.stack([torch.isfinite(p).all() for _, p in self.trained]).all()
+        if all_ranks_true(finite):
+            return
+        bad = [n for n, p in self.trained if not torch.isfinite(p).all()]
+        raise NonFiniteWeights(
+            f"the update at step {self.step + 1} (dataset {dataset}) made trainable weights non-finite "
+            f"({len(bad)} tensors, e.g. {bad[:3]}); stopping before it is checkpointed (check learning_rate and "
+            f"max_grad_norm). The last good checkpoint is {self.last_good()}"
+        )
 
     # the loop ------------------------------------------------------------------------------------
-    def state(self) -> dict[str, Any]:
-        return {
+    def state(self, rngs: list[dict[str, Any]]) -> TrainerState:
+        """(JSON part, optimizer tensors) of the trainer; `rngs`: every rank's `rng_to_json`, in rank order."""
+        optimizer, tensors = optimizer_to_state(self.optimizer.state_dict())
+        values = {
             "step": self.step,
-            "optimizer": self.optimizer.state_dict(),
+            "training": self.identity(),
+            "optimizer": optimizer,
             "scheduler": self.scheduler.state_dict(),
             "sampler": self.sampler.state_dict(),
-            "rng": rng_state(),
+            "rng": rngs,
             "metrics": self.metrics,
             "checkpoints": self.checkpoints,
         }
+        return values, tensors
 
     def resume(self, checkpoint: str | Path) -> None:
-        """Continues from a checkpoint written by this trainer (same data, config and world size)."""
-        checkpoint = Path(checkpoint)
-        state_file = checkpoint / "trainer_state.pt"
-        if not state_file.is_file():
-            raise FileNotFoundError(f"{state_file} not found: cannot resume from {checkpoint}")
-        load_checkpoint_weights(checkpoint, self.encoder)
-        state = torch.load(state_file, weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.sampler.load_state_dict(state["sampler"])
-        self.step, self.metrics, self.checkpoints = state["step"], state["metrics"], state["checkpoints"]
-        set_rng_state(state["rng"])
+        """Continues from a checkpoint written by this trainer: the same model and training configs, rows and
+        world size (anything else is refused, naming what differs); each rank takes back its own RNG state."""
+        self.restore(read_checkpoint(checkpoint))
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        state, source = checkpoint.state, checkpoint.path / STATE_JSON
+        differ = identity_differences(state["training"], self.identity()) if isinstance(state["training"], dict) else [
+            "the checkpoint records no training identity"]  # fmt: skip
+        if differ:
+            raise CheckpointMismatch(
+                f"{checkpoint.path} was written by another training; it differs from this run in "
+                + "; ".join(differ)
+                + ". Resume only with the configuration, rows and number of processes that wrote it"
+            )
+        if not isinstance(state["rng"], list) or len(state["rng"]) != self.world_size:
+            raise CorruptFile(f"{source}: expected the RNG states of {self.world_size} rank(s)")
+        rng = rng_from_json(state["rng"][self.rank], source)
+        optimizer = optimizer_from_state(state["optimizer"], checkpoint.state_tensors, source)
+        for saved, current in zip(optimizer["param_groups"], self.optimizer.param_groups, strict=False):
+            saved.update({k: tuple(v) for k, v in saved.items() if isinstance(current.get(k), tuple)})  # betas
+        apply_weights(checkpoint, self.encoder)
+        try:
+            self.optimizer.load_state_dict(optimizer)
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.sampler.load_state_dict(state["sampler"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise CorruptFile(f"{source}: the saved trainer state does not fit ({type(err).__name__}: {err})") from None
+        self.step, self.metrics, self.checkpoints = int(state["step"]), state["metrics"], list(state["checkpoints"])
+        if self.checkpoint_root is not None:  # where they are now (a run directory may have moved)
+            self.checkpoints = [str(self.checkpoint_root / Path(c).name) for c in self.checkpoints]
+        set_rng_state(rng)
+
+    def resume_latest(self) -> str:
+        """What notebook 02 does before training, in its checkpoint folder; returns a sentence saying what it did.
+
+        - empty: trains from step 0;
+        - checkpoints of this same training (identity recorded in each): resumes from the last complete one; a
+          later incomplete or corrupt one is named and moved to `<folder>.corrupt-<time>/`;
+        - anything else (another model or training config, other rows, an older format): the whole folder is
+          moved to `<folder>.replaced-<time>/`, never deleted, and training starts from step 0."""
+        root = self.checkpoint_root
+        if root is None:
+            raise ValueError("resume_latest needs the checkpoint_root this trainer writes to")
+        if not root.is_dir() or not any(root.iterdir()):
+            return f"{root} holds no checkpoint: training from step 0"
+        found = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))
+        ours, foreign, recorded = self.identity(), [], 0
+        for path in found:
+            try:
+                saved = load_json(path / STATE_JSON, "trainer state")["training"]
+                differ = identity_differences(saved, ours)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue  # unreadable: judged below, as incomplete
+            recorded += 1
+            if differ:
+                foreign.append((path, differ))
+        resume_from, notes, corrupt = None, [], []
+        if not foreign and recorded:
+            for path in reversed(found):
+                try:
+                    resume_from = read_checkpoint(path)
+                    break
+                except (OSError, ValueError) as err:
+                    notes.append(f"{path.name} is incomplete or corrupt ({err}); falling back to the previous one.")
+                    corrupt.append(path)
+        barrier()  # every rank has read the folder before rank 0 moves anything
+        if resume_from is None:
+            if foreign:
+                path, differ = foreign[0]
+                why = f"{path.name} was trained with a different setup ({'; '.join(differ[:3])})"
+            elif recorded:
+                why = "none of its checkpoints is complete"
+            else:
+                why = "nothing in it records which training wrote it (another format, or no checkpoint)"
+            moved = move_aside(root, "replaced") if self.rank == 0 else root
+            if self.rank == 0:
+                root.mkdir()
+            barrier()
+            return " ".join([*notes, f"{root} held no resumable checkpoint of this training: {why}. Moved it to "
+                             f"{moved} (nothing deleted); training from step 0"])  # fmt: skip
+        if corrupt and self.rank == 0:
+            aside = root.with_name(f"{root.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+            aside.mkdir(exist_ok=True)
+            for path in corrupt:
+                os.replace(path, aside / path.name)
+            notes.append(f"Moved {[p.name for p in corrupt]} to {aside}.")
+        barrier()
+        self.restore(resume_from)
+        return " ".join([*notes, f"Resuming this training from {resume_from.path} (step {self.step} of "
+                         f"{self.total_steps})"])  # fmt: skip
 
     def train(self) -> TrainResult:
         start = time.perf_counter()
@@ -287,27 +632,29 @@ class Trainer:
         while self.step < self.total_steps:
             for indices in self.sampler:
                 batch = self.rows[indices]
+                dataset = batch["dataset"][0]
                 tick = time.perf_counter()
                 self.optimizer.zero_grad(set_to_none=True)
                 self._tokens = 0
-                out = self.forward_backward(batch)
+                out = self.forward_backward(batch)  # means over ranks, agreed finite
                 norm = torch.nn.utils.clip_grad_norm_(
                     [p for g in self.optimizer.param_groups for p in g["params"]], self.cfg.max_grad_norm
                 )
                 lr = self.optimizer.param_groups[0]["lr"]
                 self.optimizer.step()
+                self.check_weights(dataset)
                 self.scheduler.step()
                 self.step += 1
                 self.metrics.append({
-                    "step": self.step, "epoch": self.sampler.epoch, "dataset": batch["dataset"][0],
+                    "step": self.step, "epoch": self.sampler.epoch, "dataset": dataset,
                     "language": batch["language"][0], "loss": out["loss"].item(), "in_batch": out["in_batch"].item(),
-                    "hard_negative": float(out["hard_negative"].detach()), "lr": lr, "grad_norm": float(norm),
+                    "hard_negative": out["hard_negative"].item(), "lr": lr, "grad_norm": float(norm),
                     "tokens": self._tokens, "seconds": time.perf_counter() - tick,
-                    **{key: float(v.detach()) for key, v in out.items() if key.startswith("loss@")},
+                    **{key: v.item() for key, v in out.items() if key.startswith("loss@")},
                 })  # fmt: skip
                 bar.update(1)
-                bar.set_postfix(loss=f"{out['loss'].item():.3f}", data=batch["dataset"][0][:20])
-                if self.step in self.cfg.checkpoint_steps:
+                bar.set_postfix(loss=f"{out['loss'].item():.3f}", data=dataset[:20])
+                if self.step in self.checkpoint_steps:
                     self.save(self.step)
                 if self.step >= self.total_steps:
                     break
@@ -326,10 +673,10 @@ class Trainer:
     def save(self, step: int) -> None:
         path = self.checkpoint_root / f"step-{step:06d}"
         self.checkpoints.append(str(path))  # before the state is taken, so a resumed run lists it too
+        rngs = all_gather_json(rng_to_json(rng_state()))  # every rank's own RNG, rank order
         if self.rank == 0:
-            save_checkpoint(path, self.encoder, self.state())
-        if self.world_size > 1:
-            torch.distributed.barrier()
+            save_checkpoint(path, self.encoder, self.state(rngs))
+        barrier()
 
 
 def reset_peak_memory() -> None:

@@ -1,6 +1,9 @@
-"""Trainer on a tiny model: GradCache equality, exact resume, NaN stop, 2 processes == 1 process."""
+"""Trainer on a tiny model: GradCache equality, exact resume, NaN stop, 2 processes == 1 process (weights and logged
+losses), and with 2 processes: each rank resumes its own RNG, and a NaN on one rank stops both."""
 
 import os
+import random
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -123,6 +126,7 @@ def _train_worker(rank, world, init_file, out):
         out[rank] = {
             "groups": [(m["dataset"], m["language"]) for m in result.metrics],
             "lrs": [m["lr"] for m in result.metrics],
+            "losses": [m["loss"] for m in result.metrics],
             "weights": trainable(enc),
         }
         del trainer
@@ -139,6 +143,9 @@ def test_two_processes_train_like_one(make_encoder):
     enc = tiny(make_encoder)
     single = Trainer(enc, make_rows(), TrainConfig(**CFG, max_steps=4)).train()
     assert [(m["dataset"], m["language"]) for m in single.metrics] == two[0]["groups"]
+    # the logged loss is the global batch's (the mean over ranks), the same on every rank and as one process's
+    assert two[0]["losses"] == two[1]["losses"]
+    assert two[0]["losses"] == pytest.approx([m["loss"] for m in single.metrics], rel=1e-4)
     # fc_k's bias adds the same number to every key score of a head, which the softmax cancels: its true
     # gradient is 0, and Adam turns the rounding noise into lr-sized steps. It cannot change an output.
     irrelevant = {"pooler.fc_k.bias"}
@@ -151,3 +158,58 @@ def test_two_processes_train_like_one(make_encoder):
     with torch.no_grad():
         enc.pooler.fc_k.bias.copy_(two[0]["weights"]["pooler.fc_k.bias"])
     np.testing.assert_allclose(enc.encode(SNIPPETS, kind="document"), before, rtol=1e-5, atol=1e-6)
+
+
+def _draws():
+    return torch.rand(3).tolist(), random.random(), float(np.random.rand())
+
+
+def _resume_and_stop_worker(rank, world, init_file, out, folder):
+    import torch.distributed as dist
+
+    import c2llm_lib.train as train_mod
+
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    # a short timeout: a rank left waiting in a collective fails the test instead of hanging it
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=30))  # fmt: skip
+    result = {}
+    try:
+        cfg = TrainConfig(**CFG, max_steps=2, checkpoint_steps=[2])
+        trainer = Trainer(build_tiny(**TINY_LORA), make_rows(), cfg, folder)
+        torch.manual_seed(1000 + rank)  # each rank's own random stream (e.g. its dropout masks)
+        random.seed(rank)
+        np.random.seed(rank)
+        trainer.train()
+        result["at_checkpoint"] = _draws()
+        resumed = Trainer(build_tiny(**TINY_LORA), make_rows(), cfg, folder)
+        resumed.resume(os.path.join(folder, "step-000002"))
+        result["resumed"] = _draws()
+
+        real = train_mod.contrastive_loss
+
+        def nan_on_rank_1(*args, **kwargs):
+            loss = real(*args, **kwargs)
+            if rank == 1:
+                loss["loss"] = loss["loss"] * float("nan")
+            return loss
+
+        train_mod.contrastive_loss = nan_on_rank_1
+        try:
+            Trainer(build_tiny(**TINY_LORA), make_rows(), TrainConfig(**CFG, max_steps=2)).train()
+            result["stopped"] = "no error"
+        except Exception as err:  # recorded for the test to compare across ranks
+            result["stopped"] = f"{type(err).__name__}: {err}"
+        out[rank] = result
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_processes_resume_their_own_rng_and_a_nan_on_one_rank_stops_both(tmp_path):
+    two = run_processes(_resume_and_stop_worker, 2, str(tmp_path / "checkpoints"))
+    assert two[0]["at_checkpoint"] != two[1]["at_checkpoint"]  # the ranks' streams differ...
+    for rank in (0, 1):  # ...and each rank continues its own after resuming
+        assert two[rank]["resumed"] == two[rank]["at_checkpoint"], rank
+    stopped = two[0]["stopped"]
+    assert stopped.startswith("NonFiniteLoss: the loss is nan at step 1 (dataset Set") and "on rank 1 of 2" in stopped
+    assert two[1]["stopped"] == stopped  # every rank stops, with the same message

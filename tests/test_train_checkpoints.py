@@ -1,0 +1,259 @@
+"""Checkpoints of the trainer on a tiny model: which steps, what notebook 03 merges, restarting notebook 02,
+and hostile or broken files (a pickle, truncated files, another model, non-finite weights)."""
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from c2llm_lib.config import ConfigError
+from c2llm_lib.files import CorruptFile
+from c2llm_lib.train import (
+    CheckpointMismatch,
+    NonFiniteWeights,
+    TrainConfig,
+    Trainer,
+    checkpoint_schedule,
+    checkpoints_to_merge,
+    encoder_from_checkpoint,
+)
+
+from conftest import TINY_LORA
+from training_rows import make_rows
+
+CFG = dict(global_batch_size=4, num_negatives=2, learning_rate=5e-3, warmup_steps=2, max_length=64, seed=0)
+PARAMS = Path(__file__).resolve().parent.parent / "params"
+
+
+def tiny(make_encoder, seed=0, **overrides):
+    return make_encoder(seed=seed, **{**TINY_LORA, **overrides})
+
+
+def trainable(encoder):
+    return {n: p.detach().clone() for n, p in encoder.named_parameters() if p.requires_grad}
+
+
+def names(folder):
+    return sorted(p.name for p in Path(folder).iterdir() if p.is_dir())
+
+
+def record(trainer, path):
+    """The part of notebook 02's metrics/train.json that notebook 03 reads."""
+    path.write_text(json.dumps({"checkpoints": trainer.checkpoints}))
+    return path
+
+
+# which steps -----------------------------------------------------------------------------------------
+def test_fractions_become_steps_of_the_run():
+    fractions = TrainConfig(checkpoint_fractions=[0.7, 0.8, 0.9, 1.0])
+    assert checkpoint_schedule(fractions, 10) == [7, 8, 9, 10]
+    assert checkpoint_schedule(fractions, 11000) == [7700, 8800, 9900, 11000]
+    assert checkpoint_schedule(fractions, 5) == [4, 5]  # 3.5 -> 4 (half up), 4, 4.5 -> 5, 5: deduplicated
+    both = TrainConfig(checkpoint_steps=[2], checkpoint_fractions=[0.5, 1.0])
+    assert checkpoint_schedule(both, 10) == [2, 5, 10]
+    with pytest.raises(ConfigError, match="checkpoint_fractions"):
+        TrainConfig(checkpoint_fractions=[0.0, 1.0])
+    with pytest.raises(ConfigError, match="checkpoint_fractions"):
+        TrainConfig(checkpoint_fractions=[1.5])
+
+
+def test_a_checkpoint_step_beyond_the_training_is_an_error_naming_it(make_encoder):
+    # 16 rows in two groups of 8, batches of 4: 4 steps per epoch, 12 in 3 epochs; 8000 would never be written
+    with pytest.raises(ConfigError, match=r"'checkpoint_steps' \[8000\] lie beyond this training's 12 optimizer steps"):
+        Trainer(tiny(make_encoder), make_rows(), TrainConfig(**CFG, checkpoint_steps=[4, 8000]), "unused")
+
+
+def test_the_paper_params_merge_four_checkpoints_placed_by_fractions():
+    for name in ("c2llm-0.5b", "c2llm-7b"):
+        params = yaml.safe_load((PARAMS / f"{name}.yaml").read_text())
+        assert params["checkpoint_steps"] == [] and params["checkpoint_fractions"] == [0.7, 0.8, 0.9, 1.0], name
+        assert params["merge_last"] == len(params["checkpoint_fractions"]), name
+
+
+def test_n_steps_with_four_fractions_checkpoint_four_steps_ending_at_n_and_merge_exactly_those(make_encoder, tmp_path):
+    root = tmp_path / "checkpoints"
+    stale = root / "step-000012"  # an earlier, longer training's last checkpoint (an older format)
+    (stale / "adapter").mkdir(parents=True)
+    (stale / "trainer_state.pt").write_bytes(b"older training")
+    cfg = TrainConfig(**CFG, max_steps=10, checkpoint_fractions=[0.7, 0.8, 0.9, 1.0])
+    trainer = Trainer(tiny(make_encoder), make_rows(), cfg, root)
+    note = trainer.resume_latest()
+    assert "nothing in it records which training wrote it" in note and "training from step 0" in note
+    trainer.train()
+    assert trainer.save_final().endswith("step-000010")  # 1.0 is the last step: no extra final checkpoint
+    expected = ["step-000007", "step-000008", "step-000009", "step-000010"]
+    assert names(root) == expected
+    (moved,) = tmp_path.glob("checkpoints.replaced-*")  # the old checkpoint is kept, aside
+    assert (moved / "step-000012" / "trainer_state.pt").read_bytes() == b"older training"
+    chosen = checkpoints_to_merge(record(trainer, tmp_path / "train.json"), root, 4)
+    assert [p.name for p in chosen] == expected
+    with pytest.raises(ValueError, match=r"wrote 4 checkpoint\(s\).*fewer than merge_last = 5"):
+        checkpoints_to_merge(tmp_path / "train.json", root, 5)
+
+
+def test_notebook_03_merges_only_the_checkpoints_of_the_recorded_training(make_encoder, tmp_path):
+    """A shorter re-training in a folder that still holds a longer training's step 4 merges its own 2 and 3."""
+    root = tmp_path / "checkpoints"
+    old = Trainer(tiny(make_encoder), make_rows(), TrainConfig(**CFG, max_steps=4, checkpoint_steps=[2, 3, 4]), root)
+    old.train()
+    shorter = Trainer(tiny(make_encoder), make_rows(), TrainConfig(**CFG, max_steps=3, checkpoint_steps=[2]), root)
+    shorter.train()
+    shorter.save_final()
+    assert names(root) == ["step-000002", "step-000003", "step-000004"]  # the folder mixes the two trainings
+    chosen = checkpoints_to_merge(record(shorter, tmp_path / "train.json"), root, 2)
+    assert [p.name for p in chosen] == ["step-000002", "step-000003"]
+
+
+# restarting notebook 02 --------------------------------------------------------------------------------
+def test_a_rerun_resumes_the_same_training_from_its_last_complete_checkpoint(make_encoder, tmp_path, monkeypatch):
+    rows, cfg = make_rows(), TrainConfig(**CFG, max_steps=5, checkpoint_steps=[2, 3])
+    straight = tiny(make_encoder)
+    expected = Trainer(straight, rows, cfg, tmp_path / "a").train()
+
+    root = tmp_path / "b"
+    killed = Trainer(tiny(make_encoder), rows, cfg, root)
+    original = Trainer.forward_backward
+
+    def dies_at_step_4(self, batch):
+        if self.step == 3:
+            raise KeyboardInterrupt("the kernel died")
+        return original(self, batch)
+
+    monkeypatch.setattr(Trainer, "forward_backward", dies_at_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        killed.train()
+    monkeypatch.setattr(Trainer, "forward_backward", original)
+    (root / "step-000003" / "pooler.safetensors").write_bytes(b"\x00" * 20)  # truncated when the machine died
+
+    rerun_encoder = tiny(make_encoder, seed=99)  # notebook 02 from the top: a fresh encoder
+    rerun = Trainer(rerun_encoder, rows, cfg, root)
+    note = rerun.resume_latest()
+    assert "step-000003 is incomplete or corrupt" in note and "pooler.safetensors" in note
+    assert "falling back to the previous one" in note and "Resuming this training from" in note
+    assert rerun.step == 2 and "step-000002" in note
+    (aside,) = tmp_path.glob("b.corrupt-*")
+    assert names(aside) == ["step-000003"]  # moved, not deleted
+    result = rerun.train()
+    assert [m["loss"] for m in result.metrics] == [m["loss"] for m in expected.metrics]
+    for name, value in trainable(straight).items():
+        assert torch.equal(value, trainable(rerun_encoder)[name]), name
+
+
+def test_a_rerun_with_another_config_moves_the_old_checkpoints_aside(make_encoder, tmp_path):
+    root = tmp_path / "checkpoints"
+    Trainer(tiny(make_encoder), make_rows(), TrainConfig(**CFG, max_steps=2, checkpoint_steps=[1, 2]), root).train()
+    before = {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    other = TrainConfig(**{**CFG, "learning_rate": 1e-3}, max_steps=2, checkpoint_steps=[1, 2])
+    trainer = Trainer(tiny(make_encoder), make_rows(), other, root)
+    note = trainer.resume_latest()
+    assert "learning_rate: 0.005 in the checkpoint, 0.001 here" in note and "nothing deleted" in note
+    assert trainer.step == 0 and not any(root.iterdir())
+    (moved,) = tmp_path.glob("checkpoints.replaced-*")
+    assert {p.relative_to(moved): p.read_bytes() for p in moved.rglob("*") if p.is_file()} == before
+    trainer.train()
+    reordered = make_rows().select(range(15, -1, -1))  # the same rows in another order: another training
+    note = Trainer(tiny(make_encoder), reordered, other, root).resume_latest()
+    assert "the training rows: fingerprint" in note and len(list(tmp_path.glob("checkpoints.replaced-*"))) == 2
+
+
+# hostile and broken files ------------------------------------------------------------------------------
+class RunsAShellCommand:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_pickled_trainer_state_is_refused_unread(make_encoder, tmp_path):
+    root = tmp_path / "checkpoints"
+    Trainer(tiny(make_encoder), make_rows(), TrainConfig(**CFG, max_steps=1, checkpoint_steps=[1]), root).train()
+    checkpoint, marker = root / "step-000001", tmp_path / "pwned"
+    for old in checkpoint.glob("trainer_state.*"):
+        old.unlink()
+    torch.save({"step": RunsAShellCommand(marker)}, checkpoint / "trainer_state.pt")
+    trainer = Trainer(tiny(make_encoder), make_rows(), TrainConfig(**CFG, max_steps=2), root)
+    with pytest.raises(CorruptFile, match=r"trainer_state\.pt: a trainer state in pickle format; refusing"):
+        trainer.resume(checkpoint)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "damaged, problem",
+    [
+        ("pooler.safetensors", "PMA head file is corrupt or truncated"),
+        ("adapter/adapter_model.safetensors", "LoRA adapter file is corrupt or truncated"),
+        ("trainer_state.json", "trainer state file is not valid JSON"),
+        ("trainer_state.safetensors", "optimizer state file is corrupt or truncated"),
+    ],
+)
+def test_a_truncated_checkpoint_file_is_named_with_what_is_wrong(make_encoder, tmp_path, damaged, problem):
+    root = tmp_path / "checkpoints"
+    cfg = TrainConfig(**CFG, max_steps=2, checkpoint_steps=[1])
+    Trainer(tiny(make_encoder), make_rows(), cfg, root).train()
+    path = root / "step-000001" / damaged
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(CorruptFile, match=problem) as err:
+        Trainer(tiny(make_encoder), make_rows(), cfg, root).resume(root / "step-000001")
+    assert str(path) in str(err.value)
+
+
+def test_resume_refuses_a_checkpoint_of_another_model_naming_the_keys(make_encoder, tmp_path):
+    root = tmp_path / "checkpoints"
+    cfg = TrainConfig(**CFG, max_steps=2, checkpoint_steps=[1])
+    Trainer(tiny(make_encoder), make_rows(), cfg, root).train()  # pma_heads 4
+    eight_heads = Trainer(tiny(make_encoder, pma_heads=8), make_rows(), cfg, root)
+    with pytest.raises(CheckpointMismatch, match="pma_heads: 4 in the checkpoint, 8 here"):
+        eight_heads.resume(root / "step-000001")
+    with pytest.raises(CheckpointMismatch, match="pma_heads: 4 in the checkpoint, 8 here"):
+        encoder = tiny(make_encoder, pma_heads=8)
+        from c2llm_lib.train import load_checkpoint_weights
+
+        load_checkpoint_weights(root / "step-000001", encoder)
+
+
+def test_an_infinite_learning_rate_never_writes_a_checkpoint(make_encoder, tmp_path):
+    cfg = TrainConfig(**CFG, max_steps=4, checkpoint_steps=[1])
+    cfg.learning_rate = math.inf  # as `learning_rate: .inf` once reached the trainer (the config now refuses it)
+    trainer = Trainer(tiny(make_encoder), make_rows(), cfg, tmp_path)
+    with pytest.raises(NonFiniteWeights, match=r"update at step 1 .* non-finite.*last good checkpoint is none"):
+        trainer.train()
+    assert not (tmp_path / "step-000001").exists()
+
+
+def test_a_non_finite_update_stops_before_its_checkpoint_and_the_last_one_is_good(make_encoder, tmp_path, monkeypatch):
+    original = Trainer.forward_backward
+
+    def infinite_gradient_at_step_2(self, batch):
+        out = original(self, batch)
+        if self.step == 1:
+            next(p for _, p in self.trained).grad[0, 0] = math.inf  # the loss stays finite
+        return out
+
+    monkeypatch.setattr(Trainer, "forward_backward", infinite_gradient_at_step_2)
+    trainer = Trainer(
+        tiny(make_encoder), make_rows(), TrainConfig(**CFG, max_steps=4, checkpoint_steps=[1, 2]), tmp_path
+    )
+    with pytest.raises(
+        NonFiniteWeights, match=r"update at step 2 \(dataset Set\d\).*last good checkpoint is .*step-000001"
+    ):
+        trainer.train()
+    assert names(tmp_path) == ["step-000001"]
+    reloaded = encoder_from_checkpoint(tmp_path / "step-000001", device="cpu")
+    assert all(torch.isfinite(p).all() for p in trainable(reloaded).values())
+
+
+def test_a_zero_head_learning_rate_freezes_the_head(make_encoder):
+    encoder = tiny(make_encoder)
+    before = trainable(encoder)
+    Trainer(encoder, make_rows(), TrainConfig(**CFG, max_steps=2, pma_learning_rate=0.0)).train()
+    after = {n: p.detach() for n, p in encoder.named_parameters()}
+    pooler = [n for n in before if n.startswith("pooler.")]
+    lora = [n for n in before if "lora_" in n]
+    assert pooler and lora
+    assert all(torch.equal(before[n], after[n]) for n in pooler)
+    assert any(not torch.equal(before[n], after[n]) for n in lora)
