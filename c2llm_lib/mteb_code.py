@@ -11,6 +11,7 @@ code (`mteb.evaluate`), not a re-implementation:
   (`ResultCache`); tasks already there are not rerun. The cache is keyed by the model's name and revision, and
   the revision is a `fingerprint` of the weights and of every setting that changes a score (max length,
   prompts, dtype, width), so a changed setting is a new computation, never a stale score.
+- `mteb_task_sizes`: queries and documents of each benchmark task (mteb's statistics), for the results table;
 - `comparison_table`: our per-task nDCG@10 beside table 2 and the reference scores, with the full mean and
   a contamination-clean mean. The clean mean leaves out CodeEditSearch, which is evaluated on its train
   split, the split C2LLM trained on.
@@ -209,6 +210,28 @@ def mteb_code_tasks(names: Sequence[str] | None = None):
     if unknown:
         raise ValueError(f"{unknown} are not MTEB(Code, v1) tasks; choose from {list(MTEB_CODE_V1)}")
     return list(mteb.get_tasks(tasks=names))
+
+
+SIZES_NOTE = (
+    "Queries and documents per task: mteb's statistics of the evaluated split, summed over a task's subsets "
+    "(a query ranks against its own subset's documents)."
+)
+
+
+def mteb_task_sizes(tasks: Sequence[Any]) -> dict[str, dict[str, int]]:
+    """{task: {"queries": n, "documents": m}} of mteb tasks, from mteb's descriptive statistics (no download);
+    a task without statistics is left out."""
+    sizes = {}
+    for task in tasks:
+        stats = (task.metadata.descriptive_stats or {}).get(task.metadata.eval_splits[0]) or {}
+        queries, documents = stats.get("num_queries"), stats.get("num_documents")
+        relevant = stats.get("relevant_docs_statistics") or {}
+        if queries is None and relevant.get("average_relevant_docs_per_query"):  # older statistics: derive them
+            queries = round(relevant["num_relevant_docs"] / relevant["average_relevant_docs_per_query"])
+            documents = stats["num_samples"] - queries if "num_samples" in stats else None
+        if queries is not None and documents is not None:
+            sizes[task.metadata.name] = {"queries": int(queries), "documents": int(documents)}
+    return sizes
 
 
 def comparison_table(ours: dict[str, float], label: str = "this run"):

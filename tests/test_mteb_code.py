@@ -99,3 +99,11 @@ def test_the_fingerprint_sees_every_setting_that_changes_a_score(make_encoder):
     upcast = make_encoder(pma_heads=4, dtype="bfloat16")
     upcast.base_model.float()  # the same weight values, computed in float32
     assert fingerprint(half, 64) != fingerprint(upcast, 64)
+
+
+def test_benchmark_task_sizes_come_from_mtebs_statistics():
+    from c2llm_lib.mteb_code import mteb_code_tasks, mteb_task_sizes
+
+    sizes = mteb_task_sizes(mteb_code_tasks(["CosQA", "CodeEditSearchRetrieval"]))
+    assert sizes["CosQA"] == {"queries": 500, "documents": 20604}
+    assert sizes["CodeEditSearchRetrieval"] == {"queries": 13000, "documents": 13000}  # derived: older statistics
