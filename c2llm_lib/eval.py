@@ -3,8 +3,9 @@
 This module holds the pieces every evaluation shares:
 - `RetrievalTask`: queries, a corpus and graded relevance (qrels), in mteb's shape;
 - `offline_tasks`: tasks built from the held-out split of the offline real-code dataset (one per
-  (recipe, language)) and from HumanEval. Every held-out positive is in the corpus, so each query
-  competes against all held-out documents of its task;
+  (recipe, language)) and from HumanEval. Every held-out positive is in the corpus, also when `limit`
+  caps the queries, so each query competes against all held-out documents of its task; `task_sizes`
+  counts queries and documents, which every results table shows (`results_markdown`);
 - `chunked_topk`: exact top-k by cosine over a corpus scored in chunks. Memory is bounded by
   queries x chunk plus queries x k, never queries x corpus, because a CodeSearchNet corpus has about
   1M documents;
@@ -12,6 +13,8 @@ This module holds the pieces every evaluation shares:
 - `evaluate_encoder` and `evaluate_bm25` (bm25s), scored the same way; `evaluate_all` runs encoders through
   `mteb.evaluate` (cached, resumable) and BM25 through this scorer; `task_embeddings` and
   `truncation_scores` score one encoding pass at several truncated widths (the dimension sweeps).
+  `baselines` builds the untrained-pooler baselines on the evaluated model's own backbone (a released
+  checkpoint's through `C2LLMEncoder.from_released`).
   Documents are prepared as mteb prepares a corpus (`corpus_text`: stripped), so our scores equal
   `mteb.evaluate`'s on the same task (tested in tests/test_mteb_code.py).
 """
@@ -40,19 +43,24 @@ class RetrievalTask:
     instruction: str  # the query instruction (table 1)
 
 
-def task_from_rows(name: str, rows: Sequence[dict], instruction: str) -> RetrievalTask:
-    """One query per row, its positive the one relevant document; identical documents share an id."""
+def task_from_rows(name: str, rows: Sequence[dict], instruction: str, limit: int | None = None) -> RetrievalTask:
+    """Queries from the first `limit` rows (all when None); the corpus holds every row's positive, so a limit
+    shortens the query list and never the corpus. Identical documents share an id."""
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be a positive number of queries or None, got {limit}")
     corpus, ids, queries, qrels = {}, {}, {}, {}
-    for i, row in enumerate(rows):
+    for row in rows:
         doc_id = ids.setdefault(row["positive"], f"d{len(ids)}")
         corpus[doc_id] = row["positive"]
+    for i, row in enumerate(rows[:limit]):
         queries[f"q{i}"] = row["query"]
-        qrels[f"q{i}"] = {doc_id: 1}
+        qrels[f"q{i}"] = {ids[row["positive"]]: 1}
     return RetrievalTask(name, queries, corpus, qrels, instruction)
 
 
 def offline_tasks(limit: int | None = None, include_humaneval: bool = True) -> list[RetrievalTask]:
-    """Held-out offline tasks, one per (recipe, language), plus HumanEval; `limit` caps queries per task."""
+    """Held-out offline tasks, one per (recipe, language), plus HumanEval; `limit` caps queries per task, and
+    every task's corpus holds all of its held-out documents."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for row in load_snapshot():
         if row["split"] == "test":
@@ -60,10 +68,15 @@ def offline_tasks(limit: int | None = None, include_humaneval: bool = True) -> l
     tasks = []
     for (dataset, language), rows in sorted(groups.items()):
         short = {"CodeSearchNetRetrieval": "text2code", "CodeSearchNetCCRetrieval": "code2code"}[dataset]
-        tasks.append(task_from_rows(f"offline-{short}-{language}", rows[:limit], TABLE_1[dataset]))
+        tasks.append(task_from_rows(f"offline-{short}-{language}", rows, TABLE_1[dataset], limit))
     if include_humaneval:
-        tasks.append(task_from_rows("HumanEval", humaneval_records()[:limit], TABLE_1[TEXT_TO_CODE]))
+        tasks.append(task_from_rows("HumanEval", humaneval_records(), TABLE_1[TEXT_TO_CODE], limit))
     return tasks
+
+
+def task_sizes(tasks: Sequence[RetrievalTask]) -> dict[str, dict[str, int]]:
+    """{task: {"queries": n, "documents": corpus size}}: what each score was ranked against."""
+    return {t.name: {"queries": len(t.queries), "documents": len(t.corpus)} for t in tasks}
 
 
 def chunked_topk(queries: np.ndarray, corpus: np.ndarray, k: int, chunk: int = 65_536) -> tuple[np.ndarray, np.ndarray]:
@@ -176,14 +189,35 @@ def evaluate_bm25(task: RetrievalTask, k: int = 10) -> dict[str, float]:
 
 
 def baseline_encoder(trained, pooling: str):
-    """The untrained backbone of `trained` with a baseline pooler (mean or last token), no LoRA."""
+    """The untrained-pooler baseline of `trained`: its backbone before training (or, for a released checkpoint,
+    the release's own backbone) with a baseline pooler (mean or last token), no LoRA."""
     import dataclasses
 
     from .model import C2LLMEncoder
+    from .model.released import is_released_checkpoint
 
-    cfg = dataclasses.replace(trained.config, pooling=pooling, use_lora=False, embedding_dim=None,
+    cfg = trained.config
+    if is_released_checkpoint(cfg.backbone):
+        return C2LLMEncoder.from_released(
+            cfg.backbone,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            attn_implementation=cfg.attn_implementation,
+            max_length=cfg.max_length,
+            pooling=pooling,
+        )
+    cfg = dataclasses.replace(cfg, pooling=pooling, use_lora=False, embedding_dim=None,
                               append_eos=None, gradient_checkpointing=False)  # fmt: skip
     return C2LLMEncoder.from_config(cfg)
+
+
+def baselines(trained, poolings: Sequence[str]) -> dict[str, Any]:
+    """{label: baseline encoder} for each pooling: "untrained, mean pooling" on the run's base backbone, or
+    "released backbone, mean pooling" when `trained` is a released checkpoint."""
+    from .model.released import is_released_checkpoint
+
+    kind = "released backbone" if is_released_checkpoint(trained.config.backbone) else "untrained"
+    return {f"{kind}, {p} pooling": baseline_encoder(trained, p) for p in poolings}
 
 
 def evaluate_all(
@@ -219,7 +253,12 @@ def results_frame(scores: dict[str, dict[str, float]]):
     return frame.round(2)
 
 
-def results_markdown(frame, title: str) -> str:
+def results_markdown(frame, title: str, sizes: dict[str, dict[str, int]] | None = None) -> str:
+    """The table as markdown; with `sizes` (`task_sizes`), rows saying how many queries and documents each
+    task's corpus held, so that no score is read without its corpus size."""
     header = "| model | " + " | ".join(frame.columns) + " |\n|---|" + "---|" * len(frame.columns) + "\n"
     rows = "".join(f"| {m} | " + " | ".join(f"{v:.1f}" for v in frame.loc[m]) + " |\n" for m in frame.index)
+    for count in ("queries", "documents") if sizes else ():
+        cells = [str(sizes[c][count]) if c in sizes else "" for c in frame.columns]
+        rows += f"| *{count} per task* | " + " | ".join(cells) + " |\n"
     return f"### {title}\n\n{header}{rows}"

@@ -8,7 +8,10 @@ code (`mteb.evaluate`), not a re-implementation:
 - `offline_task`: our offline retrieval tasks as in-memory `AbsTaskRetrieval`s, so that they run through
   `mteb.evaluate` exactly like the real benchmark.
 - `run_mteb`: evaluates tasks with results cached under a folder in mteb's own layout
-  (`ResultCache`); tasks already there are not rerun.
+  (`ResultCache`); tasks already there are not rerun. The cache is keyed by the model's name and revision, and
+  the revision is a `fingerprint` of the weights and of every setting that changes a score (max length,
+  prompts, dtype, width), so a changed setting is a new computation, never a stale score.
+- `mteb_task_sizes`: queries and documents of each benchmark task (mteb's statistics), for the results table;
 - `comparison_table`: our per-task nDCG@10 beside table 2 and the reference scores, with the full mean and
   a contamination-clean mean. The clean mean leaves out CodeEditSearch, which is evaluated on its train
   split, the split C2LLM trained on.
@@ -25,7 +28,7 @@ from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.models.abs_encoder import AbsEncoder
 
 from .eval import RetrievalTask
-from .prompts import prompts
+from .prompts import C2LLM_PROMPTS, OFFLINE_TASKS, prompts
 
 MTEB_CODE_V1 = (
     "AppsRetrieval", "CodeEditSearchRetrieval", "CodeFeedbackMT", "CodeFeedbackST", "CodeSearchNetCCRetrieval",
@@ -33,6 +36,7 @@ MTEB_CODE_V1 = (
     "StackOverflowQA", "SyntheticText2SQL",
 )  # fmt: skip
 CONTAMINATED = ("CodeEditSearchRetrieval",)  # evaluated on its train split
+PROMPTED_TASKS = tuple(sorted({*C2LLM_PROMPTS, *OFFLINE_TASKS}))  # every task a prompt style has prompts for
 # nDCG@10 x 100 from the public MTEB results (reference section 5); C2LLM rows equal the paper's table 2.
 REFERENCE_SCORES = {
     "C2LLM-7B (paper)": (86.71, 81.49, 94.32, 90.66, 97.90, 91.07, 92.51, 34.13, 89.79, 39.76, 94.85, 75.75),
@@ -42,17 +46,28 @@ REFERENCE_SCORES = {
 }  # in MTEB_CODE_V1 order
 
 
-def fingerprint(encoder) -> str:
-    """A short hash of what makes an encoder's embeddings: its config, PMA head, LoRA weights and the first
-    layer's query projection (which a merge changes). mteb caches results by model name and revision, so a
-    retrained model under the same name must get a new revision, never the old scores."""
+def fingerprint(encoder, max_length: int | None = None, overrides: dict[str, str] | None = None) -> str:
+    """A short hash of every setting that changes an encoder's scores: its config (pooling, prompt style,
+    document prefix, ...), the dtype its backbone computes in, the embedding width (a Truncated view's), the
+    evaluation's `max_length`, the query instruction `overrides`, the prompts its style gives every known task,
+    and the weights that training or a merge change (PMA head, LoRA, the first layer's query projection).
+    mteb caches results by model name and revision, so a retrained model, or the same model evaluated
+    differently, under the same name must get a new revision, never the old scores."""
     import hashlib
     import json
 
     base = getattr(encoder, "encoder", encoder)  # a Truncated view hashes its encoder and its width
+    config = base.config
+    settings = {
+        "config": config.to_dict(),
+        "dtype": str(next(base.base_model.parameters()).dtype),
+        "embedding_dim": getattr(encoder, "embedding_dim", None),
+        "max_length": max_length,
+        "overrides": dict(sorted((overrides or {}).items())),
+        "prompts": {t: prompts(config.prompt_style, t, config.document_prefix) for t in PROMPTED_TASKS},
+    }
     digest = hashlib.blake2b(digest_size=8)
-    digest.update(json.dumps(base.config.to_dict(), sort_keys=True).encode())
-    digest.update(str(getattr(encoder, "embedding_dim", "")).encode())
+    digest.update(json.dumps(settings, sort_keys=True).encode())
     tensors = dict(base.pooler.state_dict())
     tensors.update(
         {k: v for k, v in base.backbone.state_dict().items() if "lora_" in k or "layers.0.self_attn.q_proj" in k}
@@ -63,16 +78,23 @@ def fingerprint(encoder) -> str:
     return digest.hexdigest()
 
 
-def model_meta(encoder, name: str = "local/c2llm-reproduction", revision: str | None = None):
-    """A ModelMeta for our encoder (mteb needs one, or it substitutes an empty record and tries the hub)."""
+def model_meta(
+    encoder,
+    name: str = "local/c2llm-reproduction",
+    revision: str | None = None,
+    max_length: int | None = None,
+    overrides: dict[str, str] | None = None,
+):
+    """A ModelMeta for our encoder (mteb needs one, or it substitutes an empty record and tries the hub); its
+    revision is the `fingerprint` of the encoder and of the evaluation settings unless given."""
     from mteb.models.model_meta import ModelMeta, ScoringFunction
 
     return ModelMeta.create_empty(
         overwrites={
             "name": name,
-            "revision": revision or fingerprint(encoder),
+            "revision": revision or fingerprint(encoder, max_length, overrides),
             "embed_dim": encoder.embedding_dim,
-            "max_tokens": encoder.config.max_length,
+            "max_tokens": max_length or encoder.config.max_length,
             "similarity_fn_name": ScoringFunction.COSINE,
             "use_instructions": True,
             "framework": ["PyTorch", "Transformers"],
@@ -98,7 +120,7 @@ class MTEBEncoder(AbsEncoder):
         self.model = encoder
         self.overrides = dict(prompts or {})
         self.batch_size, self.max_length = batch_size, max_length
-        self.mteb_model_meta = model_meta(encoder, name)
+        self.mteb_model_meta = model_meta(encoder, name, max_length=max_length, overrides=self.overrides)
 
     def task_prompts(self, task: str) -> tuple[str, str]:
         """(query instruction, document prefix) for a task name."""
@@ -188,6 +210,28 @@ def mteb_code_tasks(names: Sequence[str] | None = None):
     if unknown:
         raise ValueError(f"{unknown} are not MTEB(Code, v1) tasks; choose from {list(MTEB_CODE_V1)}")
     return list(mteb.get_tasks(tasks=names))
+
+
+SIZES_NOTE = (
+    "Queries and documents per task: mteb's statistics of the evaluated split, summed over a task's subsets "
+    "(a query ranks against its own subset's documents)."
+)
+
+
+def mteb_task_sizes(tasks: Sequence[Any]) -> dict[str, dict[str, int]]:
+    """{task: {"queries": n, "documents": m}} of mteb tasks, from mteb's descriptive statistics (no download);
+    a task without statistics is left out."""
+    sizes = {}
+    for task in tasks:
+        stats = (task.metadata.descriptive_stats or {}).get(task.metadata.eval_splits[0]) or {}
+        queries, documents = stats.get("num_queries"), stats.get("num_documents")
+        relevant = stats.get("relevant_docs_statistics") or {}
+        if queries is None and relevant.get("average_relevant_docs_per_query"):  # older statistics: derive them
+            queries = round(relevant["num_relevant_docs"] / relevant["average_relevant_docs_per_query"])
+            documents = stats["num_samples"] - queries if "num_samples" in stats else None
+        if queries is not None and documents is not None:
+            sizes[task.metadata.name] = {"queries": int(queries), "documents": int(documents)}
+    return sizes
 
 
 def comparison_table(ours: dict[str, float], label: str = "this run"):

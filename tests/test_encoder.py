@@ -142,3 +142,8 @@ def test_attention_weights_for_visualisation(encoders):
 def test_smaller_embedding_dimension(make_encoder):
     enc = make_encoder(pma_heads=4, embedding_dim=16)
     assert enc.encode(["x = 1"]).shape == (1, 16)
+
+
+def test_a_lone_surrogate_is_named_by_its_index(encoders):
+    with pytest.raises(ValueError, match=r"text 1 is not valid Unicode: '\\ud800' at character 2"):
+        encoders["mean"].encode(["fine", "ab\ud800cd"])

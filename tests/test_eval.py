@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from c2llm_lib.eval import (
     RetrievalTask,
@@ -13,6 +14,9 @@ from c2llm_lib.eval import (
     ndcg_at_k,
     offline_tasks,
     recall_at_k,
+    results_frame,
+    results_markdown,
+    task_sizes,
 )
 
 
@@ -72,3 +76,52 @@ def test_encoder_scores_are_deterministic_and_bounded(make_encoder):
     task = offline_tasks(limit=12, include_humaneval=False)[0]
     a, b = evaluate_encoder(enc.encode, task), evaluate_encoder(enc.encode, task)
     assert a == b and 0.0 <= a["ndcg_at_10"] <= 1.0 and 0.0 <= a["recall_at_10"] <= 1.0
+
+
+def test_the_limit_caps_queries_never_the_corpus():
+    limited = {t.name: t for t in offline_tasks(limit=5)}
+    full = {t.name: t for t in offline_tasks()}
+    for name, task in limited.items():
+        assert len(task.queries) == 5
+        assert task.corpus == full[name].corpus, name  # every held-out document of the task
+        assert all(task.qrels[q] == full[name].qrels[q] for q in task.queries)
+    assert len(limited["HumanEval"].corpus) == 164
+    assert task_sizes(limited.values())["HumanEval"] == {"queries": 5, "documents": 164}
+
+
+def test_results_markdown_shows_each_corpus_size():
+    task = offline_tasks(limit=3, include_humaneval=False)[0]
+    frame = results_frame({"BM25": {task.name: evaluate_bm25(task)["ndcg_at_10"]}})
+    text = results_markdown(frame, "t", task_sizes([task]))
+    assert f"| *documents per task* | {len(task.corpus)} |  |" in text
+    assert "| *queries per task* | 3 |  |" in text
+
+
+def test_baselines_of_a_release_are_built_on_its_backbone(tmp_path):
+    from safetensors.torch import load_file
+
+    from c2llm_lib import C2LLMEncoder
+    from c2llm_lib.eval import baseline_encoder, baselines
+
+    from released_fixture import write_tiny_release
+
+    release = write_tiny_release(tmp_path / "release")
+    trained = C2LLMEncoder.from_released(release, device="cpu", dtype="float32")
+    built = baselines(trained, ["mean", "last_token"])
+    assert list(built) == ["released backbone, mean pooling", "released backbone, last_token pooling"]
+    released = load_file(release / "model.safetensors")
+    for label, baseline in built.items():
+        assert baseline.config.pooling in label and not baseline.pooler.state_dict()
+        for name, value in baseline.base_model.state_dict().items():
+            assert torch.equal(value, released[f"plm_model.model.{name}"]), (label, name)
+    assert baseline_encoder(trained, "mean").encode(["x = 1"]).shape == (1, 64)
+
+
+def test_baselines_of_a_run_are_its_untrained_backbone(make_encoder):
+    from c2llm_lib.eval import baselines
+
+    trained = make_encoder(pma_heads=4, use_lora=True, lora_r=4)
+    ((label, baseline),) = baselines(trained, ["mean"]).items()
+    assert label == "untrained, mean pooling" and baseline.config.pooling == "mean"
+    fresh = make_encoder(pooling="mean").base_model.state_dict()
+    assert all(torch.equal(v, fresh[k]) for k, v in baseline.base_model.state_dict().items())

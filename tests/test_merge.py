@@ -95,3 +95,91 @@ def test_the_merged_model_is_a_standalone_directory(checkpoints, tmp_path):
     merged.save_pretrained(tmp_path / "merged")
     assert not (tmp_path / "merged" / "adapter").exists()
     np.testing.assert_array_equal(C2LLMEncoder.from_pretrained(tmp_path / "merged").encode(TEXTS), before)
+
+
+# bf16 training: the merge must keep an update smaller than bf16's resolution ---------------------------------
+BF16_TEXTS = TEXTS + ["x = 1", "class Stack:\n    def push(self, item):\n        self.items.append(item)"]
+
+
+def small_lora(encoder, seed: int, scale: float = 2e-4) -> None:
+    """LoRA B of a short run's size: the dense updates (~1e-4) are near or below half a bf16 ulp of the weights."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in encoder.backbone.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * scale)
+
+
+@pytest.fixture(scope="module")
+def bf16_checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bf16")
+    paths = []
+    for i in range(4):
+        enc = build_tiny(seed=i, dtype="bfloat16", **TINY_LORA)
+        assert next(enc.base_model.parameters()).dtype == torch.bfloat16
+        small_lora(enc, seed=20 + i)
+        paths.append(save_checkpoint(root / f"step-{i}", enc))
+    return paths
+
+
+def test_bf16_merge_keeps_the_whole_update(bf16_checkpoints):
+    weights = [0.1, 0.2, 0.3, 0.4]
+    merged = merge_checkpoints(bf16_checkpoints, weights).encoder
+    base = build_tiny(dtype="bfloat16").base_model.state_dict()  # the base weights training saw
+    after = merged.base_model.state_dict()
+    deltas = [lora_deltas(p) for p in bf16_checkpoints]
+    for name in deltas[0]:
+        expected = sum(w * d[name] for w, d in zip(weights, deltas, strict=True))  # (out, in), float32
+        update = after[name].float() - base[name].float()
+        assert (update - expected).norm() <= 1e-3 * expected.norm(), name
+    assert after["layers.0.self_attn.q_proj.weight"].dtype == torch.float32 and merged.config.dtype == "float32"
+
+
+def test_bf16_merge_with_weight_one_reproduces_checkpoint_one(bf16_checkpoints, tmp_path):
+    merged = merge_checkpoints(bf16_checkpoints, [1, 0, 0, 0]).encoder
+    trained = encoder_from_checkpoint(bf16_checkpoints[0], device="cpu")  # bf16 base + LoRA, as trained
+    assert next(trained.base_model.parameters()).dtype == torch.bfloat16
+    ours = merged.encode(BF16_TEXTS)
+    as_trained = trained.encode(BF16_TEXTS)
+    assert ((ours * as_trained).sum(1) >= 0.9999).all()
+    # bf16 arithmetic alone moves the tiny model's embeddings by 1 - cos ~ 2e-5, as much as a lost update does;
+    # the same weights (bf16 base + LoRA, upcast exactly) in float32 arithmetic see the update itself.
+    exact = trained.float().encode(BF16_TEXTS)
+    assert ((ours * exact).sum(1) >= 1 - 1e-6).all(), (ours * exact).sum(1)
+    merged.save_pretrained(tmp_path / "merged")
+    reloaded = C2LLMEncoder.from_pretrained(tmp_path / "merged")  # the stored dtype unless told otherwise
+    assert next(reloaded.base_model.parameters()).dtype == torch.float32
+    np.testing.assert_array_equal(reloaded.encode(BF16_TEXTS), ours)
+    asked = C2LLMEncoder.from_pretrained(tmp_path / "merged", dtype="bfloat16")
+    assert next(asked.base_model.parameters()).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("weights", [[1e308, 1e308], [float("inf"), 1.0], [float("nan"), 1.0]])
+def test_non_finite_or_overflowing_weights_are_refused(checkpoints, weights):
+    with pytest.raises(ValueError, match="finite|overflow"):
+        check_weights(weights, 2)
+    with pytest.raises(ValueError, match="finite|overflow"):
+        merge_checkpoints(checkpoints[:2], weights)
+
+
+@pytest.mark.parametrize("setting", [{"prompt_style": "jina"}, {"document_prefix": "Code: "}])
+def test_checkpoints_trained_with_different_prompts_are_refused(checkpoints, tmp_path, setting):
+    enc = build_tiny(seed=5, **TINY_LORA, **setting)
+    other = save_checkpoint(tmp_path / "other", enc)
+    ((key, value),) = setting.items()
+    with pytest.raises(ValueError, match=key) as err:
+        merge_checkpoints([checkpoints[0], other], [0.5, 0.5])
+    assert str(checkpoints[0]) in str(err.value) and str(other) in str(err.value) and repr(value) in str(err.value)
+
+
+def test_a_corrupt_adapter_file_is_named(checkpoints, tmp_path):
+    import shutil
+
+    from c2llm_lib.files import CorruptFile
+
+    broken = tmp_path / "broken"
+    shutil.copytree(checkpoints[1], broken)
+    weights_file = broken / "adapter" / "adapter_model.safetensors"
+    weights_file.write_bytes(weights_file.read_bytes()[:200])
+    with pytest.raises(CorruptFile, match="adapter_model.safetensors"):
+        merge_checkpoints([checkpoints[0], broken], [0.5, 0.5])

@@ -58,3 +58,52 @@ def test_comparison_table_means():
     assert table.loc["C2LLM-0.5B (paper)", "mean without CodeEditSearch"] == pytest.approx(round(clean, 2), abs=0.01)
     assert paper.mean() == pytest.approx(75.46, abs=0.006)  # the paper's averages, from rounded task scores
     assert np.mean(REFERENCE_SCORES["C2LLM-7B (paper)"]) == pytest.approx(80.75, abs=0.006)
+
+
+def test_a_changed_max_length_or_prompt_is_a_new_computation(make_encoder, tmp_path):
+    from mteb.mocks.mock_tasks.retrieval import MockRetrievalTask
+
+    encoder = make_encoder(pooling="mean")
+    calls = []
+
+    def counting(texts, **kwargs):
+        calls.append(kwargs["max_length"])
+        return type(encoder).encode(encoder, texts, **kwargs)
+
+    encoder.encode = counting
+    run_mteb(MTEBEncoder(encoder, batch_size=4, max_length=64), [MockRetrievalTask()], tmp_path)
+    assert calls and set(calls) == {64}
+    calls.clear()
+    run_mteb(MTEBEncoder(encoder, batch_size=4, max_length=64), [MockRetrievalTask()], tmp_path)
+    assert not calls  # the same settings: read back from the cache
+    run_mteb(MTEBEncoder(encoder, batch_size=4, max_length=16), [MockRetrievalTask()], tmp_path)
+    assert calls and set(calls) == {16}  # a new max length is encoded again, not served the old scores
+    calls.clear()
+    override = {"MockRetrievalTask": "Find the answer"}
+    run_mteb(MTEBEncoder(encoder, prompts=override, batch_size=4, max_length=16), [MockRetrievalTask()], tmp_path)
+    assert calls  # a new query instruction too
+
+
+def test_the_fingerprint_sees_every_setting_that_changes_a_score(make_encoder):
+    from c2llm_lib.mteb_code import fingerprint
+
+    encoder = make_encoder(pma_heads=4)
+    reference = fingerprint(encoder, 64)
+    assert fingerprint(make_encoder(pma_heads=4), 64) == reference  # same model, same settings
+    assert fingerprint(encoder, 128) != reference
+    assert fingerprint(encoder, 64, {"HumanEval": "Find it"}) != reference
+    assert fingerprint(make_encoder(pma_heads=4, prompt_style="jina"), 64) != reference
+    assert fingerprint(make_encoder(pma_heads=4, document_prefix="Code: "), 64) != reference
+    assert fingerprint(make_encoder(pma_heads=4, embedding_dim=32), 64) != reference
+    half = make_encoder(pma_heads=4, dtype="bfloat16")
+    upcast = make_encoder(pma_heads=4, dtype="bfloat16")
+    upcast.base_model.float()  # the same weight values, computed in float32
+    assert fingerprint(half, 64) != fingerprint(upcast, 64)
+
+
+def test_benchmark_task_sizes_come_from_mtebs_statistics():
+    from c2llm_lib.mteb_code import mteb_code_tasks, mteb_task_sizes
+
+    sizes = mteb_task_sizes(mteb_code_tasks(["CosQA", "CodeEditSearchRetrieval"]))
+    assert sizes["CosQA"] == {"queries": 500, "documents": 20604}
+    assert sizes["CodeEditSearchRetrieval"] == {"queries": 13000, "documents": 13000}  # derived: older statistics

@@ -5,13 +5,13 @@ import json
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from c2llm_lib import C2LLMEncoder
 from c2llm_lib.model.released import KEY_RULES, ReleasedCheckpointError, rename_key
 
 from conftest import randomize_lora
 from reference_pma import reference_of
+from released_fixture import write_released_checkpoint
 
 TEXTS = ["def add(a, b):\n    return a + b", "SELECT 1;", ""]
 
@@ -66,46 +66,6 @@ def test_from_pretrained_names_a_wrong_directory(tmp_path):
         C2LLMEncoder.from_pretrained(tmp_path)
 
 
-def write_released_checkpoint(enc, directory, extra=None, drop=None, shards=False):
-    """Our tiny encoder's weights written in the released codefuse-ai layout."""
-    directory.mkdir()
-    base = enc.base_model
-    cfg = base.config.to_dict()
-    cfg.update(
-        architectures=["C2LLMForEmbedding"],
-        auto_map={"AutoModel": "modeling_c2llm.C2LLMForEmbedding"},
-        model_type="c2llm",
-        embedding_method="pma",
-        pma_num_heads=enc.pooler.num_heads,
-        pma_ln=True,
-        pma_norm=False,
-        pma_norm_mode="post_normal",
-        compressed_dim=enc.pooler.dim,
-        padding_side="left",
-    )
-    (directory / "config.json").write_text(json.dumps(cfg))
-    tensors = {f"plm_model.model.{k}": v.clone() for k, v in base.state_dict().items()}
-    tensors["plm_model.lm_head.weight"] = base.state_dict()["embed_tokens.weight"].clone()
-    tensors["mha_pma.S"] = enc.pooler.seed.detach().clone()
-    for k, v in enc.pooler.state_dict().items():
-        if k != "seed":
-            tensors[f"mha_pma.mab.{k}"] = v.clone()
-    tensors.update(extra or {})
-    for key in drop or []:
-        tensors.pop(key)
-    if shards:
-        keys = sorted(tensors)
-        half = len(keys) // 2
-        parts = {"model-00001-of-00002.safetensors": keys[:half], "model-00002-of-00002.safetensors": keys[half:]}
-        for name, ks in parts.items():
-            save_file({k: tensors[k].contiguous() for k in ks}, directory / name)
-        index = {"weight_map": {k: name for name, ks in parts.items() for k in ks}}
-        (directory / "model.safetensors.index.json").write_text(json.dumps(index))
-    else:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, directory / "model.safetensors")
-    enc.tokenizer.save_pretrained(directory)
-
-
 @pytest.mark.parametrize("shards", [False, True], ids=["single", "sharded"])
 def test_from_released_reproduces_the_released_computation(make_encoder, tmp_path, shards):
     enc = make_encoder(pma_heads=4)
@@ -153,3 +113,49 @@ def test_key_table():
     with pytest.raises(KeyError):
         rename_key("something.else")
     assert len(KEY_RULES) == 6
+
+
+# hostile or damaged files: safetensors only, and every problem named ---------------------------------------------
+def test_a_pickled_release_is_refused(make_encoder, tmp_path):
+    from safetensors.torch import load_file
+
+    from c2llm_lib.files import CorruptFile
+
+    write_released_checkpoint(make_encoder(pma_heads=4), tmp_path / "r")
+    weights = tmp_path / "r" / "model.safetensors"
+    torch.save(load_file(weights), tmp_path / "r" / "pytorch_model.bin")
+    weights.unlink()
+    with pytest.raises(CorruptFile, match="pytorch_model.bin.*pickle"):
+        C2LLMEncoder.from_released(tmp_path / "r", device="cpu")
+
+
+def test_a_missing_backbone_tensor_is_an_error_listing_it(make_encoder, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    make_encoder(pooling="mean").save_pretrained(tmp_path / "m")
+    weights = tmp_path / "m" / "backbone" / "model.safetensors"
+    tensors = load_file(weights)
+    del tensors["layers.1.mlp.up_proj.weight"]
+    save_file(tensors, weights)
+    with pytest.raises(ValueError, match=r"missing keys \['layers.1.mlp.up_proj.weight'\]"):
+        C2LLMEncoder.from_pretrained(tmp_path / "m")
+
+
+@pytest.mark.parametrize("damaged", ["backbone/model.safetensors", "pooler.safetensors"])
+def test_a_truncated_weights_file_is_named(make_encoder, tmp_path, damaged):
+    from c2llm_lib.files import CorruptFile
+
+    make_encoder(pma_heads=4).save_pretrained(tmp_path / "m")
+    path = tmp_path / "m" / damaged
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(CorruptFile, match=damaged.split("/")[-1] + ".*corrupt or truncated"):
+        C2LLMEncoder.from_pretrained(tmp_path / "m")
+
+
+def test_a_missing_tokenizer_folder_is_named(make_encoder, tmp_path):
+    import shutil
+
+    make_encoder(pooling="mean").save_pretrained(tmp_path / "m")
+    shutil.rmtree(tmp_path / "m" / "tokenizer")
+    with pytest.raises(FileNotFoundError, match="tokenizer folder is missing"):
+        C2LLMEncoder.from_pretrained(tmp_path / "m")

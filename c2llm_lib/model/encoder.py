@@ -17,6 +17,9 @@ A saved directory is self-contained, in safetensors only:
     adapter/            peft's adapter files, when the encoder has LoRA (absent otherwise)
     pooler.safetensors  the PMA head (empty for mean / last-token pooling)
     tokenizer/          the tokenizer files
+`from_pretrained` loads the backbone in the dtype it was stored in (float32 for a merged model, see merge.py)
+unless asked otherwise. It reads weights with `files.load_tensors`, so a corrupt or truncated file is an error
+naming it, and a tensor or folder the directory lacks is an error listing it, never a random initialisation.
 """
 
 from __future__ import annotations
@@ -31,13 +34,14 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from tqdm.auto import tqdm
-from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import MODEL_MAPPING, AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
 from ..atomic import atomic_directory
 from ..config import ModelConfig, from_dict
+from ..files import load_json, load_tensors
 from . import released
 from .backbone import (
     add_lora,
@@ -63,6 +67,13 @@ def _check_texts(texts: Any) -> list[str]:
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"text {i} is {type(text).__name__}, not str: {text!r:.80}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:  # a lone surrogate: no tokenizer can encode it
+            raise ValueError(
+                f"text {i} is not valid Unicode: {text[err.start]!r} at character {err.start} is a lone surrogate "
+                f"(half of a UTF-16 pair): {text!r:.80}"
+            ) from None
     return list(texts)
 
 
@@ -262,24 +273,22 @@ class C2LLMEncoder(nn.Module):
                 f"{record_path} not found: {root} is not a C2LLMEncoder directory "
                 "(for a released codefuse-ai checkpoint use C2LLMEncoder.from_released)"
             )
-        record = json.loads(record_path.read_text())
+        record = load_json(record_path, "encoder record")
         if record.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{record_path}: format_version {record.get('format_version')} is not {FORMAT_VERSION}")
+        for part in ("backbone", "tokenizer"):
+            if not (root / part).is_dir():
+                raise FileNotFoundError(f"{root / part}: the {part} folder is missing; {root} is incomplete")
         saved = from_dict(ModelConfig, record["model"], str(record_path))
         cfg = dataclasses.replace(
             saved,
             device=device or saved.device,
-            dtype=dtype or record.get("backbone_dtype", saved.dtype),
+            dtype=dtype or record.get("backbone_dtype", saved.dtype),  # the stored dtype unless told otherwise
             gradient_checkpointing=saved.gradient_checkpointing and trainable,
         )
         target_device = resolve_device(cfg.device)
         torch_dtype = resolve_dtype(cfg.dtype, target_device)
-        backbone = AutoModel.from_pretrained(
-            root / "backbone",
-            dtype=torch_dtype,
-            attn_implementation=resolve_attn_implementation(cfg.attn_implementation, target_device, torch_dtype),
-        ).to(target_device)
-        backbone.config.use_cache = False
+        backbone = cls._load_saved_backbone(root / "backbone", torch_dtype, cfg.attn_implementation, target_device)
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(backbone)
         if (root / "adapter").is_dir():
@@ -288,8 +297,35 @@ class C2LLMEncoder(nn.Module):
             backbone = PeftModel.from_pretrained(backbone, root / "adapter", is_trainable=trainable)
         tokenizer = AutoTokenizer.from_pretrained(root / "tokenizer")
         encoder = cls(backbone, tokenizer, cfg)
-        encoder.pooler.load_state_dict(load_file(root / "pooler.safetensors"))
+        encoder.pooler.load_state_dict(load_tensors(root / "pooler.safetensors", "pooler weights"))
         return encoder
+
+    @staticmethod
+    def _load_saved_backbone(folder: Path, dtype: torch.dtype, attn_implementation: str, device: torch.device):
+        """The base model of a saved directory, its weights read by `files.load_tensors` (safetensors only, a
+        corrupt file named); a weight the file lacks is an error listing the keys, never a random initialisation."""
+        weights_file = folder / "model.safetensors"
+        state = load_tensors(weights_file, "backbone weights")
+        config = AutoConfig.from_pretrained(folder)
+        model_class = MODEL_MAPPING[type(config)]
+        backbone, info = model_class.from_pretrained(
+            None,
+            config=config,
+            state_dict=state,
+            dtype=dtype,
+            attn_implementation=resolve_attn_implementation(attn_implementation, device, dtype),
+            output_loading_info=True,
+        )
+        tied = set(getattr(backbone, "all_tied_weights_keys", None) or {})  # filled from their source weight
+        missing = sorted(set(info["missing_keys"]) - tied)
+        unexpected = sorted(info["unexpected_keys"])
+        if missing or unexpected:
+            raise ValueError(
+                f"{weights_file} does not fit the backbone of {folder / 'config.json'}: missing keys {missing}; "
+                f"unexpected keys {unexpected}"
+            )
+        backbone.config.use_cache = False
+        return backbone.to(device)
 
     @classmethod
     def from_released(
@@ -300,15 +336,20 @@ class C2LLMEncoder(nn.Module):
         dtype: str = "auto",
         attn_implementation: str = "auto",
         max_length: int = 2048,
+        pooling: str = "pma",
     ) -> C2LLMEncoder:
-        """Loads a codefuse-ai/C2LLM checkpoint directory (config.json + weights + tokenizer), no remote code."""
+        """Loads a codefuse-ai/C2LLM checkpoint directory (config.json + weights + tokenizer), no remote code.
+        With `pooling` "mean" or "last_token", the release's backbone with that baseline pooler instead of its
+        PMA head (whose weights are then left out)."""
         from transformers import Qwen2Config
 
         root = Path(directory)
         pooler_settings, backbone_fields = released.read_released_config(root)
+        if pooling != "pma":
+            pooler_settings = {**pooler_settings, "embedding_dim": None}
         cfg = ModelConfig(
             backbone=str(root),
-            pooling="pma",
+            pooling=pooling,
             device=device,
             dtype=dtype,
             attn_implementation=attn_implementation,
@@ -327,6 +368,6 @@ class C2LLMEncoder(nn.Module):
         tokenizer = AutoTokenizer.from_pretrained(root)
         encoder = cls(backbone.to(target_device), tokenizer, cfg)
         expected = set(encoder.state_dict())
-        state = released.map_released_state_dict(released.read_released_weights(root), expected)
+        state = released.map_released_state_dict(released.read_released_weights(root), expected, head=pooling == "pma")
         encoder.load_state_dict(state, strict=True)
         return encoder

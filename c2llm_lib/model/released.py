@@ -10,15 +10,19 @@ checkpoint differs, fix `KEY_RULES` and the tests that write a checkpoint in thi
 Released config fields used: `embedding_method` (must be "pma" here), `pma_num_heads`, `pma_ln`
 (must be true), `pma_norm_mode` (must be "post_normal"), `compressed_dim`; `pma_norm` only chose
 whether the remote code normalised, and `encode(normalize=...)` decides that for us.
+
+Weights are read from safetensors only (`files.load_tensors`); a `pytorch_model.bin` is a pickle and is
+refused. `is_released_checkpoint` tells a release from a plain backbone folder, so that the evaluation builds
+its baselines on a release's own backbone (`C2LLMEncoder.from_released(..., pooling="mean")`).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+
+from ..files import load_json, load_tensors, refuse_pickle
 
 # (released prefix, our prefix or None to drop); the first matching rule wins.
 KEY_RULES: tuple[tuple[str, str | None], ...] = (
@@ -68,7 +72,7 @@ def read_released_config(directory: Path) -> tuple[dict, dict]:
     path = directory / "config.json"
     if not path.is_file():
         raise ReleasedCheckpointError(f"{path} does not exist: not a released C2LLM checkpoint directory")
-    raw = json.loads(path.read_text())
+    raw = load_json(path, "released config")
     method = raw.get("embedding_method", "pma")
     if method != "pma":
         raise ReleasedCheckpointError(f"{path}: embedding_method is {method!r}; only 'pma' checkpoints are read")
@@ -85,26 +89,42 @@ def read_released_config(directory: Path) -> tuple[dict, dict]:
     return pooler, backbone
 
 
+def is_released_checkpoint(directory: str | Path) -> bool:
+    """Whether `directory` is a released C2LLM checkpoint (its config.json says model_type c2llm or names an
+    embedding method), as opposed to a plain transformers backbone."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        return False
+    raw = load_json(path, "model config")
+    return raw.get("model_type") == "c2llm" or "embedding_method" in raw
+
+
 def read_released_weights(directory: Path) -> dict[str, torch.Tensor]:
-    """All tensors of the checkpoint (single or sharded safetensors, or a PyTorch .bin)."""
+    """All tensors of the checkpoint (single or sharded safetensors); a pickle-based `pytorch_model.bin` is
+    refused, since loading a pickle can run code."""
     index = directory / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = load_json(index, "safetensors index").get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ReleasedCheckpointError(f"{index}: no weight_map in the safetensors index")
         tensors: dict[str, torch.Tensor] = {}
-        for shard in shards:
-            tensors.update(load_file(directory / shard))
+        for shard in sorted(set(weight_map.values())):
+            tensors.update(load_tensors(directory / shard, "weights shard"))
         return tensors
     single = directory / "model.safetensors"
     if single.is_file():
-        return load_file(single)
+        return load_tensors(single, "released weights")
     legacy = directory / "pytorch_model.bin"
     if legacy.is_file():
-        return torch.load(legacy, map_location="cpu", weights_only=True)
-    raise ReleasedCheckpointError(f"{directory}: no model.safetensors, sharded index or pytorch_model.bin found")
+        refuse_pickle(legacy)
+    raise ReleasedCheckpointError(f"{directory}: no model.safetensors or sharded safetensors index found")
 
 
-def map_released_state_dict(tensors: dict[str, torch.Tensor], expected: set[str]) -> dict[str, torch.Tensor]:
-    """Released tensors under our names; raises listing every unexpected or missing key."""
+def map_released_state_dict(
+    tensors: dict[str, torch.Tensor], expected: set[str], head: bool = True
+) -> dict[str, torch.Tensor]:
+    """Released tensors under our names (without the PMA head's when `head` is False, for a baseline pooler on
+    the released backbone); raises listing every unexpected or missing key."""
     mapped, unexpected = {}, []
     for key, value in tensors.items():
         try:
@@ -112,7 +132,7 @@ def map_released_state_dict(tensors: dict[str, torch.Tensor], expected: set[str]
         except KeyError:
             unexpected.append(key)
             continue
-        if new is None:
+        if new is None or (not head and new.startswith("pooler.")):
             continue
         if new not in expected:
             unexpected.append(f"{key} (as {new})")
