@@ -147,7 +147,7 @@ class ModelConfig:
     max_length: int = 1024  # tokens, instruction and EOS included (paper: 1024 training, 2048 eval)
     document_prefix: str = "Retrieved Answer:"  # prepended to documents with no separator (released)
     prompt_style: Literal["c2llm", "jina", "codexembed"] = "c2llm"  # prompts.py: which prompt set trains and evaluates
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on CUDA, fp32 on CPU
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on CUDA; CPU: the faster
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
     device: str = "auto"  # auto: cuda when available, else cpu
     use_lora: bool = False
@@ -273,7 +273,8 @@ class DataStage:
     rows_per_group: int | None = None  # cap per (dataset, language) group; None keeps every row
     num_negatives: int = 7  # K, mined per query
     mining: Literal["bm25"] = "bm25"
-    decontaminate_mteb: bool = False  # also drop rows seen in MTEB(Code) test sets (needs the hub)
+    decontaminate_mteb: bool = False  # drop rows whose query is a test query or positive a relevant test doc
+    hub_mirror: str | None = None  # a local folder laid out as the hub datasets (data/mirror.py) instead of the hub
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -317,6 +318,7 @@ class EvalStage:
     eval_released_revision: str | None = None
     ablations: bool = False  # train PMA, last-token and mean poolers the same way, and PMA at smaller d
     ablation_dims: list[int] = field(default_factory=lambda: [512, 256, 128])  # PMA's d vs truncation
+    hub_mirror: str | None = None  # a local folder laid out as the hub datasets (data/mirror.py) instead of the hub
 
     def __post_init__(self) -> None:
         check_types(self)

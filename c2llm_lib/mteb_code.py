@@ -201,15 +201,16 @@ def run_mteb(model: MTEBEncoder, tasks: Sequence[Any], cache_dir: str | Path) ->
     return {r.task_name: float(r.get_score()) for r in result.task_results}
 
 
-def mteb_code_tasks(names: Sequence[str] | None = None):
-    """MTEB(Code, v1) tasks (all 12, or the named subset); their data comes from the hub."""
-    import mteb
+def mteb_code_tasks(names: Sequence[str] | None = None, mirror: str | Path | None = None):
+    """MTEB(Code, v1) tasks (all 12, or the named subset); their data comes from the hub, or from a local mirror
+    folder laid out as the hub datasets (`data/mirror.py`)."""
+    from .data.mirror import mteb_tasks
 
     names = list(names or MTEB_CODE_V1)
     unknown = sorted(set(names) - set(MTEB_CODE_V1))
     if unknown:
         raise ValueError(f"{unknown} are not MTEB(Code, v1) tasks; choose from {list(MTEB_CODE_V1)}")
-    return list(mteb.get_tasks(tasks=names))
+    return mteb_tasks(names, mirror)
 
 
 SIZES_NOTE = (

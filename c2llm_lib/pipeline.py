@@ -97,6 +97,25 @@ def load_params(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def apply_overlay(params: dict[str, Any], path: str | Path, notebook_dir: Path = NOTEBOOK_DIR) -> dict[str, Any]:
+    """`params` with an overlay file laid over it (e.g. params/overlays/rehearsal.yaml): its keys replace the file's,
+    and the keys under `where_nonempty:` replace only a list the run has non-empty (in the file or as the notebook's
+    default), so that an overlay scales what a recipe asks for without switching on what it does not."""
+    overlay = load_params(path)
+    conditional = overlay.pop("where_nonempty", {})
+    if not isinstance(conditional, dict):
+        raise ConfigError(f"{path}: where_nonempty must be a mapping of parameter names to lists")
+    merged = {**params, **overlay}
+    resolved = resolve(merged, str(path), notebook_dir)
+    for key, value in conditional.items():
+        current = [v[key] for v in resolved.values() if key in v]
+        if not current:
+            raise ConfigError(f"{path}: where_nonempty names {key!r}, which no notebook declares")
+        if any(isinstance(v, list) and v for v in current):
+            merged[key] = value
+    return merged
+
+
 def parse_sets(items: list[str]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for item in items:
@@ -219,10 +238,14 @@ def run_pipeline(
     outputs: str | Path = REPO / "outputs",
     notebook_dir: Path = NOTEBOOK_DIR,
     log=print,
+    overlay: str | Path | None = None,
 ) -> RunDir:
     params_file = Path(params_file)
     name = check_run_name(params_file.stem, f"{params_file}: the run name (the file's stem)")
-    given = {**load_params(params_file), **(sets or {})}
+    given = load_params(params_file)
+    if overlay is not None:
+        given = apply_overlay(given, overlay, notebook_dir)
+    given = {**given, **(sets or {})}
     resolved = resolve(given, str(params_file), notebook_dir)
     selected = NOTEBOOKS if not only else [n for n in NOTEBOOKS if any(n.startswith(p) for p in only)]
     if only and len(selected) != len(only):
@@ -231,7 +254,8 @@ def run_pipeline(
     replace = [p for n in selected for p in (*PRODUCTS[n], f"notebooks/{n}.ipynb")] if only else None
     run = RunDir.create(Path(outputs) / name, mode, replace=replace)
     try:
-        _run_notebooks(run, str(params_file), given, resolved, selected, mode == "resume", notebook_dir, log)
+        _run_notebooks(run, str(params_file), given, resolved, selected, mode == "resume", notebook_dir, log,
+                       overlay=str(overlay) if overlay is not None else None)  # fmt: skip
     finally:
         run.release()
     return run
@@ -246,6 +270,7 @@ def _run_notebooks(
     resume: bool,
     notebook_dir: Path,
     log,
+    overlay: str | None = None,
 ) -> None:
     import papermill
     from nbclient.exceptions import DeadKernelError
@@ -260,7 +285,8 @@ def _run_notebooks(
     run.write_params(given, resolved)
 
     def save(**extra: Any) -> None:
-        run.write_manifest(REPO, params_file=params_file, selected=selected, notebooks=records, **extra)
+        run.write_manifest(REPO, params_file=params_file, overlay=overlay, selected=selected, notebooks=records,
+                           **extra)  # fmt: skip
 
     save(status="running", drop=("failed_notebook", "error", "ended"))
     for name in selected:
@@ -330,10 +356,15 @@ def main(argv: list[str] | None = None) -> int:
         "products (e.g. --overwrite --only 04 replaces the evaluation and keeps data, checkpoints and merged/)",
     )  # fmt: skip
     parser.add_argument("--outputs", default=str(REPO / "outputs"), help="where run directories live")
+    parser.add_argument(
+        "--overlay", metavar="YAML",
+        help="a file laid over the params file before --set, e.g. params/overlays/rehearsal.yaml (the recipe on a CPU "
+        "with no hub, sizes scaled down)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     mode = "resume" if args.resume else "overwrite" if args.overwrite else "new"
     try:
-        run = run_pipeline(args.params, args.only, parse_sets(args.set), mode, args.outputs)
+        run = run_pipeline(args.params, args.only, parse_sets(args.set), mode, args.outputs, overlay=args.overlay)
     except (ConfigError, FileExistsError, PipelineError, RunInUse, CorruptFile) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

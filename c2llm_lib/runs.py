@@ -143,6 +143,12 @@ def device_description() -> dict[str, Any]:
                             "cpu_threads": torch.get_num_threads(), "cuda": torch.cuda.is_available()}  # fmt: skip
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    from .hardware import auto_dtype, cpu_info
+    from .model.backbone import resolve_device
+
+    info["cpu"] = cpu_info()
+    dtype, why = auto_dtype(resolve_device("auto"))
+    info["auto_dtype"] = {"dtype": str(dtype).removeprefix("torch."), "why": why}  # what `dtype: auto` means here
     return info
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import DataStage
+from .mirror import mteb_tasks as mirrored_mteb_tasks
 from .mix import (
     MTEB_CODE_TASKS,
     Prepared,
@@ -59,7 +60,13 @@ def build_training_data(
 
     `local_root`: hub sources read from a local folder laid out like the hub (data_source "hub" only).
     `mteb_tasks`: the task objects (or names) to decontaminate against when `decontaminate_mteb` is on,
-    instead of the 12 MTEB(Code, v1) tasks fetched by name from the hub."""
+    instead of the 12 MTEB(Code, v1) tasks fetched by name from the hub.
+    `stage.hub_mirror` (a local folder laid out as the hub, `mirror.py`) supplies both when they are not given."""
+    if stage.hub_mirror is not None:
+        if local_root is None and stage.data_source == "hub":
+            local_root = stage.hub_mirror
+        if mteb_tasks is None and stage.decontaminate_mteb:
+            mteb_tasks = mirrored_mteb_tasks(MTEB_CODE_TASKS, stage.hub_mirror)
     if local_root is not None and stage.data_source != "hub":
         raise DataError(f"local_root={str(local_root)!r} reads hub sources, but data_source is {stage.data_source!r}")
     if mteb_tasks is not None and not stage.decontaminate_mteb:
