@@ -215,7 +215,7 @@ class TrainConfig:
     checkpoint_fractions: list[float] = field(default_factory=list)  # of the run's total steps, in (0, 1]
     seed: int = 0
     grad_cache: bool = False
-    grad_cache_chunk: int = 16  # texts per chunk
+    grad_cache_chunk: int = 16  # micro-batch size: at most this many texts of max_length (shorter texts pack more)
     mrl_dims: list[int] = field(default_factory=list)  # MRL: the loss also on these smaller widths; [] = off
     mrl_weights: list[float] = field(default_factory=list)  # one per mrl_dims entry (full width: 1); [] = 1 each
 

@@ -2,17 +2,25 @@
 
 One optimizer step = one global batch from one (dataset, language) group (`samplers.py`): each rank
 embeds its slice of queries (with the row's instruction, or the prompt set of the encoder's
-`prompt_style`), positives and K hard negatives (with the document prefix) in one forward pass, and
+`prompt_style`), positives and K hard negatives (with the document prefix), and
 `losses.contrastive_loss` scores local queries against the whole global batch (with `mrl_dims`,
 `losses.matryoshka_loss`: the same loss also on the first d coordinates for each d). The LoRA adapters and
 the PMA head train (the head may have its own learning rate), with AdamW, linear warmup then a cosine (or
 linear) decay counted in *optimizer steps* (the scheduler is stepped once per step on every rank, never once
 per process), and gradient clipping.
 
-GradCache (`grad_cache=True`): embed all texts in chunks without a graph, compute the loss and its
-gradient with respect to the embeddings, then re-embed chunk by chunk with a graph and backpropagate
-the cached gradients. Memory then depends on the chunk, not the global batch, and the loss and
-gradients are those of the plain step (tested).
+No compute goes to padding that sorting can avoid: queries and documents are embedded apart, each sorted by
+token length into micro-batches (`micro_batches`: at most `grad_cache_chunk` x `max_length` token slots each,
+grouped to compute the fewest slots), and the embeddings are put back in the rows' order. Rows are left-padded
+with position ids counting real tokens, so an embedding does not depend on its micro-batch, and the loss and
+gradients are those of one padded forward of every text (tested). Each step logs its real `tokens` and its
+`padding_efficiency` (real tokens / computed token slots). Variable-length packing (one row, block-diagonal
+attention) would leave no padding at all, but on a CPU the sdpa kernel computes the whole pack's square.
+
+GradCache (`grad_cache=True`): embed all texts micro-batch by micro-batch without a graph, compute the loss
+and its gradient with respect to the embeddings, then re-embed each micro-batch with a graph and backpropagate
+the cached gradients. Memory then depends on the micro-batch's token budget, not the global batch, at the cost
+of one more forward pass; the loss and gradients are those of the plain step (tested).
 
 Checkpoints (the paper merges "four checkpoints captured at different global steps") are written at
 `checkpoint_steps` and at `checkpoint_fractions` of the run's optimizer steps (so that [0.7, 0.8, 0.9, 1.0]
@@ -107,6 +115,33 @@ def checkpoint_schedule(cfg: TrainConfig, total_steps: int) -> list[int]:
         )
     from_fractions = {min(total_steps, max(1, math.floor(f * total_steps + 0.5))) for f in cfg.checkpoint_fractions}
     return sorted(set(cfg.checkpoint_steps) | from_fractions)
+
+
+FORWARD_COST_SLOTS = 64  # one forward's fixed cost (per-layer calls, weight packing) in token slots, CPU bf16
+
+
+def micro_batches(lengths: list[int], budget: int, forward_cost: int = FORWARD_COST_SLOTS) -> list[list[int]]:
+    """Indices of texts of these token `lengths` in micro-batches of similar length, longest first: the grouping of
+    the length-sorted texts that computes the fewest token slots (rows x longest each, padding included) plus
+    `forward_cost` slots per forward, with at most `budget` slots per micro-batch (a longer text runs alone)."""
+    if budget < 1:
+        raise ValueError(f"a micro-batch needs a token budget of at least 1 slot, got {budget}")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # ties in input order
+    longest = [max(1, lengths[i]) for i in order]  # non-increasing
+    cost, start = [0] + [math.inf] * len(order), [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):  # the best grouping of order[:end]; its last group is order[first:end]
+        for first in range(end - 1, -1, -1):
+            rows = end - first
+            if rows > 1 and rows * longest[first] > budget:
+                break  # more rows (and a longer first) only grow the slots
+            total = cost[first] + forward_cost + rows * longest[first]
+            if total <= cost[end]:  # a tie: the fewer forwards
+                cost[end], start[end] = total, first
+    groups, end = [], len(order)
+    while end:
+        groups.append(order[start[end] : end])
+        end = start[end]
+    return groups[::-1]
 
 
 # RNG states: in memory as the libraries give them, on disk as JSON lists ------------------------------
@@ -406,8 +441,15 @@ class Trainer:
         )
         self.step = 0
         self._tokens = 0  # real (non-padding) tokens embedded with a graph in the current step
+        self._slots = 0  # token slots (real and padding) computed with a graph in the current step
         self.metrics: list[dict[str, Any]] = []
         self.checkpoints: list[str] = []
+
+    @property
+    def token_budget(self) -> int:
+        """Token slots (rows x longest) per micro-batch: `grad_cache_chunk` texts of `max_length`; shorter texts
+        pack more rows into the same slots, so the memory of one micro-batch's graph stays the same."""
+        return self.cfg.grad_cache_chunk * self.cfg.max_length
 
     @functools.cached_property
     def data_fingerprint(self) -> str:
@@ -436,11 +478,27 @@ class Trainer:
         )
         return queries + documents, k
 
-    def embed(self, texts: list[str]) -> torch.Tensor:
-        batch = self.encoder.tokenize_formatted(texts, self.cfg.max_length)
+    def micro_batches(self, texts: list[str], b: int) -> list[tuple[list[int], dict[str, torch.Tensor]]]:
+        """[(indices into `texts`, their left-padded tokens (m, t))]: the queries (`texts[:b]`) and the documents
+        apart, each sorted by length into micro-batches of at most `token_budget` slots (rows x longest)."""
+        tokens = self.encoder.tokenize_formatted(texts, self.cfg.max_length)  # (N, T), left-padded
+        lengths = tokens["attention_mask"].sum(-1).tolist()  # (N,) real tokens
+        width = tokens["input_ids"].shape[-1]
+        out = []
+        for start, stop in ((0, b), (b, len(texts))):
+            for group in micro_batches(lengths[start:stop], self.token_budget):
+                idx = [start + i for i in group]
+                longest = max(1, max(lengths[i] for i in idx))
+                rows = torch.tensor(idx)
+                out.append((idx, {k: v[rows, width - longest :] for k, v in tokens.items()}))  # (m, longest)
+        return out
+
+    def embed(self, tokens: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Embeddings (m, d) of one micro-batch; with a graph, its real tokens and token slots are counted."""
         if torch.is_grad_enabled():  # the pass with a graph (GradCache's first pass has none)
-            self._tokens += int(batch["attention_mask"].sum())
-        return self.model(**batch)  # (N, d)
+            self._tokens += int(tokens["attention_mask"].sum())
+            self._slots += tokens["attention_mask"].numel()
+        return self.model(**tokens)  # (m, d)
 
     def loss_from(self, emb: torch.Tensor, b: int, k: int, dataset: str) -> dict[str, torch.Tensor]:
         q, p = emb[:b], emb[b : 2 * b]  # (b, d) each
@@ -458,24 +516,28 @@ class Trainer:
         A non-finite loss on any rank raises on every rank before any backward pass."""
         texts, k = self.texts(batch)
         b, dataset = len(batch["query"]), batch["dataset"][0]
+        plan = self.micro_batches(texts, b)
+        order = torch.tensor([i for idx, _ in plan for i in idx])  # micro-batch row -> text
+        back = torch.empty_like(order)
+        back[order] = torch.arange(len(order))  # text -> micro-batch row
         if not self.cfg.grad_cache:
-            out = self.loss_from(self.embed(texts), b, k, dataset)
+            emb = torch.cat([self.embed(tokens) for _, tokens in plan])[back]  # (N, d), in text order
+            out = self.loss_from(emb, b, k, dataset)
             logged = self.agree_finite(out, dataset)
             out["loss"].backward()
             return logged
-        chunks = [texts[i : i + self.cfg.grad_cache_chunk] for i in range(0, len(texts), self.cfg.grad_cache_chunk)]
         states, parts = [], []
         with torch.no_grad():
-            for chunk in chunks:
+            for _, tokens in plan:
                 states.append(rng_state())
-                parts.append(self.embed(chunk))
-        cached = torch.cat(parts).detach().requires_grad_()  # (N, d)
+                parts.append(self.embed(tokens))
+        cached = torch.cat(parts)[back].detach().requires_grad_()  # (N, d), in text order
         out = self.loss_from(cached, b, k, dataset)
         logged = self.agree_finite(out, dataset)
         out["loss"].backward()
-        grads = cached.grad.split([len(c) for c in chunks])
-        for i, (chunk, state, grad) in enumerate(zip(chunks, states, grads, strict=True)):
-            last = i == len(chunks) - 1
+        grads = cached.grad[order].split([len(idx) for idx, _ in plan])  # (m, d) per micro-batch
+        for i, ((_, tokens), state, grad) in enumerate(zip(plan, states, grads, strict=True)):
+            last = i == len(plan) - 1
             sync = (
                 self.model.no_sync()
                 if isinstance(self.model, DistributedDataParallel) and not last
@@ -483,7 +545,7 @@ class Trainer:
             )
             with sync:
                 set_rng_state(state)  # the same dropout masks as in the graph-free pass
-                self.embed(chunk).backward(grad)
+                self.embed(tokens).backward(grad)
         return logged
 
     def last_good(self) -> str:
@@ -635,7 +697,7 @@ class Trainer:
                 dataset = batch["dataset"][0]
                 tick = time.perf_counter()
                 self.optimizer.zero_grad(set_to_none=True)
-                self._tokens = 0
+                self._tokens = self._slots = 0
                 out = self.forward_backward(batch)  # means over ranks, agreed finite
                 norm = torch.nn.utils.clip_grad_norm_(
                     [p for g in self.optimizer.param_groups for p in g["params"]], self.cfg.max_grad_norm
@@ -649,7 +711,8 @@ class Trainer:
                     "step": self.step, "epoch": self.sampler.epoch, "dataset": dataset,
                     "language": batch["language"][0], "loss": out["loss"].item(), "in_batch": out["in_batch"].item(),
                     "hard_negative": out["hard_negative"].item(), "lr": lr, "grad_norm": float(norm),
-                    "tokens": self._tokens, "seconds": time.perf_counter() - tick,
+                    "tokens": self._tokens, "padding_efficiency": self._tokens / max(1, self._slots),
+                    "seconds": time.perf_counter() - tick,
                     **{key: v.item() for key, v in out.items() if key.startswith("loss@")},
                 })  # fmt: skip
                 bar.update(1)
@@ -710,15 +773,21 @@ def peak_memory() -> dict[str, float]:
 
 
 def throughput(metrics: list[dict[str, Any]]) -> dict[str, float]:
-    """Steps, step seconds, real tokens embedded with a graph, and tokens per second, from the step metrics."""
+    """Steps, step seconds, real tokens embedded with a graph, tokens per second, and the padding efficiency (real
+    tokens / computed token slots, over the steps that record it), from the step metrics."""
     seconds = sum(m["seconds"] for m in metrics)
     tokens = sum(m["tokens"] for m in metrics)
-    return {
+    out = {
         "steps": len(metrics),
         "seconds": seconds,
         "tokens": tokens,
         "tokens_per_second": tokens / max(seconds, 1e-9),
     }
+    recorded = [m for m in metrics if m.get("padding_efficiency")]
+    if recorded:
+        slots = sum(m["tokens"] / m["padding_efficiency"] for m in recorded)
+        out["padding_efficiency"] = sum(m["tokens"] for m in recorded) / slots
+    return out
 
 
 def split_params(params: dict[str, Any], source: str) -> tuple[ModelConfig, TrainConfig]:
