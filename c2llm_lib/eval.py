@@ -4,7 +4,9 @@ This module holds the pieces every evaluation shares:
 - `RetrievalTask`: queries, a corpus and graded relevance (qrels), in mteb's shape;
 - `offline_tasks`: tasks built from the held-out split of the offline real-code dataset (one per
   (recipe, language)) and from HumanEval. Every held-out positive is in the corpus, also when `limit`
-  caps the queries, so each query competes against all held-out documents of its task; `task_sizes`
+  caps the queries, so each query competes against all held-out documents of its task (or, with
+  `max_documents`, for a CPU budget: every positive of the evaluated queries and a fixed seeded sample of
+  the other documents); `task_sizes`
   counts queries and documents, and with an encoder how many of them its evaluation length cuts
   (`truncation_counts`), which every results table shows with that length (`results_markdown`);
 - `chunked_topk`: exact top-k by cosine over a corpus scored in chunks. Memory is bounded by
@@ -24,6 +26,7 @@ This module holds the pieces every evaluation shares:
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,11 +48,22 @@ class RetrievalTask:
     instruction: str  # the query instruction (table 1)
 
 
-def task_from_rows(name: str, rows: Sequence[dict], instruction: str, limit: int | None = None) -> RetrievalTask:
+def task_from_rows(
+    name: str,
+    rows: Sequence[dict],
+    instruction: str,
+    limit: int | None = None,
+    max_documents: int | None = None,
+    seed: int = 0,
+) -> RetrievalTask:
     """Queries from the first `limit` rows (all when None); the corpus holds every row's positive, so a limit
-    shortens the query list and never the corpus. Identical documents share an id."""
+    shortens the query list and never the corpus. Identical documents share an id. With `max_documents`, the
+    corpus keeps every positive of the evaluated queries and a sample of the other documents (seeded by `seed`
+    and the task name, so the same on every run) up to `max_documents`; documents keep their ids and order."""
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be a positive number of queries or None, got {limit}")
+    if max_documents is not None and max_documents < 1:
+        raise ValueError(f"max_documents must be a positive number of documents or None, got {max_documents}")
     corpus, ids, queries, qrels = {}, {}, {}, {}
     for row in rows:
         doc_id = ids.setdefault(row["positive"], f"d{len(ids)}")
@@ -57,12 +71,21 @@ def task_from_rows(name: str, rows: Sequence[dict], instruction: str, limit: int
     for i, row in enumerate(rows[:limit]):
         queries[f"q{i}"] = row["query"]
         qrels[f"q{i}"] = {ids[row["positive"]]: 1}
+    if max_documents is not None and len(corpus) > max_documents:
+        positives = {d for relevant in qrels.values() for d in relevant}
+        distractors = [d for d in corpus if d not in positives]
+        k = min(len(distractors), max(0, max_documents - len(positives)))
+        kept = positives | set(random.Random(f"{seed}:{name}").sample(distractors, k))
+        corpus = {d: text for d, text in corpus.items() if d in kept}
     return RetrievalTask(name, queries, corpus, qrels, instruction)
 
 
-def offline_tasks(limit: int | None = None, include_humaneval: bool = True) -> list[RetrievalTask]:
+def offline_tasks(
+    limit: int | None = None, include_humaneval: bool = True, max_documents: int | None = None, seed: int = 0
+) -> list[RetrievalTask]:
     """Held-out offline tasks, one per (recipe, language), plus HumanEval; `limit` caps queries per task, and
-    every task's corpus holds all of its held-out documents."""
+    every task's corpus holds all of its held-out documents, or with `max_documents` every positive of the
+    evaluated queries and a seeded sample of the others up to that many (`task_from_rows`)."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for row in load_snapshot():
         if row["split"] == "test":
@@ -70,9 +93,12 @@ def offline_tasks(limit: int | None = None, include_humaneval: bool = True) -> l
     tasks = []
     for (dataset, language), rows in sorted(groups.items()):
         short = {"CodeSearchNetRetrieval": "text2code", "CodeSearchNetCCRetrieval": "code2code"}[dataset]
-        tasks.append(task_from_rows(f"offline-{short}-{language}", rows, TABLE_1[dataset], limit))
+        name = f"offline-{short}-{language}"
+        tasks.append(task_from_rows(name, rows, TABLE_1[dataset], limit, max_documents, seed))
     if include_humaneval:
-        tasks.append(task_from_rows("HumanEval", humaneval_records(), TABLE_1[TEXT_TO_CODE], limit))
+        tasks.append(
+            task_from_rows("HumanEval", humaneval_records(), TABLE_1[TEXT_TO_CODE], limit, max_documents, seed)
+        )
     return tasks
 
 
