@@ -6,9 +6,9 @@ This module holds the pieces every evaluation shares:
   (recipe, language)) and from HumanEval. Every held-out positive is in the corpus, also when `limit`
   caps the queries, so each query competes against all held-out documents of its task (or, with
   `max_documents`, for a CPU budget: every positive of the evaluated queries and a fixed seeded sample of
-  the other documents); `task_sizes`
-  counts queries and documents, and with an encoder how many of them its evaluation length cuts
-  (`truncation_counts`), which every results table shows with that length (`results_markdown`);
+  the other documents); `task_sizes` counts queries and documents, and with an encoder how many of them
+  its evaluation length cuts (`truncation_counts`), which every results table shows with that length
+  (`results_markdown`);
 - `chunked_topk`: exact top-k by cosine over a corpus scored in chunks. Memory is bounded by
   queries x chunk plus queries x k, never queries x corpus, because a CodeSearchNet corpus has about
   1M documents;
