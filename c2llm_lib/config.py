@@ -310,6 +310,8 @@ class EvalStage:
     """Notebook 04: the held-out evaluation and its baselines."""
 
     eval_limit: int | None = None  # queries per offline task; None: all of them
+    eval_max_documents: int | None = None  # documents per offline task (>= 500): the evaluated queries' positives
+    # plus a fixed seeded sample of the others, for a CPU budget; None: every held-out document
     eval_batch_size: int = 16
     eval_max_length: int = 2048  # the released model's inference length
     baselines: list[str] = field(default_factory=lambda: ["bm25", "mean", "last_token"])
@@ -323,6 +325,8 @@ class EvalStage:
     def __post_init__(self) -> None:
         check_types(self)
         require(self.eval_limit is None or self.eval_limit > 0, "eval_limit", "must be positive")
+        require(self.eval_max_documents is None or self.eval_max_documents >= 500, "eval_max_documents",
+                "must be at least 500 (fewer distractors make retrieval too easy to compare) or None")  # fmt: skip
         require(all(d > 0 for d in self.ablation_dims), "ablation_dims", "must be positive")
         require(len(set(self.ablation_dims)) == len(self.ablation_dims), "ablation_dims", "repeats a width")
         require(self.eval_batch_size > 0, "eval_batch_size", "must be positive")

@@ -4,17 +4,21 @@ This module holds the pieces every evaluation shares:
 - `RetrievalTask`: queries, a corpus and graded relevance (qrels), in mteb's shape;
 - `offline_tasks`: tasks built from the held-out split of the offline real-code dataset (one per
   (recipe, language)) and from HumanEval. Every held-out positive is in the corpus, also when `limit`
-  caps the queries, so each query competes against all held-out documents of its task; `task_sizes`
-  counts queries and documents, which every results table shows (`results_markdown`);
+  caps the queries, so each query competes against all held-out documents of its task (or, with
+  `max_documents`, for a CPU budget: every positive of the evaluated queries and a fixed seeded sample of
+  the other documents); `task_sizes` counts queries and documents, and with an encoder how many of them
+  its evaluation length cuts (`truncation_counts`), which every results table shows with that length
+  (`results_markdown`);
 - `chunked_topk`: exact top-k by cosine over a corpus scored in chunks. Memory is bounded by
   queries x chunk plus queries x k, never queries x corpus, because a CodeSearchNet corpus has about
   1M documents;
 - `ndcg_at_k` and `recall_at_k` on ranked ids (binary or graded relevance, the standard log2 discount);
 - `evaluate_encoder` and `evaluate_bm25` (bm25s), scored the same way; `evaluate_all` runs encoders through
-  `mteb.evaluate` (cached, resumable) and BM25 through this scorer; `task_embeddings` and
+  `mteb.evaluate` (cached, resumable; within one call no model encodes a text twice, and the baselines share one
+  backbone pass per text: `mteb_code.EncodingCache`) and BM25 through this scorer; `task_embeddings` and
   `truncation_scores` score one encoding pass at several truncated widths (the dimension sweeps).
   `baselines` builds the untrained-pooler baselines on the evaluated model's own backbone (a released
-  checkpoint's through `C2LLMEncoder.from_released`).
+  checkpoint's through `C2LLMEncoder.from_released`), loaded once and shared by the poolers.
   Documents are prepared as mteb prepares a corpus (`corpus_text`: stripped), so our scores equal
   `mteb.evaluate`'s on the same task (tested in tests/test_mteb_code.py).
 """
@@ -22,6 +26,7 @@ This module holds the pieces every evaluation shares:
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,11 +48,22 @@ class RetrievalTask:
     instruction: str  # the query instruction (table 1)
 
 
-def task_from_rows(name: str, rows: Sequence[dict], instruction: str, limit: int | None = None) -> RetrievalTask:
+def task_from_rows(
+    name: str,
+    rows: Sequence[dict],
+    instruction: str,
+    limit: int | None = None,
+    max_documents: int | None = None,
+    seed: int = 0,
+) -> RetrievalTask:
     """Queries from the first `limit` rows (all when None); the corpus holds every row's positive, so a limit
-    shortens the query list and never the corpus. Identical documents share an id."""
+    shortens the query list and never the corpus. Identical documents share an id. With `max_documents`, the
+    corpus keeps every positive of the evaluated queries and a sample of the other documents (seeded by `seed`
+    and the task name, so the same on every run) up to `max_documents`; documents keep their ids and order."""
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be a positive number of queries or None, got {limit}")
+    if max_documents is not None and max_documents < 1:
+        raise ValueError(f"max_documents must be a positive number of documents or None, got {max_documents}")
     corpus, ids, queries, qrels = {}, {}, {}, {}
     for row in rows:
         doc_id = ids.setdefault(row["positive"], f"d{len(ids)}")
@@ -55,12 +71,21 @@ def task_from_rows(name: str, rows: Sequence[dict], instruction: str, limit: int
     for i, row in enumerate(rows[:limit]):
         queries[f"q{i}"] = row["query"]
         qrels[f"q{i}"] = {ids[row["positive"]]: 1}
+    if max_documents is not None and len(corpus) > max_documents:
+        positives = {d for relevant in qrels.values() for d in relevant}
+        distractors = [d for d in corpus if d not in positives]
+        k = min(len(distractors), max(0, max_documents - len(positives)))
+        kept = positives | set(random.Random(f"{seed}:{name}").sample(distractors, k))
+        corpus = {d: text for d, text in corpus.items() if d in kept}
     return RetrievalTask(name, queries, corpus, qrels, instruction)
 
 
-def offline_tasks(limit: int | None = None, include_humaneval: bool = True) -> list[RetrievalTask]:
+def offline_tasks(
+    limit: int | None = None, include_humaneval: bool = True, max_documents: int | None = None, seed: int = 0
+) -> list[RetrievalTask]:
     """Held-out offline tasks, one per (recipe, language), plus HumanEval; `limit` caps queries per task, and
-    every task's corpus holds all of its held-out documents."""
+    every task's corpus holds all of its held-out documents, or with `max_documents` every positive of the
+    evaluated queries and a seeded sample of the others up to that many (`task_from_rows`)."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for row in load_snapshot():
         if row["split"] == "test":
@@ -68,15 +93,48 @@ def offline_tasks(limit: int | None = None, include_humaneval: bool = True) -> l
     tasks = []
     for (dataset, language), rows in sorted(groups.items()):
         short = {"CodeSearchNetRetrieval": "text2code", "CodeSearchNetCCRetrieval": "code2code"}[dataset]
-        tasks.append(task_from_rows(f"offline-{short}-{language}", rows, TABLE_1[dataset], limit))
+        name = f"offline-{short}-{language}"
+        tasks.append(task_from_rows(name, rows, TABLE_1[dataset], limit, max_documents, seed))
     if include_humaneval:
-        tasks.append(task_from_rows("HumanEval", humaneval_records(), TABLE_1[TEXT_TO_CODE], limit))
+        tasks.append(
+            task_from_rows("HumanEval", humaneval_records(), TABLE_1[TEXT_TO_CODE], limit, max_documents, seed)
+        )
     return tasks
 
 
-def task_sizes(tasks: Sequence[RetrievalTask]) -> dict[str, dict[str, int]]:
-    """{task: {"queries": n, "documents": corpus size}}: what each score was ranked against."""
-    return {t.name: {"queries": len(t.queries), "documents": len(t.corpus)} for t in tasks}
+def task_sizes(
+    tasks: Sequence[RetrievalTask], encoder=None, max_length: int | None = None
+) -> dict[str, dict[str, int]]:
+    """{task: {"queries": n, "documents": corpus size}}: what each score was ranked against. With an `encoder`
+    and the evaluation's `max_length`, also how many queries and documents were cut at that length
+    (`truncation_counts`)."""
+    sizes = {t.name: {"queries": len(t.queries), "documents": len(t.corpus)} for t in tasks}
+    if encoder is not None:
+        for name, counts in truncation_counts(encoder, tasks, max_length or encoder.config.max_length).items():
+            sizes[name].update(counts)
+    return sizes
+
+
+def truncation_counts(encoder, tasks: Sequence[RetrievalTask], max_length: int) -> dict[str, dict[str, int]]:
+    """{task: {"truncated queries": n, "truncated documents": m}}: texts with more than `max_length` tokens as
+    `encoder` reads them in the evaluation (the prompts mteb_code.MTEBEncoder gives the task, and the EOS token
+    when the encoder appends one), so cut on the right at `max_length`."""
+    from .mteb_code import task_prompts
+
+    limit = max_length - (1 if encoder.config.eos_appended else 0)
+    counts = {}
+    for task in tasks:
+        query, document = task_prompts(encoder.config, task.name)
+        texts = {
+            "truncated queries": encoder.format_texts(list(task.queries.values()), "query", query),
+            "truncated documents": encoder.format_texts([corpus_text(t) for t in task.corpus.values()], "document",
+                                                        document),
+        }  # fmt: skip
+        counts[task.name] = {
+            key: sum(len(ids) > limit for ids in encoder.tokenizer(rows, add_special_tokens=False)["input_ids"])
+            for key, rows in texts.items()
+        }
+    return counts
 
 
 def chunked_topk(queries: np.ndarray, corpus: np.ndarray, k: int, chunk: int = 65_536) -> tuple[np.ndarray, np.ndarray]:
@@ -213,11 +271,22 @@ def baseline_encoder(trained, pooling: str):
 
 def baselines(trained, poolings: Sequence[str]) -> dict[str, Any]:
     """{label: baseline encoder} for each pooling: "untrained, mean pooling" on the run's base backbone, or
-    "released backbone, mean pooling" when `trained` is a released checkpoint."""
+    "released backbone, mean pooling" when `trained` is a released checkpoint. The baselines share one backbone
+    and tokenizer object (their poolers have no weights): it is loaded once, and `evaluate_all` runs it once
+    per text for all of them (`mteb_code.shared_forward`)."""
+    import dataclasses
+
+    from .model import C2LLMEncoder
     from .model.released import is_released_checkpoint
 
     kind = "released backbone" if is_released_checkpoint(trained.config.backbone) else "untrained"
-    return {f"{kind}, {p} pooling": baseline_encoder(trained, p) for p in poolings}
+    if not poolings:
+        return {}
+    first = baseline_encoder(trained, poolings[0])
+    built = {poolings[0]: first}
+    for p in poolings[1:]:
+        built[p] = C2LLMEncoder(first.backbone, first.tokenizer, dataclasses.replace(first.config, pooling=p))
+    return {f"{kind}, {p} pooling": built[p] for p in poolings}
 
 
 def evaluate_all(
@@ -230,15 +299,18 @@ def evaluate_all(
     log=print,
 ) -> dict[str, dict[str, float]]:
     """{model: {task: nDCG@10}}: each encoder through mteb.evaluate on the tasks (cached under `cache_dir`,
-    one folder per model name), and BM25 through our scorer, which prepares documents the same way."""
-    from .mteb_code import MTEBEncoder, offline_task, run_mteb
+    one folder per model name), and BM25 through our scorer, which prepares documents the same way.
+    The models share an `EncodingCache`: no model encodes a text twice, models on one backbone object (the
+    baselines) share its forward pass, and a `Truncated` view reads its encoder's embeddings."""
+    from .mteb_code import EncodingCache, MTEBEncoder, offline_task, run_mteb
 
     scores: dict[str, dict[str, float]] = {}
     if bm25:
         scores["BM25"] = bm25_scores(tasks)
+    cache = EncodingCache(list(models.values()))  # every model registered first, so siblings share each pass
     for label, encoder in models.items():
         slug = "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")
-        model = MTEBEncoder(encoder, batch_size=batch_size, max_length=max_length, name=f"local/{slug}")
+        model = MTEBEncoder(encoder, batch_size=batch_size, max_length=max_length, name=f"local/{slug}", cache=cache)
         scores[label] = run_mteb(model, [offline_task(t) for t in tasks], cache_dir)
         log(f"evaluated {label}")
     return scores
@@ -253,12 +325,21 @@ def results_frame(scores: dict[str, dict[str, float]]):
     return frame.round(2)
 
 
-def results_markdown(frame, title: str, sizes: dict[str, dict[str, int]] | None = None) -> str:
+def results_markdown(
+    frame, title: str, sizes: dict[str, dict[str, int]] | None = None, max_length: int | None = None
+) -> str:
     """The table as markdown; with `sizes` (`task_sizes`), rows saying how many queries and documents each
-    task's corpus held, so that no score is read without its corpus size."""
+    task's corpus held (and how many were truncated, when counted), so that no score is read without its corpus
+    size; with `max_length`, a line stating the evaluation length."""
     header = "| model | " + " | ".join(frame.columns) + " |\n|---|" + "---|" * len(frame.columns) + "\n"
     rows = "".join(f"| {m} | " + " | ".join(f"{v:.1f}" for v in frame.loc[m]) + " |\n" for m in frame.index)
-    for count in ("queries", "documents") if sizes else ():
-        cells = [str(sizes[c][count]) if c in sizes else "" for c in frame.columns]
-        rows += f"| *{count} per task* | " + " | ".join(cells) + " |\n"
-    return f"### {title}\n\n{header}{rows}"
+    counts = list(dict.fromkeys(key for task in (sizes or {}).values() for key in task))
+    for count in counts:
+        cells = [str(sizes[c][count]) if count in sizes.get(c, {}) else "" for c in frame.columns]
+        label = f"{count} at {max_length} tokens" if count.startswith("truncated") and max_length else count
+        rows += f"| *{label} per task* | " + " | ".join(cells) + " |\n"
+    stated = ""
+    if max_length:
+        stated = (f"\nEvaluated at max length {max_length} tokens (instruction or document prefix included); "
+                  "longer texts are cut on the right.\n")  # fmt: skip
+    return f"### {title}\n\n{header}{rows}{stated}"

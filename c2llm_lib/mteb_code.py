@@ -5,6 +5,11 @@ code (`mteb.evaluate`), not a re-implementation:
 - `MTEBEncoder`: an mteb encoder around `C2LLMEncoder`, with a `ModelMeta`, left padding, max length 2048
   at inference, and the prompts of the encoder's prompt style (`prompts.py`; for C2LLM, mteb's registration:
   table 1's instruction and a newline before queries, "Retrieved Answer:" before documents).
+- `EncodingCache`: the models of one evaluation embed each formatted text once: a text shared by two tasks, or
+  a `Truncated` view of an evaluated encoder, costs no second forward, and encoders on one backbone object
+  (the untrained mean and last-token baselines) share one backbone pass per text (`shared_forward`: the EOS
+  that last-token pooling appends comes last, and causal attention leaves the states before it unchanged).
+  Scores equal each model's own `mteb.evaluate` (tests/test_eval_cache.py).
 - `offline_task`: our offline retrieval tasks as in-memory `AbsTaskRetrieval`s, so that they run through
   `mteb.evaluate` exactly like the real benchmark.
 - `run_mteb`: evaluates tasks with results cached under a folder in mteb's own layout
@@ -24,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.models.abs_encoder import AbsEncoder
 
@@ -103,11 +109,160 @@ def model_meta(
     )
 
 
+def task_prompts(config, task: str, overrides: dict[str, str] | None = None) -> tuple[str, str]:
+    """(query instruction, document prefix) that `MTEBEncoder` gives a task, for an encoder's ModelConfig."""
+    overrides = overrides or {}
+    try:
+        query, document = prompts(config.prompt_style, task, config.document_prefix)
+    except ValueError:
+        if task not in overrides and config.prompt_style != "c2llm":
+            raise
+        query, document = "", config.document_prefix
+    return overrides.get(task, query), document
+
+
+def shared_forward(encoders: Sequence[Any], texts: Sequence[str], max_length: int, batch_size: int = 16):
+    """Unnormalised float32 embeddings, one (N, d_i) array per encoder, of `texts` (already formatted: instruction
+    or document prefix included) for encoders that share one backbone and tokenizer object (the untrained
+    baselines), from one backbone pass per text where their token sequences allow it.
+
+    An encoder that appends EOS (last-token pooling) reads `text[:max_length - 1] + [EOS]`, one without EOS (mean,
+    PMA) reads `text[:max_length]`. When the text has fewer than `max_length` tokens both are prefixes of
+    `text + [EOS]`, and since attention is causal the hidden states of the earlier tokens do not depend on the EOS
+    after them: one pass serves both, the encoder without EOS pooling over all tokens but the last. A text of
+    `max_length` tokens or more is cut differently for the two, and each gets its own pass. Returns the arrays and
+    the number of sequences that went through the backbone."""
+    first = encoders[0]
+    eos = first.tokenizer.eos_token_id
+    wants_eos = [e.config.eos_appended for e in encoders]
+    if max_length < 2 and any(wants_eos):
+        raise ValueError(f"max_length={max_length} leaves no room for text before the EOS token")
+    plain = [i for i, w in enumerate(wants_eos) if not w]
+    with_eos = [i for i, w in enumerate(wants_eos) if w]
+    ids = first.tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=max_length,
+                          return_attention_mask=False)["input_ids"]  # fmt: skip
+    jobs = []  # (tokens, text index, [(encoder index, how many leading tokens it pools)])
+    for t, row in enumerate(ids):
+        if with_eos and len(row) < max_length:
+            jobs.append((row + [eos], t, [(i, len(row)) for i in plain] + [(i, len(row) + 1) for i in with_eos]))
+            continue
+        if plain:
+            jobs.append((row, t, [(i, len(row)) for i in plain]))
+        if with_eos:
+            jobs.append((row[: max_length - 1] + [eos], t, [(i, min(len(row) + 1, max_length)) for i in with_eos]))
+    jobs.sort(key=lambda job: -len(job[0]))  # length-sorted batches waste little compute on padding
+    out = [np.zeros((len(ids), e.embedding_dim), dtype=np.float32) for e in encoders]
+    was_training = [e.training for e in encoders]
+    for e in encoders:
+        e.eval()
+    try:
+        with torch.inference_mode():
+            for start in range(0, len(jobs), batch_size):
+                batch = jobs[start : start + batch_size]
+                width = max(1, len(batch[0][0]))
+                input_ids = torch.full((len(batch), width), first.tokenizer.pad_token_id, dtype=torch.long)  # (B, T)
+                pooled = torch.zeros((len(encoders), len(batch), width), dtype=torch.bool)  # (E, B, T)
+                for b, (tokens, _, readers) in enumerate(batch):
+                    begin = width - len(tokens)  # left padding
+                    input_ids[b, begin:] = torch.tensor(tokens, dtype=torch.long)
+                    for i, n in readers:
+                        pooled[i, b, begin : begin + n] = True
+                attention_mask = pooled.any(dim=0).long()  # (B, T): every token some encoder reads
+                hidden = first.hidden_states(input_ids, attention_mask)  # (B, T, d_LLM)
+                for i, encoder in enumerate(encoders):
+                    rows = [b for b, job in enumerate(batch) if any(r == i for r, _ in job[2])]
+                    mask = pooled[i, rows].to(hidden.device)  # (b, T)
+                    emb = encoder.pooler(hidden[rows].masked_fill(~mask[..., None], 0.0), mask.long())  # (b, d)
+                    out[i][[batch[b][1] for b in rows]] = emb.float().cpu().numpy()
+    finally:
+        for e, mode in zip(encoders, was_training, strict=True):
+            e.train(mode)
+    return out, len(jobs)
+
+
+class EncodingCache:
+    """Embeddings computed once per (encoder, max length, formatted text) during one evaluation (`evaluate_all`).
+
+    A formatted text (the instruction or document prefix joined to the text) determines an encoder's tokens, so it
+    is the key: the same document in two tasks, or a second model reading the same embeddings, costs no second
+    forward. Encoders registered with `add` that share one backbone and tokenizer object (`eval.baselines` builds
+    the untrained poolers that way) are computed together, one backbone pass per text (`shared_forward`). A
+    `Truncated` view reads its encoder's full embeddings, cut to its width and re-normalised, as `Truncated.encode`
+    does. Anything else is passed through to its own `encode`. Memory: N x d float32 per encoder and length.
+    `sequences` counts the sequences that went through a backbone."""
+
+    def __init__(self, models: Sequence[Any] = ()) -> None:
+        self.encoders: dict[int, Any] = {}  # id -> encoder; held here, so an id is never reused
+        self.store: dict[tuple[int, int], dict[str, np.ndarray]] = {}  # (id, max length) -> {text: (d,)}
+        self.sequences = 0
+        for model in models:
+            self.add(model)
+
+    @staticmethod
+    def unwrap(model) -> tuple[Any, int | None]:
+        """(the C2LLMEncoder behind `model`, the width a Truncated view cuts to), or (None, None)."""
+        from .ablations import Truncated
+        from .model import C2LLMEncoder
+
+        if isinstance(model, Truncated) and isinstance(model.encoder, C2LLMEncoder):
+            return model.encoder, model.embedding_dim
+        return (model, None) if isinstance(model, C2LLMEncoder) else (None, None)
+
+    def add(self, model) -> None:
+        encoder, _ = self.unwrap(model)
+        if encoder is not None:
+            self.encoders[id(encoder)] = encoder
+
+    def siblings(self, encoder) -> list[Any]:
+        """`encoder` first, then the registered encoders on the same backbone and tokenizer objects."""
+        return [encoder] + [
+            e for e in self.encoders.values()
+            if e is not encoder and e.backbone is encoder.backbone and e.tokenizer is encoder.tokenizer
+        ]  # fmt: skip
+
+    def encode(
+        self,
+        model,
+        texts: Sequence[str],
+        *,
+        kind: str = "query",
+        instruction: str | None = None,
+        batch_size: int = 16,
+        max_length: int | None = None,
+        normalize: bool = True,
+    ) -> np.ndarray:
+        """What `model.encode` returns for these arguments (float32 (N, d)), computing only unseen texts."""
+        from .eval import truncate
+        from .model.encoder import _check_texts
+
+        encoder, width = self.unwrap(model)
+        if encoder is None:
+            return model.encode(texts, kind=kind, instruction=instruction, batch_size=batch_size,
+                                max_length=max_length, normalize=normalize)  # fmt: skip
+        self.add(encoder)
+        length = max_length or encoder.config.max_length
+        formatted = encoder.format_texts(_check_texts(texts), kind, instruction)
+        store = self.store.setdefault((id(encoder), length), {})
+        missing = list(dict.fromkeys(t for t in formatted if t not in store))  # distinct, first-seen order
+        if missing:
+            group = self.siblings(encoder)
+            arrays, sequences = shared_forward(group, missing, length, batch_size)
+            self.sequences += sequences
+            for member, array in zip(group, arrays, strict=True):
+                kept = self.store.setdefault((id(member), length), {})
+                for text, row in zip(missing, array, strict=True):
+                    kept.setdefault(text, row)
+        full = np.stack([store[t] for t in formatted]) if formatted else np.empty((0, encoder.embedding_dim))
+        full = full[:, : width or full.shape[1]].astype(np.float32)  # (N, d)
+        return truncate(full, full.shape[1]) if normalize and len(full) else full
+
+
 class MTEBEncoder(AbsEncoder):
     """mteb's encoder protocol around a C2LLMEncoder, with the prompts of the encoder's `prompt_style`
     (`prompts.prompts`). `prompts` overrides the query instruction of named tasks. A task no prompt set knows
     (a custom task) gets its override or, in the c2llm style, no instruction, as mteb does for a model whose
-    prompts lack the task; its documents get the encoder's `document_prefix`."""
+    prompts lack the task; its documents get the encoder's `document_prefix`. With a `cache` (`EncodingCache`,
+    shared by the models of one evaluation) texts already embedded are not encoded again."""
 
     def __init__(
         self,
@@ -116,22 +271,17 @@ class MTEBEncoder(AbsEncoder):
         batch_size: int = 16,
         max_length: int = 2048,
         name: str = "local/c2llm-reproduction",
+        cache: EncodingCache | None = None,
     ) -> None:
         self.model = encoder
         self.overrides = dict(prompts or {})
         self.batch_size, self.max_length = batch_size, max_length
+        self.cache = cache
         self.mteb_model_meta = model_meta(encoder, name, max_length=max_length, overrides=self.overrides)
 
     def task_prompts(self, task: str) -> tuple[str, str]:
         """(query instruction, document prefix) for a task name."""
-        config = self.model.config
-        try:
-            query, document = prompts(config.prompt_style, task, config.document_prefix)
-        except ValueError:
-            if task not in self.overrides and config.prompt_style != "c2llm":
-                raise
-            query, document = "", config.document_prefix
-        return self.overrides.get(task, query), document
+        return task_prompts(self.model.config, task, self.overrides)
 
     def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs) -> np.ndarray:
         from mteb.types import PromptType
@@ -139,8 +289,15 @@ class MTEBEncoder(AbsEncoder):
         texts = [text for batch in inputs for text in batch["text"]]
         query, document = self.task_prompts(task_metadata.name)
         kind, instruction = ("query", query) if prompt_type == PromptType.query else ("document", document)
-        return self.model.encode(texts, kind=kind, instruction=instruction, batch_size=self.batch_size,
-                                 max_length=self.max_length)  # fmt: skip
+        settings = {
+            "kind": kind,
+            "instruction": instruction,
+            "batch_size": self.batch_size,
+            "max_length": self.max_length,
+        }
+        if self.cache is not None:
+            return self.cache.encode(self.model, texts, **settings)
+        return self.model.encode(texts, **settings)
 
 
 class OfflineTask(AbsTaskRetrieval):

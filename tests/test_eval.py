@@ -125,3 +125,31 @@ def test_baselines_of_a_run_are_its_untrained_backbone(make_encoder):
     assert label == "untrained, mean pooling" and baseline.config.pooling == "mean"
     fresh = make_encoder(pooling="mean").base_model.state_dict()
     assert all(torch.equal(v, fresh[k]) for k, v in baseline.base_model.state_dict().items())
+
+
+def test_max_documents_keeps_every_evaluated_positive_and_a_fixed_sample():
+    full = {t.name: t for t in offline_tasks(limit=40)}
+    capped = {t.name: t for t in offline_tasks(limit=40, max_documents=500)}
+    again = {t.name: t for t in offline_tasks(limit=40, max_documents=500)}
+    other_seed = {t.name: t for t in offline_tasks(limit=40, max_documents=500, seed=1)}
+    sizes = {name: len(t.corpus) for name, t in capped.items()}
+    assert sizes == {name: min(500, len(t.corpus)) for name, t in full.items()}
+    assert sizes["offline-text2code-python"] == 500 < len(full["offline-text2code-python"].corpus) == 1192
+    for name, task in capped.items():
+        assert all(d in task.corpus for relevant in task.qrels.values() for d in relevant), name  # every positive
+        assert task.corpus.items() <= full[name].corpus.items()  # same ids and texts, a subset
+        assert list(task.corpus) == [d for d in full[name].corpus if d in task.corpus]  # in the full task's order
+        assert task.corpus == again[name].corpus and task.queries == full[name].queries
+    assert other_seed["offline-text2code-python"].corpus != capped["offline-text2code-python"].corpus
+    many = offline_tasks(limit=600, max_documents=500)[1]  # more positives than the cap: all of them kept, no other
+    assert set(many.corpus) == {d for relevant in many.qrels.values() for d in relevant} and len(many.corpus) > 500
+    with pytest.raises(ValueError, match="max_documents"):
+        offline_tasks(max_documents=0)
+
+
+def test_eval_max_documents_below_500_is_refused_by_name():
+    from c2llm_lib.config import ConfigError, EvalStage
+
+    with pytest.raises(ConfigError, match="'eval_max_documents' must be at least 500"):
+        EvalStage(eval_max_documents=100)
+    assert EvalStage(eval_max_documents=500).eval_max_documents == 500
