@@ -172,7 +172,9 @@ def main() -> None:
         f"the start, {r['load_average_end']:.1f} at the end (on {r['cpu']['threads']} threads).\n\n"
         "| measure | before | after |\n|---|---|---|\n" + "".join(f"| {a} | {b} | {c} |\n" for a, b, c in rows) + "\n"
         f"Reproduce: `python benchmarks/eval_bench.py --backbone {args.backbone} --dtype {args.dtype} "
-        f"--task {args.task}" + (f" --max-documents {args.max_documents}" if args.max_documents else "") + "`\n"
+        f"--task {args.task} --limit {args.limit} --max-length {args.max_length} --batch-size {args.batch_size}"
+        + (f" --max-documents {args.max_documents}" if args.max_documents else "")
+        + "`\n"
     )
     (out / f"{stem}.md").write_text(md)
     print(md)

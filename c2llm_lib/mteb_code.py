@@ -150,7 +150,9 @@ def shared_forward(encoders: Sequence[Any], texts: Sequence[str], max_length: in
             jobs.append((row, t, [(i, len(row)) for i in plain]))
         if with_eos:
             jobs.append((row[: max_length - 1] + [eos], t, [(i, min(len(row) + 1, max_length)) for i in with_eos]))
-    jobs.sort(key=lambda job: -len(job[0]))  # length-sorted batches waste little compute on padding
+    # longest text first, as C2LLMEncoder.encode sorts (stable, by characters): little compute is spent on padding,
+    # and an encoder alone on its backbone gets exactly encode's batches, so exactly its embeddings
+    jobs.sort(key=lambda job: -len(texts[job[1]]))
     out = [np.zeros((len(ids), e.embedding_dim), dtype=np.float32) for e in encoders]
     was_training = [e.training for e in encoders]
     for e in encoders:
@@ -159,7 +161,7 @@ def shared_forward(encoders: Sequence[Any], texts: Sequence[str], max_length: in
         with torch.inference_mode():
             for start in range(0, len(jobs), batch_size):
                 batch = jobs[start : start + batch_size]
-                width = max(1, len(batch[0][0]))
+                width = max(1, max(len(job[0]) for job in batch))
                 input_ids = torch.full((len(batch), width), first.tokenizer.pad_token_id, dtype=torch.long)  # (B, T)
                 pooled = torch.zeros((len(encoders), len(batch), width), dtype=torch.bool)  # (E, B, T)
                 for b, (tokens, _, readers) in enumerate(batch):
@@ -253,8 +255,10 @@ class EncodingCache:
                 for text, row in zip(missing, array, strict=True):
                     kept.setdefault(text, row)
         full = np.stack([store[t] for t in formatted]) if formatted else np.empty((0, encoder.embedding_dim))
-        full = full[:, : width or full.shape[1]].astype(np.float32)  # (N, d)
-        return truncate(full, full.shape[1]) if normalize and len(full) else full
+        full = full.astype(np.float32)  # (N, d)
+        if width is not None:  # a Truncated view: cut, then re-normalised as Truncated.encode does
+            return truncate(full, width) if normalize else full[:, :width]
+        return torch.nn.functional.normalize(torch.from_numpy(full), dim=-1).numpy() if normalize else full
 
 
 class MTEBEncoder(AbsEncoder):

@@ -132,3 +132,15 @@ def test_the_table_states_the_length_and_the_truncated_documents(make_encoder):
     text = results_markdown(frame, "t", sizes, max_length=20)
     assert "| *truncated documents at 20 tokens per task* | 2 |  |" in text
     assert "Evaluated at max length 20 tokens" in text
+
+
+def test_an_encoder_alone_on_its_backbone_gets_exactly_its_own_embeddings(make_encoder):
+    from conftest import randomize_lora
+
+    trained = make_encoder(pma_heads=4, use_lora=True, lora_r=4)
+    randomize_lora(trained)
+    texts = [r["positive"] for r in humaneval_records()[:20]]
+    kwargs = {"kind": "document", "instruction": "Retrieved Answer:", "batch_size": 4, "max_length": 64}
+    np.testing.assert_array_equal(
+        EncodingCache([trained]).encode(trained, texts, **kwargs), trained.encode(texts, **kwargs)
+    )
