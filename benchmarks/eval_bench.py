@@ -165,7 +165,8 @@ def main() -> None:
                      "", f"{r['capped_minutes_after']:.1f}"))  # fmt: skip
     names = ", ".join(f"{n} ({s['queries']} queries, {s['documents']} documents)" for n, s in r["tasks"].items())
     md = (
-        f"# Evaluation benchmark: {backbone}, {args.dtype}, {r['cpu']['model']} ({r['cpu']['threads']} threads)\n\n"
+        f"# Evaluation benchmark: {backbone}, {args.dtype}, {r['cpu']['model']} "
+        f"({', '.join(r['cpu']['capabilities']) or 'no avx2'}; {r['cpu']['threads']} threads)\n\n"
         f"Task: {names}; max length {args.max_length}, batch {args.batch_size}; {tokens} real tokens per pass, "
         f"{r['tokens_per_s']:.0f} real tokens/s. The full offline tasks hold {full} real tokens per pass "
         f"({args.limit} queries per task, every held-out document). Load average {r['load_average_start']:.1f} at "
