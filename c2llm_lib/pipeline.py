@@ -18,12 +18,15 @@ directory (an fcntl lock, released when the runner exits or dies). The first fai
 run, a dead kernel (killed, out of memory) included; it is saved executed, with the error, the error is
 printed, and manifest.json records per notebook whether it finished, failed, was not reached, or is
 stale (finished before its inputs changed).
+
+Each executed notebook, finished or failed, is also saved as HTML beside it (`notebooks/NN_*.html`, nbconvert),
+for reading a run without a kernel. The kernels' sockets are encrypted (`kernel_config`), which also keeps
+ipykernel's "running over TCP without encryption" warning out of the runner's output.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import re
 import sys
 import time
@@ -194,15 +197,41 @@ def _last_cell(path: Path) -> str:
     return f" in cell [{counts[-1]}]" if counts else ""
 
 
-class _KnownParameters(logging.Filter):
-    """papermill warns about parameters its regex cannot read (`int | None` annotations); `resolve` has
-    already checked every key against the notebooks, so that warning is noise here."""
+def kernel_config():
+    """The kernel manager's settings for papermill's kernels: CurveZMQ keys for the kernel's sockets.
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Passed unknown parameter")
+    papermill talks to its kernel over TCP on localhost, and ipykernel (7.x) warns at every kernel start that the
+    traffic is not encrypted ("Kernel is running over TCP without encryption"). With `transport_encryption="auto"`
+    jupyter_client provisions keys when the kernelspec declares support (ipykernel's does), so the traffic is
+    encrypted and the kernel has nothing to warn about; a jupyter_client without the setting gets none (its kernels
+    predate the warning)."""
+    from jupyter_client import KernelManager
+    from traitlets.config import Config
+
+    if "transport_encryption" not in KernelManager.class_trait_names():
+        return Config()
+    return Config({"KernelManager": {"transport_encryption": "auto"}})
 
 
-logging.getLogger("papermill").addFilter(_KnownParameters())
+def notebook_html(path: Path) -> str:
+    """An executed notebook as one HTML page (nbconvert's lab template, figures inline), for reading a run without
+    a kernel."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter().from_notebook_node(nbformat.read(path, as_version=4))
+    return body
+
+
+def _save_html(run: RunDir, name: str, executed: Path, log) -> None:
+    """Saves notebooks/<name>.html beside the executed notebook; a failed export is reported, never raised (the
+    notebook's own outcome is what the run records)."""
+    if not executed.is_file():
+        return
+    try:
+        run.save_notebook_html(name, notebook_html(executed))
+    except Exception as err:  # an exporter or template problem must not hide the notebook's result
+        log(f"[{name}] no HTML copy: {type(err).__name__}: {err}")
 
 
 def _now() -> str:
@@ -251,7 +280,7 @@ def run_pipeline(
     if only and len(selected) != len(only):
         raise ConfigError(f"--only {only}: choose among {', '.join(n[:2] for n in NOTEBOOKS)}")
     # --overwrite --only NN replaces only NN's products; the files it reads stay
-    replace = [p for n in selected for p in (*PRODUCTS[n], f"notebooks/{n}.ipynb")] if only else None
+    replace = [p for n in selected for p in (*PRODUCTS[n], f"notebooks/{n}.*")] if only else None  # .ipynb, .html
     run = RunDir.create(Path(outputs) / name, mode, replace=replace)
     try:
         _run_notebooks(run, str(params_file), given, resolved, selected, mode == "resume", notebook_dir, log,
@@ -309,6 +338,7 @@ def _run_notebooks(
                 cwd=str(notebook_dir),
                 kernel_name="python3",
                 progress_bar=False,
+                config=kernel_config(),
             )
         except BaseException as err:
             if isinstance(err, papermill.PapermillExecutionError):
@@ -320,15 +350,20 @@ def _run_notebooks(
             else:
                 error = f"{name} was interrupted ({type(err).__name__})"
             status = "failed" if isinstance(err, Exception) else "interrupted"
+            if isinstance(err, Exception):  # the failed notebook's HTML, with its error, is the first thing to read
+                _save_html(run, name, executed, log)
             records[name].update(status=status, seconds=round(time.perf_counter() - start, 1))
             for later in selected[selected.index(name) + 1 :]:
                 records[later] = {"status": "not reached"}
             save(status=status, failed_notebook=name, error=error, ended=_now())
             if not isinstance(err, Exception):  # KeyboardInterrupt, SystemExit: recorded, then passed on
                 raise
+            html = executed.with_suffix(".html")
             saved = f"the executed notebook, with the error, is saved at {executed}" if executed.is_file() else (
                 f"no executed notebook was saved (expected at {executed})")  # fmt: skip
+            saved += f" (to read in a browser: {html})" if html.is_file() else ""
             raise PipelineError(f"{error}\n{saved}\n--resume reruns it and what follows") from None
+        _save_html(run, name, executed, log)
         records[name].update(status="finished", seconds=round(time.perf_counter() - start, 1), ended=_now())
         save()
         log(f"[{name}] finished in {time.perf_counter() - start:.0f}s")

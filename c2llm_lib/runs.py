@@ -5,6 +5,7 @@ Layout:
     resolved.yaml          every parameter in effect, per notebook
     manifest.json          git SHA and dirty flag, library versions, device, start and end times
     notebooks/NN_*.ipynb   the executed notebooks
+    notebooks/NN_*.html    the same as HTML pages, to read without a kernel
     data/                  prepared datasets (Arrow), e.g. data/train
     checkpoints/step-*/    training checkpoints (adapter + head + trainer state)
     merged/                the merged encoder (C2LLMEncoder.save_pretrained)
@@ -326,6 +327,12 @@ class RunDir:
 
     def save_html(self, name: str, html: str) -> Path:
         path = self.root / "figures" / f"{name}.html"
+        path.write_text(html)
+        return path
+
+    def save_notebook_html(self, notebook: str, html: str) -> Path:
+        """notebooks/<notebook>.html: an executed notebook as a page, beside its .ipynb."""
+        path = self.root / "notebooks" / f"{notebook}.html"
         path.write_text(html)
         return path
 

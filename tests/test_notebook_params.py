@@ -98,7 +98,7 @@ def test_papermill_help_lists_every_parameter_without_a_warning(capfd):
     assert "Unable to parse" not in result.output + capfd.readouterr().err
     for name in read_parameters(path):
         assert f"  {name}: " in result.output, name
-    assert '  embedding_dim: Optional[int] (default None)' in result.output
+    assert "  embedding_dim: Optional[int] (default None)" in result.output
     assert "None: the backbone's hidden size" in result.output
 
 
@@ -113,7 +113,9 @@ def _cell(tmp_path, source: str):
     return path
 
 
-GOOD = 'run: str = "x"  # the run\nsizes: list[int] = [1,\n    2]  # two sizes\ncap: "Optional[int]" = None  # None: no cap'
+GOOD = (
+    'run: str = "x"  # the run\nsizes: list[int] = [1,\n    2]  # two sizes\ncap: "Optional[int]" = None  # None: none'
+)
 
 
 def test_a_cell_that_follows_the_rule_passes(tmp_path):
