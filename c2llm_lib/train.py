@@ -854,9 +854,9 @@ def injected_fault(rank: int) -> Callable[[dict[str, Any]], None]:
 
 def main(argv: list[str] | None = None) -> None:
     """torchrun [--nproc_per_node N] -m c2llm_lib.train --params P --rows DATA --out CKPTS
-                [--resume CKPT | --resume-latest] [--logs DIR]
+                [--resume CKPT | --resume-latest] [--record-dir DIR]
 
-    Writes the checkpoints into CKPTS, and rank 0 writes into LOGS (default CKPTS): `steps.jsonl` while it trains
+    Writes the checkpoints into CKPTS, and rank 0 writes into DIR (default CKPTS): `steps.jsonl` while it trains
     (a first line with the total steps, the step it starts from and what resuming did, then each step's metrics),
     then `train_metrics.json` (one entry per step) and `train_summary.json` (throughput, rank 0's peak memory, the
     checkpoints and what identifies the training). `--resume-latest` does what notebook 02 does in its kernel
@@ -878,13 +878,14 @@ def main(argv: list[str] | None = None) -> None:
     group.add_argument("--resume-latest", action="store_true",
                        help="as notebook 02: resume this training's last complete checkpoint in --out, or move "
                        "another training's checkpoints aside and start at step 0")  # fmt: skip
-    parser.add_argument("--logs", default=None, help="where rank 0 writes the step log and summary (default: --out)")
+    parser.add_argument("--record-dir", default=None,
+                        help="where rank 0 writes its step log and summary (default: --out)")  # fmt: skip
     args = parser.parse_args(argv)
     with open(args.params) as fh:
         params = yaml.safe_load(fh) or {}
     model_cfg, train_cfg = split_params(params, args.params)
     out = Path(args.out)
-    logs = Path(args.logs) if args.logs else out
+    logs = Path(args.record_dir) if args.record_dir else out
     if out.exists() and any(out.iterdir()) and args.resume is None and not args.resume_latest:
         raise SystemExit(f"{out} already holds checkpoints; pass --resume CHECKPOINT or choose a new --out")
     if not model_cfg.use_lora:
