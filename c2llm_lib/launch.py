@@ -39,7 +39,7 @@ from typing import Any
 import yaml
 
 from .config import ConfigError, LaunchConfig, ModelConfig, TrainConfig, from_dict
-from .files import load_json
+from .files import CorruptFile, load_json
 
 LOGS = Path("logs") / "02_train"  # inside the run directory
 
@@ -291,7 +291,9 @@ def train_processes(run_dir, model: ModelConfig, train: TrainConfig, launch: Lau
     log(f"{world_size} processes ({nproc} per machine on {launch.nnodes}): {' '.join(cmd)}")
     run_torchrun(cmd, logs, world_size, log)
     summary = load_json(logs / "train_summary.json", "training summary")
-    metrics = load_json(logs / "train_metrics.json", "training metrics")
+    metrics = json.loads((logs / "train_metrics.json").read_text())
+    if not isinstance(metrics, list) or len(metrics) != summary["steps"]:
+        raise CorruptFile(f"{logs / 'train_metrics.json'}: expected a list of {summary['steps']} step entries")
     return TrainRecord(len(metrics), summary["train_seconds"], metrics, summary["checkpoints"],
                        summary["final_checkpoint"], summary["checkpoint_steps"], summary["data_fingerprint"],
                        summary["trainable_parameters"], world_size, summary["note"])  # fmt: skip
