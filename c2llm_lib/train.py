@@ -1,5 +1,8 @@
 """Contrastive LoRA training (paper section 4.1), on torchrun + DDP or a single process.
 
+`TrainStep` is one optimizer step, `Trainer` the loop around it (metrics, checkpoints, resuming); `main` is the
+torchrun entry point that notebook 02 starts for more than one process (`launch.py`).
+
 One optimizer step = one global batch from one (dataset, language) group (`samplers.py`): each rank
 embeds its slice of queries (with the row's instruction, or the prompt set of the encoder's
 `prompt_style`), positives and K hard negatives (with the document prefix), and
@@ -30,9 +33,9 @@ adapter and PMA head in safetensors, and the trainer state with no pickle in it:
 rank's own RNG state, and what identifies the training (model and training configs, a fingerprint of
 the rows, the world size). A killed run resumed from its last checkpoint ends with the same weights as
 an uninterrupted one (tested); resuming refuses a checkpoint of another training, naming what differs,
-and a corrupt file is named with what is wrong. `Trainer.resume_latest` is what notebook 02 calls: it
-resumes the same training from its last complete checkpoint, and moves another training's checkpoints
-aside (never deleting them).
+and a corrupt file is named with what is wrong. `Trainer.resume_latest` is what notebook 02 does (in its
+kernel, or on every rank through `--resume-latest`): it resumes the same training from its last complete
+checkpoint, and moves another training's checkpoints aside (never deleting them).
 
 A non-finite loss on any rank stops every rank (the ranks agree before the backward pass) with one
 message naming the step and dataset; a non-finite weight after an update stops the run before that
