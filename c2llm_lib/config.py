@@ -5,10 +5,11 @@ pass each notebook the keys it declares. `from_dict` refuses unknown keys (with 
 values of the wrong type or range, naming the source (a file, a notebook) and the key. Every numeric key
 has a range, and every float must be finite (`.inf` and `.nan` are refused).
 
-`ModelConfig` holds the encoder of section 3 of the paper, `TrainConfig` the recipe of section 4.1, and
-the `*Stage` classes the remaining parameters of notebooks 01, 03, 04, 05 and 06; the defaults are the released
-C2LLM-0.5B's architecture (Qwen2.5-Coder-0.5B-Instruct, PMA with 32 heads, d = d_LLM, left padding)
-and the paper's LoRA (section 4.1: r = 64, alpha = 32 on every projection).
+`ModelConfig` holds the encoder of section 3 of the paper, `TrainConfig` the recipe of section 4.1,
+`LaunchConfig` how many processes and machines notebook 02 trains on, and the `*Stage` classes the remaining
+parameters of notebooks 01, 03, 04, 05 and 06; the defaults are the released C2LLM-0.5B's architecture
+(Qwen2.5-Coder-0.5B-Instruct, PMA with 32 heads, d = d_LLM, left padding) and the paper's LoRA (section 4.1:
+r = 64, alpha = 32 on every projection).
 """
 
 from __future__ import annotations
@@ -255,6 +256,37 @@ class TrainConfig:
         require(not self.mrl_weights or len(self.mrl_weights) == len(self.mrl_dims), "mrl_weights",
                 f"needs one weight per mrl_dims entry ({len(self.mrl_dims)}), got {len(self.mrl_weights)}")  # fmt: skip
         require(all(w >= 0 for w in self.mrl_weights), "mrl_weights", "must be non-negative")
+
+
+ENDPOINT = re.compile(r"[A-Za-z0-9._\-\[\]:]+:[0-9]{1,5}")  # host:port (a name, IPv4, or [IPv6])
+
+
+@dataclass
+class LaunchConfig:
+    """Notebook 02: how many processes train together (torchrun and DDP, paper section 4.1's global batch), on how
+    many machines. It does not change the training: the global batch is split over the processes."""
+
+    nproc: int | Literal["auto"] = "auto"  # processes on this machine; auto: every visible GPU, 1 without one
+    nnodes: int = 1  # machines; more than 1 needs rdzv_endpoint and a launcher on each (README)
+    node_rank: int = 0  # this machine's index; node 0 runs the notebook and holds global rank 0
+    rdzv_endpoint: str | None = None  # host:port on node 0 where the machines meet, e.g. "node001:29500"
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        require(self.nproc == "auto" or 1 <= self.nproc <= 1024, "nproc",
+                f"must be 'auto' or a number of processes from 1 to 1024, got {self.nproc!r}")  # fmt: skip
+        require(1 <= self.nnodes <= 4096, "nnodes", f"must be a number of machines from 1 to 4096, got {self.nnodes}")
+        require(0 <= self.node_rank < self.nnodes, "node_rank",
+                f"must be in [0, nnodes = {self.nnodes}), got {self.node_rank}")  # fmt: skip
+        if self.rdzv_endpoint is not None:
+            port = self.rdzv_endpoint.rsplit(":", 1)[-1]
+            require(ENDPOINT.fullmatch(self.rdzv_endpoint) is not None and 1 <= int(port) <= 65535, "rdzv_endpoint",
+                    f"must be host:port (port 1-65535), e.g. 'node001:29500', got {self.rdzv_endpoint!r}")  # fmt: skip
+        require(self.nnodes == 1 or self.rdzv_endpoint is not None, "rdzv_endpoint",
+                f"is needed with nnodes = {self.nnodes}: host:port of node 0, where the machines meet")  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 SOURCE_NAMES = [

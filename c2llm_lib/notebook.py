@@ -24,6 +24,7 @@ from .config import (
     ConfigError,
     DataStage,
     EvalStage,
+    LaunchConfig,
     MergeStage,
     ModelConfig,
     TrainConfig,
@@ -35,7 +36,7 @@ NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 RUN_KEYS = ("run", "outputs_dir")  # every notebook declares these; the pipeline sets them
 STAGES: dict[str, tuple[type, ...]] = {
     "01_data_prep": (DataStage,),
-    "02_train_lora_contrastive": (ModelConfig, TrainConfig),
+    "02_train_lora_contrastive": (ModelConfig, TrainConfig, LaunchConfig),
     "03_merge_checkpoints": (MergeStage,),
     "04_eval_mteb_code": (EvalStage,),
     "05_pma_attention": (AttentionStage,),

@@ -1,5 +1,8 @@
 """Contrastive LoRA training (paper section 4.1), on torchrun + DDP or a single process.
 
+`TrainStep` is one optimizer step, `Trainer` the loop around it (metrics, checkpoints, resuming); `main` is the
+torchrun entry point that notebook 02 starts for more than one process (`launch.py`).
+
 One optimizer step = one global batch from one (dataset, language) group (`samplers.py`): each rank
 embeds its slice of queries (with the row's instruction, or the prompt set of the encoder's
 `prompt_style`), positives and K hard negatives (with the document prefix), and
@@ -30,9 +33,9 @@ adapter and PMA head in safetensors, and the trainer state with no pickle in it:
 rank's own RNG state, and what identifies the training (model and training configs, a fingerprint of
 the rows, the world size). A killed run resumed from its last checkpoint ends with the same weights as
 an uninterrupted one (tested); resuming refuses a checkpoint of another training, naming what differs,
-and a corrupt file is named with what is wrong. `Trainer.resume_latest` is what notebook 02 calls: it
-resumes the same training from its last complete checkpoint, and moves another training's checkpoints
-aside (never deleting them).
+and a corrupt file is named with what is wrong. `Trainer.resume_latest` is what notebook 02 does (in its
+kernel, or on every rank through `--resume-latest`): it resumes the same training from its last complete
+checkpoint, and moves another training's checkpoints aside (never deleting them).
 
 A non-finite loss on any rank stops every rank (the ranks agree before the backward pass) with one
 message naming the step and dataset; a non-finite weight after an update stops the run before that
@@ -49,7 +52,9 @@ import json
 import math
 import os
 import random
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,7 +66,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from .atomic import atomic_directory
-from .config import ConfigError, ModelConfig, TrainConfig, from_dict
+from .config import ConfigError, LaunchConfig, ModelConfig, TrainConfig, from_dict
 from .data.records import text_key
 from .distributed import all_gather_json, all_ranks_true, barrier, gather_without_grad, world
 from .files import CorruptFile, load_json, load_tensors
@@ -391,10 +396,12 @@ class TrainResult:
     seconds: float
 
 
-class Trainer:
-    """Trains `encoder` (with LoRA) on `rows` (a datasets.Dataset of unified records)."""
+class TrainStep:
+    """One optimizer step on one global batch: embed its texts in length-sorted micro-batches (with GradCache, twice),
+    the loss over the global batch, the ranks' agreement that it is finite, backward, clipping, the AdamW update, the
+    check that the weights stayed finite, and the scheduler's step. `Trainer` adds the loop around it."""
 
-    def __init__(self, encoder: C2LLMEncoder, rows, cfg: TrainConfig, checkpoint_root: str | Path | None = None):
+    def __init__(self, encoder: C2LLMEncoder, cfg: TrainConfig):
         if encoder.base_model is encoder.backbone:
             raise ValueError("training needs LoRA: build the encoder with use_lora=True")
         too_wide = [d for d in cfg.mrl_dims if d >= encoder.embedding_dim]
@@ -403,47 +410,26 @@ class Trainer:
                 f"mrl_dims {too_wide} are not below the embedding width {encoder.embedding_dim} (the full width "
                 "is always trained; list only the smaller widths)"
             )
-        self.encoder, self.rows, self.cfg = encoder, rows, cfg
-        self.checkpoint_root = Path(checkpoint_root) if checkpoint_root is not None else None
+        self.encoder, self.cfg = encoder, cfg
         self.rank, self.world_size = world()
         pma_lr = cfg.learning_rate if cfg.pma_learning_rate is None else cfg.pma_learning_rate
         if pma_lr == 0:  # a frozen head: no gradient, no optimizer state, no update (before DDP lists the params)
             encoder.pooler.requires_grad_(False)
         self.model = DistributedDataParallel(encoder) if self.world_size > 1 else encoder
-        torch.manual_seed(cfg.seed)
-        self.sampler = GroupedBatchSampler(
-            list(zip(rows["dataset"], rows["language"], strict=True)),
-            [text_key(t) for t in rows["query"]],
-            [text_key(t) for t in rows["positive"]],
-            cfg.global_batch_size,
-            self.world_size,
-            self.rank,
-            cfg.seed,
-        )
-        steps_per_epoch = len(self.sampler)
-        if steps_per_epoch == 0:
-            raise ValueError(
-                f"no global batch of {cfg.global_batch_size} rows can be formed: every (dataset, language) group "
-                "is smaller; lower global_batch_size"
-            )
-        self.total_steps = min(cfg.max_steps or steps_per_epoch * cfg.epochs, steps_per_epoch * cfg.epochs)
-        self.checkpoint_steps = checkpoint_schedule(cfg, self.total_steps)
-        if self.checkpoint_steps and self.checkpoint_root is None:
-            raise ValueError("checkpoint_steps or checkpoint_fractions are set but no checkpoint_root was given")
         self.trained = [(n, p) for n, p in encoder.named_parameters() if p.requires_grad]
         groups = [
             {"params": [p for p in encoder.backbone.parameters() if p.requires_grad], "lr": cfg.learning_rate},
             {"params": [p for p in encoder.pooler.parameters() if p.requires_grad], "lr": pma_lr},
         ]
         self.optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=cfg.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio, cfg.lr_schedule)
-        )
-        self.step = 0
+        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None  # the loop's: it counts the run's steps
+        self.step = 0  # optimizer steps taken (the loop advances it; the messages below name step + 1)
         self._tokens = 0  # real (non-padding) tokens embedded with a graph in the current step
         self._slots = 0  # token slots (real and padding) computed with a graph in the current step
-        self.metrics: list[dict[str, Any]] = []
-        self.checkpoints: list[str] = []
+
+    def last_good(self) -> str:
+        """The last checkpoint written, for error messages (the loop writes checkpoints)."""
+        return "none written yet"
 
     @property
     def token_budget(self) -> int:
@@ -451,15 +437,27 @@ class Trainer:
         pack more rows into the same slots, so the memory of one micro-batch's graph stays the same."""
         return self.cfg.grad_cache_chunk * self.cfg.max_length
 
-    @functools.cached_property
-    def data_fingerprint(self) -> str:
-        return data_fingerprint(self.rows)
+    def take_step(self, batch: dict[str, list]) -> dict[str, Any]:
+        """One optimizer step on `batch` (this rank's rows of a global batch); returns what it logs: the dataset and
+        language, the losses (means over ranks), learning rate, gradient norm, tokens, padding efficiency, seconds."""
+        dataset, tick = batch["dataset"][0], time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._tokens = self._slots = 0
+        out = self.forward_backward(batch)  # means over ranks, agreed finite
+        norm = torch.nn.utils.clip_grad_norm_(
+            [p for g in self.optimizer.param_groups for p in g["params"]], self.cfg.max_grad_norm
+        )
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.check_weights(dataset)
+        self.scheduler.step()
+        return {
+            "dataset": dataset, "language": batch["language"][0], "loss": out["loss"].item(),
+            "in_batch": out["in_batch"].item(), "hard_negative": out["hard_negative"].item(), "lr": lr,
+            "grad_norm": float(norm), "tokens": self._tokens, "padding_efficiency": self._tokens / max(1, self._slots),
+            "seconds": time.perf_counter() - tick, **{k: v.item() for k, v in out.items() if k.startswith("loss@")},
+        }  # fmt: skip
 
-    def identity(self) -> dict[str, Any]:
-        """What a checkpoint must share with this trainer to be resumed by it (`training_identity`)."""
-        return training_identity(self.encoder.config, self.cfg, self.data_fingerprint, self.world_size)
-
-    # one step ------------------------------------------------------------------------------------
     def texts(self, batch: dict[str, list]) -> tuple[list[str], int]:
         """Formatted [queries; positives; negatives (row-major)] and the K used for this batch.
 
@@ -548,9 +546,6 @@ class Trainer:
                 self.embed(tokens).backward(grad)
         return logged
 
-    def last_good(self) -> str:
-        return self.checkpoints[-1] if self.checkpoints else "none written yet"
-
     def agree_finite(self, out: dict[str, torch.Tensor], dataset: str) -> dict[str, torch.Tensor]:
         """Every rank's losses, gathered before the backward pass (whose all-reduce would wait forever for a rank
         that stopped): any non-finite value stops every rank with the same message. Returns the means over ranks."""
@@ -579,7 +574,94 @@ class Trainer:
             f"max_grad_norm). The last good checkpoint is {self.last_good()}"
         )
 
+
+class Trainer(TrainStep):
+    """Trains `encoder` (with LoRA) on `rows` (a datasets.Dataset of unified records): the loop over the sampler's
+    global batches (`TrainStep.take_step` for each), the step metrics, checkpoints, and resuming."""
+
+    def __init__(self, encoder: C2LLMEncoder, rows, cfg: TrainConfig, checkpoint_root: str | Path | None = None):
+        super().__init__(encoder, cfg)
+        self.rows = rows
+        self.checkpoint_root = Path(checkpoint_root) if checkpoint_root is not None else None
+        torch.manual_seed(cfg.seed)
+        self.sampler = GroupedBatchSampler(
+            list(zip(rows["dataset"], rows["language"], strict=True)),
+            [text_key(t) for t in rows["query"]],
+            [text_key(t) for t in rows["positive"]],
+            cfg.global_batch_size,
+            self.world_size,
+            self.rank,
+            cfg.seed,
+        )
+        steps_per_epoch = len(self.sampler)
+        if steps_per_epoch == 0:
+            raise ValueError(
+                f"no global batch of {cfg.global_batch_size} rows can be formed: every (dataset, language) group "
+                "is smaller; lower global_batch_size"
+            )
+        self.total_steps = min(cfg.max_steps or steps_per_epoch * cfg.epochs, steps_per_epoch * cfg.epochs)
+        self.checkpoint_steps = checkpoint_schedule(cfg, self.total_steps)
+        if self.checkpoint_steps and self.checkpoint_root is None:
+            raise ValueError("checkpoint_steps or checkpoint_fractions are set but no checkpoint_root was given")
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio, cfg.lr_schedule)
+        )
+        self.metrics: list[dict[str, Any]] = []
+        self.checkpoints: list[str] = []
+
+    @functools.cached_property
+    def data_fingerprint(self) -> str:
+        return data_fingerprint(self.rows)
+
+    def identity(self) -> dict[str, Any]:
+        """What a checkpoint must share with this trainer to be resumed by it (`training_identity`)."""
+        return training_identity(self.encoder.config, self.cfg, self.data_fingerprint, self.world_size)
+
+    def last_good(self) -> str:
+        return self.checkpoints[-1] if self.checkpoints else "none written yet"
+
     # the loop ------------------------------------------------------------------------------------
+    def train(self, on_step: Callable[[dict[str, Any]], None] | None = None, progress: bool = True) -> TrainResult:
+        """Optimizer steps until `total_steps`, checkpointing at `checkpoint_steps`; `on_step(metrics)` after each
+        step (and its checkpoint), on every rank. `progress`: rank 0's progress bar."""
+        start = time.perf_counter()
+        self.encoder.train()
+        bar = tqdm(total=self.total_steps, initial=self.step, disable=self.rank != 0 or not progress, desc="train")
+        while self.step < self.total_steps:
+            for indices in self.sampler:
+                batch = self.rows[indices]
+                logged = self.take_step(batch)
+                self.step += 1
+                self.metrics.append({"step": self.step, "epoch": self.sampler.epoch, **logged})
+                bar.update(1)
+                bar.set_postfix(loss=f"{logged['loss']:.3f}", data=logged["dataset"][:20])
+                if self.step in self.checkpoint_steps:
+                    self.save(self.step)
+                if on_step is not None:
+                    on_step(self.metrics[-1])
+                if self.step >= self.total_steps:
+                    break
+            else:
+                self.sampler.set_epoch(self.sampler.epoch + 1)
+        bar.close()
+        return TrainResult(self.step, self.metrics, self.checkpoints, time.perf_counter() - start)
+
+    def save_final(self) -> str:
+        """A checkpoint of the last step, unless one was just written; returns its path."""
+        name = f"step-{self.step:06d}"
+        if not self.checkpoints or not self.checkpoints[-1].endswith(name):
+            self.save(self.step)
+        return self.checkpoints[-1]
+
+    def save(self, step: int) -> None:
+        path = self.checkpoint_root / f"step-{step:06d}"
+        self.checkpoints.append(str(path))  # before the state is taken, so a resumed run lists it too
+        rngs = all_gather_json(rng_to_json(rng_state()))  # every rank's own RNG, rank order
+        if self.rank == 0:
+            save_checkpoint(path, self.encoder, self.state(rngs))
+        barrier()
+
+    # resuming ------------------------------------------------------------------------------------
     def state(self, rngs: list[dict[str, Any]]) -> TrainerState:
         """(JSON part, optimizer tensors) of the trainer; `rngs`: every rank's `rng_to_json`, in rank order."""
         optimizer, tensors = optimizer_to_state(self.optimizer.state_dict())
@@ -687,60 +769,6 @@ class Trainer:
         return " ".join([*notes, f"Resuming this training from {resume_from.path} (step {self.step} of "
                          f"{self.total_steps})"])  # fmt: skip
 
-    def train(self) -> TrainResult:
-        start = time.perf_counter()
-        self.encoder.train()
-        bar = tqdm(total=self.total_steps, initial=self.step, disable=self.rank != 0, desc="train")
-        while self.step < self.total_steps:
-            for indices in self.sampler:
-                batch = self.rows[indices]
-                dataset = batch["dataset"][0]
-                tick = time.perf_counter()
-                self.optimizer.zero_grad(set_to_none=True)
-                self._tokens = self._slots = 0
-                out = self.forward_backward(batch)  # means over ranks, agreed finite
-                norm = torch.nn.utils.clip_grad_norm_(
-                    [p for g in self.optimizer.param_groups for p in g["params"]], self.cfg.max_grad_norm
-                )
-                lr = self.optimizer.param_groups[0]["lr"]
-                self.optimizer.step()
-                self.check_weights(dataset)
-                self.scheduler.step()
-                self.step += 1
-                self.metrics.append({
-                    "step": self.step, "epoch": self.sampler.epoch, "dataset": dataset,
-                    "language": batch["language"][0], "loss": out["loss"].item(), "in_batch": out["in_batch"].item(),
-                    "hard_negative": out["hard_negative"].item(), "lr": lr, "grad_norm": float(norm),
-                    "tokens": self._tokens, "padding_efficiency": self._tokens / max(1, self._slots),
-                    "seconds": time.perf_counter() - tick,
-                    **{key: v.item() for key, v in out.items() if key.startswith("loss@")},
-                })  # fmt: skip
-                bar.update(1)
-                bar.set_postfix(loss=f"{out['loss'].item():.3f}", data=dataset[:20])
-                if self.step in self.checkpoint_steps:
-                    self.save(self.step)
-                if self.step >= self.total_steps:
-                    break
-            else:
-                self.sampler.set_epoch(self.sampler.epoch + 1)
-        bar.close()
-        return TrainResult(self.step, self.metrics, self.checkpoints, time.perf_counter() - start)
-
-    def save_final(self) -> str:
-        """A checkpoint of the last step, unless one was just written; returns its path."""
-        name = f"step-{self.step:06d}"
-        if not self.checkpoints or not self.checkpoints[-1].endswith(name):
-            self.save(self.step)
-        return self.checkpoints[-1]
-
-    def save(self, step: int) -> None:
-        path = self.checkpoint_root / f"step-{step:06d}"
-        self.checkpoints.append(str(path))  # before the state is taken, so a resumed run lists it too
-        rngs = all_gather_json(rng_to_json(rng_state()))  # every rank's own RNG, rank order
-        if self.rank == 0:
-            save_checkpoint(path, self.encoder, self.state(rngs))
-        barrier()
-
 
 def reset_peak_memory() -> None:
     """Starts a new peak-memory window (after the model is loaded, so that the peak is the training's): Linux's
@@ -791,26 +819,52 @@ def throughput(metrics: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def split_params(params: dict[str, Any], source: str) -> tuple[ModelConfig, TrainConfig]:
-    """A flat params mapping -> (ModelConfig, TrainConfig); a key of neither is an error naming it."""
+    """A flat params mapping -> (ModelConfig, TrainConfig); a key of neither is an error naming it. The launch keys
+    of notebook 02 (`LaunchConfig`: nproc, nnodes, ...) are validated and set aside: they say how many processes
+    train, not what is trained."""
     import dataclasses
 
     model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
     train_keys = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(params) - model_keys - train_keys)
+    launch_keys = {f.name for f in dataclasses.fields(LaunchConfig)}
+    unknown = sorted(set(params) - model_keys - train_keys - launch_keys)
     if unknown:
-        from .config import ConfigError
-
         raise ConfigError(f"{source}: unknown parameter(s) {unknown} (neither a model nor a training parameter)")
+    from_dict(LaunchConfig, {k: v for k, v in params.items() if k in launch_keys}, source)
     model = from_dict(ModelConfig, {k: v for k, v in params.items() if k in model_keys}, source)
     train = from_dict(TrainConfig, {k: v for k, v in params.items() if k in train_keys}, source)
     return model, train
 
 
-def main(argv: list[str] | None = None) -> None:
-    """torchrun [--nproc_per_node N] -m c2llm_lib.train --params P --rows DATA --out CKPTS [--resume CKPT]
+FAULT_RANK = "C2LLM_FAULT_RANK"  # fault injection for tests: this global rank fails after its first step...
+FAULT_MODE = "C2LLM_FAULT"  # ...raising ("raise", the default), or exiting at once with status 3 ("exit")
 
-    Writes the checkpoints, `train_metrics.json` (one entry per step) and `train_summary.json` (throughput and
-    rank 0's peak memory) into CKPTS."""
+
+def injected_fault(rank: int) -> Callable[[dict[str, Any]], None]:
+    """A step callback that makes this rank fail after step 1 when `C2LLM_FAULT_RANK` names it (tests of how a dead
+    rank is reported); a no-op otherwise."""
+
+    def fault(metrics: dict[str, Any]) -> None:
+        if os.environ.get(FAULT_RANK) != str(rank) or metrics["step"] != 1:
+            return
+        if os.environ.get(FAULT_MODE, "raise") == "exit":
+            print(f"rank {rank}: injected fault, exiting with status 3", file=sys.stderr, flush=True)
+            os._exit(3)
+        raise RuntimeError(f"injected fault on rank {rank} after step 1 ({FAULT_RANK})")
+
+    return fault
+
+
+def main(argv: list[str] | None = None) -> None:
+    """torchrun [--nproc_per_node N] -m c2llm_lib.train --params P --rows DATA --out CKPTS
+                [--resume CKPT | --resume-latest] [--record-dir DIR]
+
+    Writes the checkpoints into CKPTS, and rank 0 writes into DIR (default CKPTS): `steps.jsonl` while it trains
+    (a first line with the total steps, the step it starts from and what resuming did, then each step's metrics),
+    then `train_metrics.json` (one entry per step) and `train_summary.json` (throughput, rank 0's peak memory, the
+    checkpoints and what identifies the training). `--resume-latest` does what notebook 02 does in its kernel
+    (`Trainer.resume_latest`). Every rank must train the same thing (configs, rows): a rank that differs from rank
+    0 is an error naming it."""
     import argparse
 
     import yaml
@@ -822,32 +876,65 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", required=True, help="flat YAML of model and training parameters")
     parser.add_argument("--rows", required=True, help="a prepared dataset (datasets.save_to_disk folder)")
     parser.add_argument("--out", required=True, help="folder for the checkpoints (must be new unless resuming)")
-    parser.add_argument("--resume", default=None, help="a checkpoint folder to continue from")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--resume", default=None, help="a checkpoint folder to continue from")
+    group.add_argument("--resume-latest", action="store_true",
+                       help="as notebook 02: resume this training's last complete checkpoint in --out, or move "
+                       "another training's checkpoints aside and start at step 0")  # fmt: skip
+    parser.add_argument("--record-dir", default=None,
+                        help="where rank 0 writes its step log and summary (default: --out)")  # fmt: skip
     args = parser.parse_args(argv)
     with open(args.params) as fh:
         params = yaml.safe_load(fh) or {}
     model_cfg, train_cfg = split_params(params, args.params)
     out = Path(args.out)
-    if out.exists() and any(out.iterdir()) and args.resume is None:
+    logs = Path(args.record_dir) if args.record_dir else out
+    if out.exists() and any(out.iterdir()) and args.resume is None and not args.resume_latest:
         raise SystemExit(f"{out} already holds checkpoints; pass --resume CHECKPOINT or choose a new --out")
     if not model_cfg.use_lora:
         raise SystemExit(f"{args.params}: training needs use_lora: true")
     rank, world_size = init_distributed()
-    if model_cfg.device == "auto" and torch.cuda.is_available():
+    if model_cfg.device in ("auto", "cuda") and torch.cuda.is_available():  # each process on its own GPU
         model_cfg.device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
     torch.manual_seed(train_cfg.seed)
     encoder = C2LLMEncoder.from_config(model_cfg)
+    trainable = sum(p.numel() for p in encoder.parameters() if p.requires_grad)
     trainer = Trainer(encoder, load_from_disk(args.rows), train_cfg, out)
+    identities = all_gather_json(trainer.identity())
+    differ = [r for r, theirs in enumerate(identities) if theirs != identities[0]]
+    if differ:
+        keys = sorted({k for r in differ for k in identities[r] if identities[r][k] != identities[0][k]})
+        raise ValueError(f"rank(s) {differ} would train something else than rank 0 (their {', '.join(keys)} "
+                         "differ): every machine needs the same params and the same prepared rows")  # fmt: skip
+    note = f"Resuming from {args.resume}" if args.resume else "training from step 0"
     if args.resume:
         trainer.resume(args.resume)
+    elif args.resume_latest:
+        note = trainer.resume_latest()
+    steps_log = logs / "steps.jsonl"
+    if rank == 0:
+        logs.mkdir(parents=True, exist_ok=True)
+        header = {"total_steps": trainer.total_steps, "step": trainer.step, "world_size": world_size, "note": note}
+        steps_log.write_text(json.dumps(header) + "\n")
+    fault = injected_fault(rank)
+
+    def on_step(metrics: dict[str, Any]) -> None:
+        if rank == 0:
+            with steps_log.open("a") as fh:
+                fh.write(json.dumps(metrics) + "\n")
+        fault(metrics)
+
     reset_peak_memory()
-    result = trainer.train()
+    result = trainer.train(on_step=on_step)
     trainer.save_final()
     if rank == 0:
-        (out / "train_metrics.json").write_text(json.dumps(trainer.metrics, indent=1) + "\n")
+        (logs / "train_metrics.json").write_text(json.dumps(trainer.metrics, indent=1) + "\n")
         summary = {**throughput(trainer.metrics), **peak_memory(), "world_size": world_size,
-                   "final_checkpoint": trainer.checkpoints[-1]}  # fmt: skip
-        (out / "train_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+                   "final_checkpoint": trainer.checkpoints[-1], "checkpoints": trainer.checkpoints,
+                   "checkpoint_steps": trainer.checkpoint_steps, "total_steps": trainer.total_steps,
+                   "train_seconds": result.seconds, "data_fingerprint": trainer.data_fingerprint,
+                   "trainable_parameters": trainable, "note": note}  # fmt: skip
+        (logs / "train_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         print(
             f"trained {result.steps} steps on {world_size} process(es) in {result.seconds:.1f}s; checkpoints in {out}"
         )
@@ -857,4 +944,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    record(main)()  # under torchrun, a rank's exception (message and traceback) goes to its error file

@@ -1,0 +1,378 @@
+"""Notebook 02 on every GPU of a machine, or of several machines: torchrun from the pipeline (paper section 4.1's
+in-batch negatives over the global batch of all processes).
+
+`train_stage(run_dir, model, train, launch)` is notebook 02's one call. With one process (a CPU, one GPU, teaching)
+it trains in the kernel with `train.Trainer`. With more (`nproc`, `nnodes`), it starts
+`python -m torch.distributed.run ... -m c2llm_lib.train` as a subprocess on the run's prepared rows, shows rank 0's
+progress as a bar fed from the step log rank 0 appends (`steps.jsonl`), and, when a rank dies, raises `RankFailed`
+naming the rank, with its error text (its exception from torchrun's error file, else the end of its own log).
+Either way the checkpoints land in the run's `checkpoints/`, every rank resumes by the in-kernel rules
+(`Trainer.resume_latest`: the same training's last complete checkpoint, another training's moved aside; the
+world size is part of what must match), and the same `TrainRecord` comes back for `metrics/train.json`.
+
+Several machines use torchrun's static rendezvous at `rdzv_endpoint` (host:port on node 0): node k holds global
+ranks k * nproc .. (k + 1) * nproc - 1, so global rank 0, which writes the checkpoints and the step log, is on node
+0, where the notebook runs. The other machines run `python -m c2llm_lib.launch PARAMS --node-rank K ...`, which
+resolves the same params and starts the same torchrun command, writing nothing in the run directory. The machines
+share the run directory's filesystem (every rank reads the rows; resuming reads the checkpoints).
+
+The launcher's files lie under `logs/02_train/` of the run: the trainer's params, rank 0's step log and summary,
+torchrun's output (`torchrun.log`) and each local rank's output and error file (`ranks/`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .config import ConfigError, LaunchConfig, ModelConfig, TrainConfig, from_dict
+from .files import CorruptFile, load_json
+
+LOGS = Path("logs") / "02_train"  # inside the run directory
+
+
+class RankFailed(RuntimeError):
+    """A training process died; the message names its rank and carries its error."""
+
+
+@dataclass
+class TrainRecord:
+    """What notebook 02 reports and saves, the same whether it trained here or through torchrun."""
+
+    steps: int
+    seconds: float
+    metrics: list[dict[str, Any]]  # one entry per optimizer step of this session
+    checkpoints: list[str]
+    final_checkpoint: str
+    checkpoint_steps: list[int]
+    data_fingerprint: str
+    trainable_parameters: int
+    processes: int  # the world size: processes on all machines together
+    note: str  # what resuming did
+
+    def summary(self, model: ModelConfig, train: TrainConfig, launch: LaunchConfig) -> dict[str, Any]:
+        """`metrics/train.json`: the numbers, the checkpoints notebook 03 merges, and the configs in effect."""
+        return {"steps": self.steps, "seconds": self.seconds, "checkpoints": self.checkpoints,
+                "final_checkpoint": self.final_checkpoint, "data_fingerprint": self.data_fingerprint,
+                "trainable_parameters": self.trainable_parameters, "processes": self.processes,
+                "model_config": model.to_dict(), "train_config": train.to_dict(), "launch": launch.to_dict(),
+                "log": self.metrics}  # fmt: skip
+
+
+def processes(launch: LaunchConfig, model: ModelConfig) -> int:
+    """Training processes on this machine: `nproc`, or for "auto" every visible CUDA GPU (1 without one, or when
+    `device` pins one device). A number the device cannot hold is an error naming the key."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() and model.device in ("auto", "cuda") else 0
+    if launch.nproc == "auto":
+        return max(1, gpus)
+    if launch.nproc > 1 and model.device not in ("auto", "cuda", "cpu"):
+        raise ConfigError(
+            f"parameter 'nproc' = {launch.nproc} needs one device per process, but device = {model.device!r} pins "
+            "one; set device: auto (each process takes its own GPU) or cpu"
+        )
+    if gpus and launch.nproc > gpus:
+        raise ConfigError(f"parameter 'nproc' = {launch.nproc} exceeds the {gpus} GPU(s) this machine shows")
+    return launch.nproc
+
+
+def torchrun_command(launch: LaunchConfig, nproc: int, params: Path, rows: Path, out: Path, logs: Path,
+                     node_rank: int | None = None) -> list[str]:  # fmt: skip
+    """`python -m torch.distributed.run ... -m c2llm_lib.train ...` for this machine: one machine rendezvouses on
+    its own (`--standalone`, a free port); several meet at `rdzv_endpoint` (static: node k holds ranks k * nproc
+    onwards). Each local rank's output goes to its own file under `logs/ranks`; the trainer resumes as notebook 02
+    does (`--resume-latest`) and rank 0 writes its step log and summary into `logs`."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
+    if launch.nnodes == 1:
+        cmd.append("--standalone")
+    else:
+        host, port = launch.rdzv_endpoint.rsplit(":", 1)
+        rank = launch.node_rank if node_rank is None else node_rank
+        cmd += ["--nnodes", str(launch.nnodes), "--node_rank", str(rank), "--master_addr", host.strip("[]"),
+                "--master_port", port]  # fmt: skip
+    cmd += ["--log_dir", str(logs / "ranks"), "--redirects", "3", "-m", "c2llm_lib.train", "--params", str(params),
+            "--rows", str(rows), "--out", str(out), "--resume-latest", "--record-dir", str(logs)]  # fmt: skip
+    return cmd
+
+
+def trainer_params(model: ModelConfig, train: TrainConfig) -> str:
+    """The flat YAML `c2llm_lib.train --params` reads: every model and training parameter in effect."""
+    return yaml.safe_dump({**model.to_dict(), **train.to_dict()}, sort_keys=True)
+
+
+def library_env() -> dict[str, str]:
+    """The environment for torchrun: this process's, with this copy of c2llm_lib first on the path (the processes
+    run the library the notebook imported, not another installed copy)."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    return env
+
+
+# what a failed torchrun leaves: its summary names the ranks, their error files and logs hold the text ---------
+FAILURE = re.compile(
+    r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local>\d+)\)\s*\n\s*exitcode\s*:\s*(?P<code>-?\d+)[^\n]*\n"
+    r"\s*error_file\s*:\s*(?P<file>[^\n]*)"
+)
+
+
+@dataclass
+class Failure:
+    rank: int
+    local_rank: int
+    exitcode: int
+    error_file: str
+
+
+def failures(torchrun_output: str) -> list[Failure]:
+    """The failed ranks torchrun's summary lists, the root cause (the first to fail) first."""
+    root_at = torchrun_output.rfind("Root Cause (first observed failure)")
+    found = [(m.start() < root_at, m) for m in FAILURE.finditer(torchrun_output)]
+    found.sort(key=lambda item: item[0])  # the root cause (after its heading) first, then the others
+    return [Failure(int(m["rank"]), int(m["local"]), int(m["code"]), m["file"].strip()) for _, m in found]
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _rank_log(failure: Failure, ranks_dir: Path) -> Path | None:
+    logs = sorted(ranks_dir.glob(f"**/{failure.local_rank}/stderr.log"), key=lambda p: p.stat().st_mtime)
+    return logs[-1] if logs else None
+
+
+def last_sign_of_life(failure: Failure, ranks_dir: Path) -> float:
+    """When a failed rank last wrote: its error file, else its own log (a rank that exits without an exception
+    prints last). torchrun's root cause goes by whole seconds, so when a rank dies and its peers fail a moment
+    later in a collective it may name a peer; this time tells them apart."""
+    path = Path(failure.error_file)
+    if path.is_file():
+        return path.stat().st_mtime
+    log = _rank_log(failure, ranks_dir)
+    return log.stat().st_mtime if log is not None else float("inf")
+
+
+def rank_error(failure: Failure, ranks_dir: Path) -> str:
+    """A failed rank's error text: the exception its error file records (message, then the traceback's end), else
+    the end of its own output (a rank killed or exiting without a Python exception), else ''."""
+    path = Path(failure.error_file)
+    if path.is_file():
+        try:
+            message = json.loads(path.read_text()).get("message", {})
+        except (OSError, ValueError):
+            message = {}
+        if isinstance(message, dict) and message.get("message"):
+            stack = message.get("extraInfo", {}).get("py_callstack", "")
+            return f"{message['message']}\n{_tail(stack, 8)}".strip()
+    log = _rank_log(failure, ranks_dir)
+    return _tail(log.read_text(errors="replace")) if log is not None else ""
+
+
+def diagnose(logs: Path, returncode: int, world_size: int) -> str:
+    """The message for a failed torchrun: the first rank to fail, its exit code and error text, the other failed
+    ranks, and where the logs are."""
+    output = (logs / "torchrun.log").read_text(errors="replace") if (logs / "torchrun.log").is_file() else ""
+    found = failures(output)
+    where = f"logs: {logs / 'torchrun.log'} and each rank's under {logs / 'ranks'}"
+    if not found:
+        return (f"training failed: torchrun exited with status {returncode} before a rank reported a failure; "
+                f"its output ends:\n{_tail(output)}\n({where})")  # fmt: skip
+    found.sort(key=lambda f: last_sign_of_life(f, logs / "ranks"))  # stable: torchrun's root cause first on a tie
+    root, others = found[0], found[1:]
+    error = rank_error(root, logs / "ranks") or "(it left no error text)"
+    signal = f", killed by signal {-root.exitcode}" if root.exitcode < 0 else ""
+    also = f"; rank(s) {[f.rank for f in others]} failed after it" if others else ""
+    return (f"training failed on rank {root.rank} of {world_size} (local rank {root.local_rank}, exit code "
+            f"{root.exitcode}{signal}){also}. Rank {root.rank}'s error:\n{error}\n({where}; rerunning notebook 02 "
+            "resumes from the last complete checkpoint)")  # fmt: skip
+
+
+class StepLog:
+    """Follows rank 0's `steps.jsonl` as it grows, returning only complete lines."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset = path, 0
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.is_file():
+            return []
+        with self.path.open("rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        return [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
+
+
+def run_torchrun(cmd: list[str], logs: Path, world_size: int, log=print, poll_s: float = 0.5) -> None:
+    """Runs `cmd` (torchrun), its output into `logs/torchrun.log`, showing rank 0's progress from `logs/steps.jsonl`
+    as a bar; a failure raises `RankFailed` (`diagnose`). Interrupting stops every process."""
+    from tqdm.auto import tqdm
+
+    steps, bar = StepLog(logs / "steps.jsonl"), None
+    with open(logs / "torchrun.log", "w") as output:
+        proc = subprocess.Popen(cmd, stdout=output, stderr=subprocess.STDOUT, env=library_env())
+        try:
+            while True:
+                done = proc.poll() is not None
+                for entry in steps.read():
+                    if "total_steps" in entry:  # the header: rank 0 resumed (or not) and knows the run's length
+                        log(entry["note"])
+                        bar = tqdm(total=entry["total_steps"], initial=entry["step"],
+                                   desc=f"train ({entry['world_size']} processes)")  # fmt: skip
+                    elif bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(loss=f"{entry['loss']:.3f}", data=entry["dataset"][:20])
+                if done:
+                    break
+                time.sleep(poll_s)
+        except BaseException:
+            proc.terminate()  # torchrun passes it on to every rank
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+    if proc.returncode != 0:
+        raise RankFailed(diagnose(logs, proc.returncode, world_size))
+
+
+def train_here(run_dir, model: ModelConfig, train: TrainConfig, log=print) -> TrainRecord:
+    """One process, in this kernel: the encoder, the run's rows, `Trainer.resume_latest`, the loop, a final
+    checkpoint."""
+    import torch
+
+    from .model import C2LLMEncoder
+    from .train import Trainer
+
+    torch.manual_seed(train.seed)
+    encoder = C2LLMEncoder.from_config(model)
+    rows = run_dir.load_dataset("train")
+    trainable = sum(p.numel() for p in encoder.parameters() if p.requires_grad)
+    log(f"{trainable:,} trainable of {sum(p.numel() for p in encoder.parameters()):,} parameters; {len(rows)} rows")
+    trainer = Trainer(encoder, rows, train, run_dir.checkpoints_dir)
+    note = trainer.resume_latest()  # the same training's last complete checkpoint, or step 0 (another's moved aside)
+    log(note)
+    result = trainer.train()
+    final = trainer.save_final()
+    return TrainRecord(result.steps, result.seconds, result.metrics, trainer.checkpoints, final,
+                       trainer.checkpoint_steps, trainer.data_fingerprint, trainable, 1, note)  # fmt: skip
+
+
+def train_processes(run_dir, model: ModelConfig, train: TrainConfig, launch: LaunchConfig, nproc: int,
+                    log=print) -> TrainRecord:  # fmt: skip
+    """torchrun with `nproc` processes here (and as many on each other machine) on the run's rows and checkpoints;
+    the launcher's files go to `logs/02_train/`, emptied first."""
+    logs = run_dir.root / LOGS
+    if logs.exists():
+        shutil.rmtree(logs)
+    logs.mkdir(parents=True)
+    (logs / "params.yaml").write_text(trainer_params(model, train))
+    world_size = nproc * launch.nnodes
+    cmd = torchrun_command(launch, nproc, logs / "params.yaml", run_dir.require("data/train"), run_dir.checkpoints_dir,
+                           logs)  # fmt: skip
+    log(f"{world_size} processes ({nproc} per machine on {launch.nnodes}): {' '.join(cmd)}")
+    run_torchrun(cmd, logs, world_size, log)
+    summary = load_json(logs / "train_summary.json", "training summary")
+    metrics = json.loads((logs / "train_metrics.json").read_text())
+    if not isinstance(metrics, list) or len(metrics) != summary["steps"]:
+        raise CorruptFile(f"{logs / 'train_metrics.json'}: expected a list of {summary['steps']} step entries")
+    return TrainRecord(len(metrics), summary["train_seconds"], metrics, summary["checkpoints"],
+                       summary["final_checkpoint"], summary["checkpoint_steps"], summary["data_fingerprint"],
+                       summary["trainable_parameters"], world_size, summary["note"])  # fmt: skip
+
+
+def train_stage(run_dir, model: ModelConfig, train: TrainConfig, launch: LaunchConfig, log=print) -> TrainRecord:
+    """Notebook 02's training: in this kernel with one process on one machine, else through torchrun."""
+    if launch.node_rank != 0:
+        raise ConfigError(
+            f"parameter 'node_rank' = {launch.node_rank}: the notebook runs on node 0 only; start the other machines "
+            "with `python -m c2llm_lib.launch PARAMS --node-rank K ...` (README: several machines)"
+        )
+    nproc = processes(launch, model)
+    if nproc == 1 and launch.nnodes == 1:
+        return train_here(run_dir, model, train, log)
+    return train_processes(run_dir, model, train, launch, nproc, log)
+
+
+# one command per machine --------------------------------------------------------------------------------------
+def notebook_configs(params: Path, overlay: str | None, sets: dict[str, Any]):
+    """(run name, ModelConfig, TrainConfig, LaunchConfig) of notebook 02 for a params file, as the pipeline
+    resolves it."""
+    from .pipeline import apply_overlay, load_params, resolve
+
+    given = load_params(params)
+    if overlay is not None:
+        given = apply_overlay(given, overlay)
+    values = resolve({**given, **sets}, str(params))["02_train_lora_contrastive"]
+    configs = []
+    for cls in (ModelConfig, TrainConfig, LaunchConfig):
+        names = {f.name for f in dataclasses.fields(cls)}
+        configs.append(from_dict(cls, {k: v for k, v in values.items() if k in names}, str(params)))
+    return (params.stem, *configs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One command for every machine of a multi-machine training (e.g. under srun): node 0 runs notebook 02 through
+    the pipeline (the run must hold notebook 01's data), the others start their share of the processes."""
+    from .pipeline import parse_sets, run_pipeline
+
+    parser = argparse.ArgumentParser(description="Notebook 02 on several machines: run this on each of them.")
+    parser.add_argument("params", help="params/<run>.yaml (the run whose notebook 01 has prepared the data)")
+    parser.add_argument("--nnodes", type=int, required=True, help="machines")
+    parser.add_argument("--node-rank", type=int, required=True, help="this machine's index, 0 .. nnodes - 1")
+    parser.add_argument("--rdzv-endpoint", required=True, help="host:port on node 0, e.g. node001:29500")
+    parser.add_argument("--nproc", default=None, help="processes per machine (default: the params' nproc, auto)")
+    parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--overlay", default=None)
+    parser.add_argument("--outputs", default=str(Path(__file__).resolve().parent.parent / "outputs"))
+    parser.add_argument("--log-dir", default=None, help="where a machine other than node 0 keeps torchrun's logs")
+    args = parser.parse_args(argv)
+    sets = {**parse_sets(args.set), "nnodes": args.nnodes, "node_rank": args.node_rank,
+            "rdzv_endpoint": args.rdzv_endpoint}  # fmt: skip
+    if args.nproc is not None:
+        sets["nproc"] = args.nproc if args.nproc == "auto" else int(args.nproc)
+    params = Path(args.params)
+    if args.node_rank == 0:
+        run_pipeline(params, only=["02"], sets={**sets, "node_rank": 0}, mode="resume", outputs=args.outputs,
+                     overlay=args.overlay)  # fmt: skip
+        return 0
+    name, model, train, launch = notebook_configs(params, args.overlay, sets)
+    run = Path(args.outputs) / name
+    rows = run / "data" / "train"
+    if not rows.is_dir():
+        raise SystemExit(f"{rows} is missing: run notebook 01 for run {name!r} first (on a filesystem every machine "
+                         "shares)")  # fmt: skip
+    nproc = processes(launch, model)
+    logs = Path(args.log_dir or tempfile.mkdtemp(prefix=f"c2llm-{name}-node{args.node_rank}-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / "params.yaml").write_text(trainer_params(model, train))
+    cmd = torchrun_command(launch, nproc, logs / "params.yaml", rows, run / "checkpoints", logs)
+    print(f"node {args.node_rank}: {' '.join(cmd)}", flush=True)
+    try:
+        run_torchrun(cmd, logs, nproc * launch.nnodes, log=print)
+    except RankFailed as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
