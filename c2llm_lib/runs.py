@@ -8,6 +8,7 @@ Layout:
     notebooks/NN_*.html    the same as HTML pages, to read without a kernel
     data/                  prepared datasets (Arrow), e.g. data/train
     checkpoints/step-*/    training checkpoints (adapter + head + trainer state)
+    logs/02_train/         notebook 02's launcher with several processes: trainer params, step log, each rank's output
     merged/                the merged encoder (C2LLMEncoder.save_pretrained)
     metrics/*.json         numbers each stage reports
     figures/*.png          figures each stage draws
@@ -64,7 +65,7 @@ INPUTS = {
 }
 PRODUCTS = {
     "01_data_prep": ("data", "metrics/data.json", "figures/data_lengths.png"),
-    "02_train_lora_contrastive": ("checkpoints", "metrics/train.json", "figures/loss.png"),
+    "02_train_lora_contrastive": ("checkpoints", "metrics/train.json", "figures/loss.png", "logs/02_train"),
     "03_merge_checkpoints": ("merged", "metrics/merge.json"),
     "04_eval_mteb_code": (
         "mteb",

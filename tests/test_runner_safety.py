@@ -148,6 +148,16 @@ def test_overwrite_only_04_keeps_what_04_reads(fake):
     assert record["notebooks"]["03_merge_checkpoints"]["status"] == "finished"  # kept, and still current
 
 
+def test_overwrite_only_02_replaces_the_launchers_logs(fake):
+    notebooks, params, outputs = fake
+    run_pipeline(params, only=["01", "02"], outputs=outputs, notebook_dir=notebooks, **QUIET)
+    stale = outputs / "fake" / "logs" / "02_train" / "torchrun.log"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("an earlier training's ranks")
+    run_pipeline(params, only=["02"], mode="overwrite", outputs=outputs, notebook_dir=notebooks, **QUIET)
+    assert not stale.exists()  # notebook 02's product, replaced with its checkpoints
+
+
 # a dead kernel is a failure ------------------------------------------------------------------------------------
 def test_a_dead_kernel_fails_the_notebook_and_resume_reruns_it(fake):
     notebooks, params, outputs = fake
