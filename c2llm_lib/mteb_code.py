@@ -33,8 +33,8 @@ import torch
 from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.models.abs_encoder import AbsEncoder
 
-from .eval import RetrievalTask
 from .prompts import C2LLM_PROMPTS, OFFLINE_TASKS, prompts
+from .retrieval import RetrievalTask, truncate
 
 MTEB_CODE_V1 = (
     "AppsRetrieval", "CodeEditSearchRetrieval", "CodeFeedbackMT", "CodeFeedbackST", "CodeSearchNetCCRetrieval",
@@ -234,7 +234,6 @@ class EncodingCache:
         normalize: bool = True,
     ) -> np.ndarray:
         """What `model.encode` returns for these arguments (float32 (N, d)), computing only unseen texts."""
-        from .eval import truncate
         from .model.encoder import _check_texts
 
         encoder, width = self.unwrap(model)
