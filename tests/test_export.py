@@ -139,3 +139,16 @@ def test_the_card_states_base_model_data_decontamination_scores_and_licence(make
     assert "Not evaluated yet" not in scored and "| model | mean |" in scored
     released = model_card(config.__class__(backbone="Qwen/Qwen2.5-Coder-0.5B", backbone_revision="abc"), run="r")
     assert "base_model: Qwen/Qwen2.5-Coder-0.5B\n" in released and "| revision | `abc` |" in released
+
+
+def test_merged_backbone_loads_through_automodel_in_its_stored_dtype(make_encoder, tmp_path):
+    """merged/backbone holds float32 weights (merge.py upcasts a bf16 backbone); its config.json must say so, or
+    `AutoModel.from_pretrained` rounds the merged update away again by loading it in bf16."""
+    import torch
+    from transformers import AutoModel
+
+    encoder = make_encoder(pma_heads=4, dtype="bfloat16")
+    encoder.base_model.float()  # as merge_checkpoints leaves it
+    encoder.save_pretrained(tmp_path / "merged")
+    model = AutoModel.from_pretrained(tmp_path / "merged" / "backbone")
+    assert next(model.parameters()).dtype == torch.float32

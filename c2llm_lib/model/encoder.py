@@ -24,6 +24,7 @@ naming it, and a tensor or folder the directory lacks is an error listing it, ne
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -253,7 +254,9 @@ class C2LLMEncoder(nn.Module):
                 if "lora_" not in k
             }
             (staging / "backbone").mkdir()
-            base.config.save_pretrained(staging / "backbone")
+            config = copy.deepcopy(base.config)
+            config.dtype = next(base.parameters()).dtype  # AutoModel's "auto" dtype reads it: the stored one, not the
+            config.save_pretrained(staging / "backbone")  # loaded one (a merge upcasts a bf16 backbone to float32)
             save_file(weights, staging / "backbone" / "model.safetensors", metadata={"format": "pt"})
             if base is not self.backbone:
                 self.backbone.save_pretrained(staging / "adapter")
