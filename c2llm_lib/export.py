@@ -169,6 +169,18 @@ def plain_loader(pooling: str, path: str = ".") -> str:
     return LOADER.format(path=path, pooling=POOLING_CODE[pooling])
 
 
+def run_records(root: str | os.PathLike) -> dict[str, dict | None]:
+    """{"data", "train", "merge"}: the records notebooks 01-03 wrote in a run directory (`metrics/*.json`), None for
+    a record the run lacks; the model card's facts."""
+    from .files import load_json
+
+    metrics = Path(root) / "metrics"
+    return {
+        name: load_json(metrics / f"{name}.json", f"{name} record") if (metrics / f"{name}.json").is_file() else None
+        for name in ("data", "train", "merge")
+    }
+
+
 def base_model(config) -> tuple[str, str]:
     """(hub id or description of the backbone, its revision or a note) for the card."""
     from .model.backbone import REAL_GGUF_BACKBONE, TINY_BACKBONE

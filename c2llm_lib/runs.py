@@ -8,6 +8,7 @@ Layout:
     data/                  prepared datasets (Arrow), e.g. data/train
     checkpoints/step-*/    training checkpoints (adapter + head + trainer state)
     merged/                the merged encoder (C2LLMEncoder.save_pretrained)
+    export/                the merged model for sentence-transformers and transformers, with its card (export.py)
     metrics/*.json         numbers each stage reports
     figures/*.png          figures each stage draws
     .lock                  held (fcntl) by the pipeline runner working in the run; released when it exits
@@ -64,7 +65,7 @@ INPUTS = {
 PRODUCTS = {
     "01_data_prep": ("data", "metrics/data.json", "figures/data_lengths.png"),
     "02_train_lora_contrastive": ("checkpoints", "metrics/train.json", "figures/loss.png"),
-    "03_merge_checkpoints": ("merged", "metrics/merge.json"),
+    "03_merge_checkpoints": ("merged", "export", "metrics/merge.json"),
     "04_eval_mteb_code": (
         "mteb",
         "metrics/eval.json",
