@@ -314,7 +314,8 @@ def results_markdown(
     task's corpus held (and how many were truncated, when counted), so that no score is read without its corpus
     size; with `max_length`, a line stating the evaluation length."""
     header = "| model | " + " | ".join(frame.columns) + " |\n|---|" + "---|" * len(frame.columns) + "\n"
-    rows = "".join(f"| {m} | " + " | ".join(f"{v:.1f}" for v in frame.loc[m]) + " |\n" for m in frame.index)
+    cell = lambda v: "" if v != v else f"{v:.1f}"  # noqa: E731  a blank for NaN: a public mean has no task scores
+    rows = "".join(f"| {m} | " + " | ".join(cell(v) for v in frame.loc[m]) + " |\n" for m in frame.index)
     counts = list(dict.fromkeys(key for task in (sizes or {}).values() for key in task))
     for count in counts:
         cells = [str(sizes[c][count]) if count in sizes.get(c, {}) else "" for c in frame.columns]
