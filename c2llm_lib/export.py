@@ -196,7 +196,8 @@ def base_model(config) -> tuple[str, str]:
 
 
 def _table(rows: dict[str, Any]) -> str:
-    return "| key | value |\n|---|---|\n" + "".join(f"| {k} | `{v}` |\n" for k, v in rows.items())
+    cell = lambda v: v if "`" in str(v) else f"`{v}`"  # noqa: E731  a note with code in it is not wrapped again
+    return "| key | value |\n|---|---|\n" + "".join(f"| {k} | {cell(v)} |\n" for k, v in rows.items())
 
 
 def _data_section(data: dict | None) -> str:
