@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from .config import ModelConfig, TrainConfig
-from .eval import truncate
 from .model import C2LLMEncoder
+from .retrieval import truncate
 from .train import Trainer
 
 

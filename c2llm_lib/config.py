@@ -347,7 +347,8 @@ class EvalStage:
     eval_batch_size: int = 16
     eval_max_length: int = 2048  # the released model's inference length
     baselines: list[str] = field(default_factory=lambda: ["bm25", "mean", "last_token"])
-    mteb_tasks: list[str] = field(default_factory=list)  # MTEB(Code, v1) tasks to run too (hub); ["all"]: the 12
+    mteb_tasks: list[str] = field(default_factory=list)  # tasks of `benchmarks` to run (hub); ["all"]: all; []: none
+    benchmarks: list[str] = field(default_factory=lambda: ["MTEB(Code, v1)"])  # mteb benchmark names (mteb_code.py)
     eval_released: str | None = None  # a released codefuse-ai checkpoint (hub id or dir) instead of the run's model
     eval_released_revision: str | None = None
     ablations: bool = False  # train PMA, last-token and mean poolers the same way, and PMA at smaller d
@@ -367,6 +368,8 @@ class EvalStage:
         require(not bad, "baselines", f"has unknown entries {bad}; choose from bm25, mean, last_token")
         require(len(set(self.baselines)) == len(self.baselines), "baselines", "repeats a baseline")
         require(not self.mteb_tasks or plain_names(self.mteb_tasks), "mteb_tasks", "must be distinct task names")
+        require(plain_names(self.benchmarks), "benchmarks",
+                f"must be distinct mteb benchmark names such as 'MTEB(Code, v1)', got {self.benchmarks}")  # fmt: skip
         for key in ("eval_released", "eval_released_revision"):
             require(getattr(self, key) is None or bool(getattr(self, key).strip()), key, "must be None or non-empty")
         require(self.eval_released_revision is None or self.eval_released is not None, "eval_released_revision",

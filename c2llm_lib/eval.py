@@ -1,6 +1,8 @@
 """Retrieval evaluation (paper section 4.2: nDCG@10 on MTEB(Code) retrieval tasks).
 
-This module holds the pieces every evaluation shares:
+This module holds the pieces every evaluation shares and drives the evaluation; it imports `mteb_code` (the mteb
+adapter), never the other way round (the pieces both need, `RetrievalTask`, `corpus_text` and `truncate`, live in
+`retrieval.py` and are re-exported here):
 - `RetrievalTask`: queries, a corpus and graded relevance (qrels), in mteb's shape;
 - `offline_tasks`: tasks built from the held-out split of the offline real-code dataset (one per
   (recipe, language)) and from HumanEval. Every held-out positive is in the corpus, also when `limit`
@@ -28,7 +30,6 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +38,7 @@ import torch
 
 from .data.offline import TEXT_TO_CODE, humaneval_records, load_snapshot
 from .data.sources import TABLE_1
-
-
-@dataclass
-class RetrievalTask:
-    name: str
-    queries: dict[str, str]  # query id -> text
-    corpus: dict[str, str]  # doc id -> text
-    qrels: dict[str, dict[str, int]]  # query id -> {doc id: relevance}
-    instruction: str  # the query instruction (table 1)
+from .retrieval import RetrievalTask, corpus_text, truncate
 
 
 def task_from_rows(
@@ -181,11 +174,6 @@ def score_rankings(task: RetrievalTask, rankings: dict[str, list[str]], k: int =
     }
 
 
-def corpus_text(text: str, title: str = "") -> str:
-    """A document as mteb feeds it to a model: title and text joined, surrounding whitespace stripped."""
-    return f"{title} {text}".strip() if title else text.strip()
-
-
 def score_embeddings(task: RetrievalTask, queries: np.ndarray, documents: np.ndarray, k: int = 10) -> dict[str, float]:
     """Scores of a task from its normalised query (Q, d) and document (N, d) embeddings, in task order."""
     doc_ids = list(task.corpus)
@@ -212,12 +200,6 @@ def task_embeddings(encoder, task: RetrievalTask, batch_size: int = 16, max_leng
     docs = encoder.encode([corpus_text(t) for t in task.corpus.values()], kind="document", instruction=document,
                           **kwargs)  # fmt: skip
     return encoder.encode(list(task.queries.values()), kind="query", instruction=query, **kwargs), docs
-
-
-def truncate(x: np.ndarray, dim: int) -> np.ndarray:
-    """Rows cut to their first `dim` coordinates and re-normalised (MRL-style truncation), as float32."""
-    cut = x[:, :dim]
-    return (cut / np.clip(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12, None)).astype(np.float32)
 
 
 def truncation_scores(
@@ -332,7 +314,8 @@ def results_markdown(
     task's corpus held (and how many were truncated, when counted), so that no score is read without its corpus
     size; with `max_length`, a line stating the evaluation length."""
     header = "| model | " + " | ".join(frame.columns) + " |\n|---|" + "---|" * len(frame.columns) + "\n"
-    rows = "".join(f"| {m} | " + " | ".join(f"{v:.1f}" for v in frame.loc[m]) + " |\n" for m in frame.index)
+    cell = lambda v: "" if v != v else f"{v:.1f}"  # noqa: E731  a blank for NaN: a public mean has no task scores
+    rows = "".join(f"| {m} | " + " | ".join(cell(v) for v in frame.loc[m]) + " |\n" for m in frame.index)
     counts = list(dict.fromkeys(key for task in (sizes or {}).values() for key in task))
     for count in counts:
         cells = [str(sizes[c][count]) if count in sizes.get(c, {}) else "" for c in frame.columns]

@@ -33,8 +33,8 @@ import torch
 from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.models.abs_encoder import AbsEncoder
 
-from .eval import RetrievalTask
 from .prompts import C2LLM_PROMPTS, OFFLINE_TASKS, prompts
+from .retrieval import RetrievalTask, truncate
 
 MTEB_CODE_V1 = (
     "AppsRetrieval", "CodeEditSearchRetrieval", "CodeFeedbackMT", "CodeFeedbackST", "CodeSearchNetCCRetrieval",
@@ -234,7 +234,6 @@ class EncodingCache:
         normalize: bool = True,
     ) -> np.ndarray:
         """What `model.encode` returns for these arguments (float32 (N, d)), computing only unseen texts."""
-        from .eval import truncate
         from .model.encoder import _check_texts
 
         encoder, width = self.unwrap(model)
@@ -372,6 +371,120 @@ def mteb_code_tasks(names: Sequence[str] | None = None, mirror: str | Path | Non
     if unknown:
         raise ValueError(f"{unknown} are not MTEB(Code, v1) tasks; choose from {list(MTEB_CODE_V1)}")
     return mteb_tasks(names, mirror)
+
+
+DEFAULT_BENCHMARKS = ("MTEB(Code, v1)",)
+# Public scores (main score x 100, mean over the benchmark's tasks) of benchmarks other than MTEB(Code, v1), shown
+# beside ours; MTEB(Code, v1) has per-task figures in REFERENCE_SCORES.
+PUBLIC_MEANS = {
+    "CoREB(v1)": {
+        "source": "figures quoted in this repository's issue 15 for CoREB(v1) (built to limit training-data "
+        "contamination; Xue et al. 2026, arXiv:2605.04615); not re-checked against the leaderboard here",
+        "scores": {"C2LLM-7B": 60.10, "C2LLM-0.5B": 58.08, "Qwen3-Embedding-0.6B": 54.07},
+    },
+}
+
+
+def available_benchmarks() -> list[str]:
+    """Names of the benchmarks the installed mteb ships (`mteb.get_benchmarks()`)."""
+    import mteb
+
+    return sorted(b.name for b in mteb.get_benchmarks())
+
+
+def check_benchmarks(names: Sequence[str], key: str = "benchmarks") -> None:
+    """Raises, naming `key`, unless every name is a benchmark of the installed mteb (listing those it has)."""
+    import difflib
+
+    available = available_benchmarks()
+    for name in names:
+        if name in available:
+            continue
+        close = difflib.get_close_matches(name, available, n=1, cutoff=0.5)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        if name.count("(") != name.count(")"):
+            hint += "; a name with a comma must be quoted in YAML: --set 'benchmarks=[\"MTEB(Code, v1)\"]'"
+        raise ValueError(
+            f"{key}: {name!r} is not a benchmark of the installed mteb {_mteb_version()}{hint}. "
+            f"Available: {', '.join(available)}"
+        )
+
+
+def _mteb_version() -> str:
+    from importlib.metadata import version
+
+    return version("mteb")
+
+
+def benchmark_tasks(name: str, tasks: Sequence[str] = ("all",), mirror: str | Path | None = None) -> list:
+    """The mteb task objects of benchmark `name` (all of them, or those named in `tasks`), as mteb's registry
+    describes them (no download); their data comes from the hub, or from a local mirror (`data/mirror.py`)."""
+    import mteb
+
+    from .data.mirror import mirrored_task
+
+    check_benchmarks([name])
+    chosen = list(mteb.get_benchmark(name).tasks)
+    if list(tasks) != ["all"]:
+        chosen = [t for t in chosen if t.metadata.name in set(tasks)]
+    return chosen if mirror is None else [mirrored_task(t, mirror) for t in chosen]
+
+
+def select_tasks(benchmarks: Sequence[str], tasks: Sequence[str]) -> dict[str, list[str]]:
+    """{benchmark: the names of its tasks to run}: all of them for `tasks == ["all"]`, else those named; a task name
+    in none of the benchmarks is an error naming the key `mteb_tasks`."""
+    import mteb
+
+    check_benchmarks(benchmarks)
+    members = {b: [t.metadata.name for t in mteb.get_benchmark(b).tasks] for b in benchmarks}
+    if list(tasks) == ["all"]:
+        return members
+    known = {t for names in members.values() for t in names}
+    unknown = sorted(set(tasks) - known)
+    if unknown:
+        raise ValueError(f"mteb_tasks: {unknown} are in none of the benchmarks {list(benchmarks)}; ['all'] runs all")
+    return {b: [t for t in names if t in set(tasks)] for b, names in members.items() if set(names) & set(tasks)}
+
+
+def benchmark_table(benchmark: str, ours: dict[str, float], label: str = "this run"):
+    """Ours (main scores in [0, 1]) x 100 with the mean over tasks, beside the public figures: per task for
+    MTEB(Code, v1) (`comparison_table`), the public means of `PUBLIC_MEANS` for the others (blank per task)."""
+    import pandas as pd
+
+    if benchmark == "MTEB(Code, v1)":
+        return comparison_table(ours, label)
+    frame = pd.DataFrame({label: {t: 100 * v for t, v in ours.items()}}).T
+    frame["mean"] = frame.mean(axis=1)
+    public = PUBLIC_MEANS.get(benchmark, {}).get("scores", {})
+    rows = [pd.DataFrame({"mean": [score]}, index=[f"{model} (public)"]) for model, score in public.items()]
+    return pd.concat([*rows, frame]).round(2)
+
+
+def evaluate_benchmarks(
+    model: MTEBEncoder,
+    benchmarks: Sequence[str],
+    tasks: Sequence[str],
+    cache_dir: str | Path,
+    mirror: str | Path | None = None,
+    label: str = "this run",
+) -> dict[str, dict[str, Any]]:
+    """{benchmark: {"table": `benchmark_table`, "sizes": `mteb_task_sizes`}} of each named mteb benchmark through
+    `run_mteb` (results cached as for every evaluation); `tasks` as in `select_tasks`."""
+    results = {}
+    for benchmark, names in select_tasks(benchmarks, tasks).items():
+        chosen = benchmark_tasks(benchmark, names, mirror)
+        scores = run_mteb(model, chosen, cache_dir)
+        results[benchmark] = {"table": benchmark_table(benchmark, scores, label), "sizes": mteb_task_sizes(chosen)}
+    return results
+
+
+def public_sources(benchmarks: Sequence[str]) -> str:
+    """The sources of the public figures shown for these benchmarks, one line each."""
+    lines = ["- MTEB(Code, v1): public MTEB results; the C2LLM rows equal the paper's table 2."] * (
+        "MTEB(Code, v1)" in benchmarks
+    )
+    lines += [f"- {b}: {PUBLIC_MEANS[b]['source']}." for b in benchmarks if b in PUBLIC_MEANS]
+    return "\n".join(lines)
 
 
 SIZES_NOTE = (

@@ -10,6 +10,7 @@ Layout:
     checkpoints/step-*/    training checkpoints (adapter + head + trainer state)
     logs/02_train/         notebook 02's launcher with several processes: trainer params, step log, each rank's output
     merged/                the merged encoder (C2LLMEncoder.save_pretrained)
+    export/                the merged model for sentence-transformers and transformers, with its card (export.py)
     metrics/*.json         numbers each stage reports
     figures/*.png          figures each stage draws
     .lock                  held (fcntl) by the pipeline runner working in the run; released when it exits
@@ -66,7 +67,7 @@ INPUTS = {
 PRODUCTS = {
     "01_data_prep": ("data", "metrics/data.json", "figures/data_lengths.png"),
     "02_train_lora_contrastive": ("checkpoints", "metrics/train.json", "figures/loss.png", "logs/02_train"),
-    "03_merge_checkpoints": ("merged", "metrics/merge.json"),
+    "03_merge_checkpoints": ("merged", "export", "metrics/merge.json"),
     "04_eval_mteb_code": (
         "mteb",
         "metrics/eval.json",

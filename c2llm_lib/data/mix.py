@@ -158,7 +158,7 @@ def _task_name(task: Any) -> str:
 def split_keys(split: dict[str, Any], where: str) -> tuple[set[str], set[str]]:
     """(test-query keys, relevant-document keys) of one mteb 2.x retrieval split: `queries` (id, text),
     `corpus` (id, text, optional title) and `relevant_docs` ({query id: {document id: score}})."""
-    from ..eval import corpus_text
+    from ..retrieval import corpus_text
 
     missing = [k for k in ("queries", "corpus", "relevant_docs") if k not in split]
     if missing:

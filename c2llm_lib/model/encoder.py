@@ -24,6 +24,7 @@ naming it, and a tensor or folder the directory lacks is an error listing it, ne
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -75,6 +76,42 @@ def _check_texts(texts: Any) -> list[str]:
                 f"(half of a UTF-16 pair): {text!r:.80}"
             ) from None
     return list(texts)
+
+
+def tokenize_left_padded(
+    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_length: int, append_eos: bool
+) -> dict[str, torch.Tensor]:
+    """Left-padded `input_ids` and `attention_mask` (B, T) of formatted texts: no special tokens, cut on the right
+    at `max_length` tokens, and with `append_eos` the EOS token appended after the cut (so a long text still ends
+    in EOS). The encoder and the sentence-transformers export (`st_modules.Backbone`) both tokenise with it."""
+    eos = [tokenizer.eos_token_id] if append_eos else []
+    if max_length < len(eos) + 1:
+        raise ValueError(f"max_length={max_length} leaves no room for text")
+    ids = tokenizer(
+        list(texts),
+        add_special_tokens=False,
+        truncation=True,
+        max_length=max_length - len(eos),
+        return_attention_mask=False,
+    )["input_ids"]
+    rows = [row + eos for row in ids]
+    width = max(1, max(len(r) for r in rows))
+    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)  # (B, T)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T)
+    for i, row in enumerate(rows):
+        if row:
+            input_ids[i, width - len(row) :] = torch.tensor(row)
+            attention_mask[i, width - len(row) :] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+def last_hidden_states(backbone: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The backbone's last hidden states (B, T, d_LLM) of a left-padded batch, zero at padded positions; position ids
+    count real tokens only, so padding shifts no position."""
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): real tokens count 0, 1, ...
+    out = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    hidden = out.last_hidden_state  # (B, T, d_LLM)
+    return hidden.masked_fill(~attention_mask.bool()[..., None], 0.0)
 
 
 class C2LLMEncoder(nn.Module):
@@ -143,36 +180,14 @@ class C2LLMEncoder(nn.Module):
 
     def tokenize_formatted(self, texts: Sequence[str], max_length: int | None = None) -> dict[str, torch.Tensor]:
         """Like `tokenize`, for texts that already carry their instruction or document prefix."""
-        max_length = max_length or self.config.max_length
-        eos = [self.tokenizer.eos_token_id] if self.config.eos_appended else []
-        if max_length < len(eos) + 1:
-            raise ValueError(f"max_length={max_length} leaves no room for text")
-        ids = self.tokenizer(
-            list(texts),
-            add_special_tokens=False,
-            truncation=True,
-            max_length=max_length - len(eos),
-            return_attention_mask=False,
-        )["input_ids"]
-        rows = [row + eos for row in ids]
-        width = max(1, max(len(r) for r in rows))
-        input_ids = torch.full((len(rows), width), self.tokenizer.pad_token_id, dtype=torch.long)  # (B, T)
-        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T)
-        for i, row in enumerate(rows):
-            if row:
-                input_ids[i, width - len(row) :] = torch.tensor(row)
-                attention_mask[i, width - len(row) :] = 1
-        return {"input_ids": input_ids, "attention_mask": attention_mask}
+        return tokenize_left_padded(
+            self.tokenizer, texts, max_length or self.config.max_length, self.config.eos_appended
+        )
 
     # tokens -> embeddings ----------------------------------------------------------------------
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The backbone's last hidden states (B, T, d_LLM), zero at padded positions."""
-        input_ids = input_ids.to(self.device)
-        mask = attention_mask.to(self.device)
-        position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): real tokens count 0, 1, ...
-        out = self.backbone(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False)
-        hidden = out.last_hidden_state  # (B, T, d_LLM)
-        return hidden.masked_fill(~mask.bool()[..., None], 0.0)
+        return last_hidden_states(self.backbone, input_ids.to(self.device), attention_mask.to(self.device))
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, return_attention: bool = False
@@ -239,7 +254,9 @@ class C2LLMEncoder(nn.Module):
                 if "lora_" not in k
             }
             (staging / "backbone").mkdir()
-            base.config.save_pretrained(staging / "backbone")
+            config = copy.deepcopy(base.config)
+            config.dtype = next(base.parameters()).dtype  # AutoModel's "auto" dtype reads it: the stored one, not the
+            config.save_pretrained(staging / "backbone")  # loaded one (a merge upcasts a bf16 backbone to float32)
             save_file(weights, staging / "backbone" / "model.safetensors", metadata={"format": "pt"})
             if base is not self.backbone:
                 self.backbone.save_pretrained(staging / "adapter")

@@ -1,0 +1,168 @@
+"""The encoder as sentence-transformers modules (paper section 3): `Backbone` (tokenizer and causal backbone) and
+`Pooler` (the PMA head, or a baseline pooler), then sentence-transformers' own `Normalize`.
+
+The modules run exactly what `C2LLMEncoder` runs, with the same functions: `Backbone` tokenises with
+`encoder.tokenize_left_padded` (no special tokens, cut on the right, EOS appended after the cut for last-token
+pooling, left padding) and computes `encoder.last_hidden_states` (position ids counting real tokens only);
+`Pooler` holds the encoder's pooler class itself, float32 whatever the backbone's dtype. Prompts are the
+sentence-transformers model's (`export.py` writes them): sentence-transformers prepends them to the text before
+`Backbone.preprocess`, as `C2LLMEncoder.format_texts` does.
+
+Saved layout (`SentenceTransformer.save`): `Backbone` in the root (`config.json`, `model.safetensors`, the tokenizer
+files, `c2llm_backbone.json` with the length and EOS settings), so that `transformers.AutoModel` also loads the
+root; `Pooler` in its own folder (`config.json`, `model.safetensors` with the head's tensors under the same names as
+`pooler.safetensors` of an encoder directory). Weights are read with `files.load_tensors` (safetensors only, a corrupt
+file named).
+
+Sentence-transformers 6 imports a module class from outside its own package only with `trust_remote_code=True`,
+even from an installed package: the exported folder ships no code, so the flag imports these classes from the
+installed `c2llm_lib` and runs nothing from the folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from sentence_transformers.base.modules import InputModule, Module
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from ..files import load_json, load_tensors
+from .backbone import prepare_tokenizer
+from .encoder import C2LLMEncoder, last_hidden_states, tokenize_left_padded
+from .poolers import build_pooler
+
+
+def _local_folder(model_name_or_path: str, subfolder: str = "", **hub: Any) -> Path:
+    """The module's folder on disk (downloaded first when `model_name_or_path` is a hub id)."""
+    from sentence_transformers.util import load_dir_path
+
+    folder = load_dir_path(model_name_or_path, subfolder, **hub)
+    if folder is None:
+        raise FileNotFoundError(f"{model_name_or_path}/{subfolder}: no such folder")
+    return Path(folder)
+
+
+class Backbone(InputModule):
+    """Tokenizer and causal backbone: formatted texts -> `token_embeddings` (B, T, d_LLM), zero at padding."""
+
+    config_file_name = "c2llm_backbone.json"
+    config_keys = ["max_seq_length", "append_eos", "torch_dtype"]
+    save_in_root = True
+
+    def __init__(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, max_seq_length: int, append_eos: bool
+    ) -> None:
+        super().__init__()
+        self.auto_model = model
+        self.tokenizer = prepare_tokenizer(tokenizer)
+        self.max_seq_length = max_seq_length
+        self.append_eos = append_eos
+
+    @property
+    def torch_dtype(self) -> str:
+        """The dtype the backbone's weights are stored and loaded in (config.json's own field can be stale)."""
+        return str(next(self.auto_model.parameters()).dtype).removeprefix("torch.")
+
+    def preprocess(self, inputs, prompt: str | None = None, **kwargs) -> dict[str, torch.Tensor]:
+        texts = [(prompt or "") + text for text in inputs]
+        return tokenize_left_padded(self.tokenizer, texts, self.max_seq_length, self.append_eos)
+
+    def forward(self, features: dict[str, torch.Tensor], **kwargs) -> dict[str, torch.Tensor]:
+        hidden = last_hidden_states(self.auto_model, features["input_ids"], features["attention_mask"])  # (B, T, d)
+        features["token_embeddings"] = hidden
+        return features
+
+    def get_embedding_dimension(self) -> int:
+        return self.auto_model.config.hidden_size
+
+    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
+        self.auto_model.save_pretrained(output_path, safe_serialization=True)
+        self.save_tokenizer(output_path)
+        self.save_config(output_path)
+
+    @classmethod
+    def load(
+        cls,
+        model_name_or_path: str,
+        subfolder: str = "",
+        token: bool | str | None = None,
+        cache_folder: str | None = None,
+        revision: str | None = None,
+        local_files_only: bool = False,
+        model_kwargs: dict[str, Any] | None = None,
+        **kwargs,
+    ) -> Backbone:
+        hub = {"token": token, "cache_folder": cache_folder, "revision": revision, "local_files_only": local_files_only}
+        folder = _local_folder(model_name_or_path, subfolder, **hub)
+        settings = load_json(folder / cls.config_file_name, "backbone settings")
+        model_kwargs = dict(model_kwargs or {})
+        dtype = model_kwargs.pop("dtype", None) or model_kwargs.pop("torch_dtype", None)
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype
+        dtype = dtype if isinstance(dtype, torch.dtype) else getattr(torch, settings["torch_dtype"])
+        attn = model_kwargs.pop("attn_implementation", "auto")
+        # the weights read by files.load_tensors, a missing or unexpected tensor an error (C2LLMEncoder's loader)
+        model = C2LLMEncoder._load_saved_backbone(folder, dtype, attn, torch.device("cpu"))
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        return cls(model, tokenizer, settings["max_seq_length"], settings["append_eos"])
+
+
+class Pooler(Module):
+    """`token_embeddings` (B, T, d_LLM) and `attention_mask` (B, T) -> `sentence_embedding` (B, d), unnormalised."""
+
+    config_keys = ["pooling", "hidden_size", "embedding_dim", "pma_heads", "pma_score_scale"]
+
+    def __init__(
+        self,
+        pooling: str,
+        hidden_size: int,
+        embedding_dim: int | None = None,
+        pma_heads: int = 32,
+        pma_score_scale: str = "full_width",
+    ) -> None:
+        super().__init__()
+        self.pooling, self.hidden_size, self.embedding_dim = pooling, hidden_size, embedding_dim
+        self.pma_heads, self.pma_score_scale = pma_heads, pma_score_scale
+        self.pooler = build_pooler(pooling, hidden_size, embedding_dim, pma_heads, pma_score_scale).float()
+
+    def forward(self, features: dict[str, torch.Tensor], **kwargs) -> dict[str, torch.Tensor]:
+        mask = features["attention_mask"]  # (B, T)
+        features["sentence_embedding"] = self.pooler(features["token_embeddings"], mask)  # (B, d), float32
+        return features
+
+    def get_embedding_dimension(self) -> int:
+        return self.embedding_dim or self.hidden_size
+
+    def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
+        self.save_config(output_path)
+        tensors = {k: v.detach().float().contiguous().cpu() for k, v in self.pooler.state_dict().items()}
+        save_file(tensors, os.path.join(output_path, "model.safetensors"), metadata={"format": "pt"})
+
+    @classmethod
+    def load(
+        cls,
+        model_name_or_path: str,
+        subfolder: str = "",
+        token: bool | str | None = None,
+        cache_folder: str | None = None,
+        revision: str | None = None,
+        local_files_only: bool = False,
+        **kwargs,
+    ) -> Pooler:
+        hub = {"token": token, "cache_folder": cache_folder, "revision": revision, "local_files_only": local_files_only}
+        folder = _local_folder(model_name_or_path, subfolder, **hub)
+        config = load_json(folder / cls.config_file_name, "pooler config")
+        unknown = sorted(set(config) - set(cls.config_keys))
+        if unknown:
+            raise ValueError(f"{folder / cls.config_file_name}: unknown keys {unknown}; expected {cls.config_keys}")
+        module = cls(**config)
+        if any(True for _ in module.pooler.parameters()):  # mean and last-token pooling have no weights
+            module.pooler.load_state_dict(load_tensors(folder / "model.safetensors", "pooler weights"))
+        return module
+
+    def __repr__(self) -> str:
+        return f"Pooler({json.dumps(self.get_config_dict())})"

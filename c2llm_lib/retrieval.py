@@ -1,0 +1,33 @@
+"""What every retrieval evaluation shares (paper section 4.2): the task shape, the document text a model sees, and
+MRL-style truncation of embeddings.
+
+A small module at the bottom of the evaluation code, so that the dependencies run one way: `eval` (our scorer,
+tables, the evaluation driver) imports `mteb_code` (the mteb adapter), and both, with `ablations` and `data.mix`,
+import this module, which imports neither.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class RetrievalTask:
+    name: str
+    queries: dict[str, str]  # query id -> text
+    corpus: dict[str, str]  # doc id -> text
+    qrels: dict[str, dict[str, int]]  # query id -> {doc id: relevance}
+    instruction: str  # the query instruction (table 1)
+
+
+def corpus_text(text: str, title: str = "") -> str:
+    """A document as mteb feeds it to a model: title and text joined, surrounding whitespace stripped."""
+    return f"{title} {text}".strip() if title else text.strip()
+
+
+def truncate(x: np.ndarray, dim: int) -> np.ndarray:
+    """Rows cut to their first `dim` coordinates and re-normalised (MRL-style truncation), as float32."""
+    cut = x[:, :dim]  # (N, dim)
+    return (cut / np.clip(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12, None)).astype(np.float32)
