@@ -24,7 +24,7 @@ setup: $(VENV)/.installed
 run: setup
 	$(PY) -m c2llm_lib.pipeline $(PARAMS) $(ARGS)
 
-# Notebook 06: the three recipes on the default's data and compute (1 h 09 min measured on 2 CPU cores).
+# Notebook 06: the three recipes on the default's data and compute (2 h 15 min on 2 shared CPU cores, full held-out corpora).
 compare: setup
 	$(PY) -m c2llm_lib.pipeline params/compare-recipes.yaml --only 01 06 $(ARGS)
 
