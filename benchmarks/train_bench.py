@@ -21,7 +21,8 @@ copies), the optimizer, and what no kernel accounts for (Python, autograd, dispa
 it measures time.
 
 Usage: python benchmarks/train_bench.py [--backbone tiny|real] [--steps 30] [--negatives 7] [--grad-cache]
-       [--grad-cache-chunk 16] [--gradient-checkpointing] [--dtype auto|float32|bfloat16] [--profile]
+       [--grad-cache-chunk 16] [--gradient-checkpointing] [--dtype auto|float32|bfloat16]
+       [--lora-compute float32|backbone] [--profile]
 """
 
 from __future__ import annotations
@@ -123,6 +124,12 @@ def main() -> None:
     parser.add_argument("--backbone", choices=["tiny", "real"], default="tiny")
     parser.add_argument("--negatives", type=int, default=7)
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="float32")
+    parser.add_argument(
+        "--lora-compute",
+        choices=["float32", "backbone"],
+        default="float32",
+        help="LoRA matmuls in float32 (peft's default) or in the backbone's dtype (mixed precision)",
+    )
     parser.add_argument("--profile", action="store_true", help="profile one more step (not timed)")
     parser.add_argument("--tag", default="", help="added to the result file's name")
     args = parser.parse_args()
@@ -132,7 +139,8 @@ def main() -> None:
     torch.manual_seed(0)
     backbone = TINY_BACKBONE if args.backbone == "tiny" else REAL_GGUF_BACKBONE
     enc = C2LLMEncoder.from_config(ModelConfig(backbone=backbone, device="cpu", dtype=args.dtype, use_lora=True,
-                                               gradient_checkpointing=args.gradient_checkpointing))  # fmt: skip
+                                               gradient_checkpointing=args.gradient_checkpointing,
+                                               lora_compute=args.lora_compute))  # fmt: skip
     dtype = next(enc.base_model.parameters()).dtype
     info = cpu_info()
     print(f"CPU {info['model']} ({', '.join(info['capabilities'])}), {info['threads']} threads; dtype {dtype}")
@@ -181,7 +189,8 @@ def main() -> None:
         "backbone": backbone, "dtype": str(dtype).removeprefix("torch."), "cpu": info,
         "max_length": args.max_length, "global_batch_size": args.global_batch_size, "negatives": args.negatives,
         "grad_cache": args.grad_cache, "grad_cache_chunk": args.grad_cache_chunk,
-        "gradient_checkpointing": args.gradient_checkpointing, "steps_timed": len(timed), "seconds": seconds,
+        "gradient_checkpointing": args.gradient_checkpointing, "lora_compute": args.lora_compute,
+        "steps_timed": len(timed), "seconds": seconds,
         "real_tokens": tokens, "tokens_per_s": tokens / seconds, "padding_efficiency": real / max(1, slots),
         "forwards_per_step": sum(1 for f in seen if f["graph"]) / len(timed),
         "gemm_gflops": {"before": gemm_before, "after": gemm_after},
@@ -197,7 +206,8 @@ def main() -> None:
         kernels = sum(v for k, v in breakdown.items() if k != "profiled_wall")
         breakdown["python_autograd_dispatch"] = seconds / len(timed) - kernels
         out["profile_one_step"] = {"timed_step_seconds": seconds / len(timed), **breakdown}
-    name = f"train-cpu-{args.backbone}-{out['dtype']}{'-gradcache' if args.grad_cache else ''}{args.tag}.json"
+    name = f"train-cpu-{args.backbone}-{out['dtype']}{'-gradcache' if args.grad_cache else ''}"
+    name += f"{'-lora-bf16' if args.lora_compute == 'backbone' else ''}{args.tag}.json"
     path = Path(__file__).resolve().parent / "results" / name
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))

@@ -156,6 +156,9 @@ class ModelConfig:
     lora_alpha: int = 32
     lora_dropout: float = 0.0  # not stated in the paper
     lora_targets: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    # "backbone": the LoRA matmuls run in the backbone's 16-bit dtype under autocast, the adapter kept in float32
+    # (mixed precision); "float32": peft's default, the adapter computes in float32 beside a 16-bit backbone
+    lora_compute: Literal["float32", "backbone"] = "float32"
     gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:

@@ -17,6 +17,12 @@ bf16, the tiny test model's merged update was off by 69 % of its norm with LoRA 
 merged in float32, by less than 0.01 %. The merged directory is therefore twice the size of a bf16 one, and
 it loads as float32 unless `from_pretrained(dtype=...)` asks otherwise (which rounds the update again).
 
+The same merge has an exact low-rank form, `merge_as_adapter`: one LoRA adapter whose factors stack every
+checkpoint's (rank sum_i r_i; A_i scaled by w_i alpha_i / r_i, so B A = sum_i w_i Delta_i) over the base weights in the
+training dtype. It computes as training did (a bf16 backbone, the adapter as `lora_compute` says) and keeps the update
+whole without a float32 backbone, so on a CPU whose bf16 is faster it encodes at bf16 speed: notebook 03 saves it as
+`merged/`, which notebooks 04 and 05 read, and exports the dense float32 form, which needs no adapter code.
+
 Weights must be finite, non-negative, one per checkpoint, and not all zero. Weights that do not sum to 1
 are normalised, and the returned note says so. Checkpoints of different models, or trained with different
 prompts (`prompt_style`, `document_prefix`), are refused: their merge would be evaluated with one prompt set.
@@ -41,7 +47,7 @@ PROMPTS = ("prompt_style", "document_prefix")
 
 @dataclass
 class MergeResult:
-    encoder: C2LLMEncoder  # float32 backbone and head
+    encoder: C2LLMEncoder  # float32 backbone and head (merge_checkpoints), or base + one adapter (merge_as_adapter)
     weights: list[float]  # as used, summing to 1
     note: str  # what was done to the weights, if anything
 
@@ -63,16 +69,18 @@ def check_weights(weights: Sequence[float], n: int) -> tuple[list[float], str]:
     return normalised, f"weights {list(weights)} sum to {total:g}; normalised to {[round(w, 6) for w in normalised]}"
 
 
-def lora_deltas(checkpoint: Path) -> dict[str, torch.Tensor]:
-    """Dense float32 updates (alpha / r) * B @ A of one checkpoint, keyed by the base weight's name."""
+def lora_factors(checkpoint: Path) -> tuple[float, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """alpha / r and {base weight name: (A (r, in), B (out, r)) in float32} of one checkpoint's adapter."""
     checkpoint = Path(checkpoint)
     config = load_json(checkpoint / "adapter" / "adapter_config.json", "adapter config")
     if config.get("use_rslora") or config.get("use_dora"):
         raise ValueError(f"{checkpoint}: rsLoRA/DoRA adapters are not merged by this module")
+    if config.get("rank_pattern") or config.get("alpha_pattern"):
+        raise ValueError(f"{checkpoint}: adapters with per-module ranks (rank_pattern) are not merged by this module")
     scale = config["lora_alpha"] / config["r"]
     weights_file = checkpoint / "adapter" / "adapter_model.safetensors"
     tensors = load_tensors(weights_file, "adapter weights")
-    deltas = {}
+    factors = {}
     for key, a in tensors.items():
         if ".lora_A." not in key:
             continue
@@ -80,13 +88,19 @@ def lora_deltas(checkpoint: Path) -> dict[str, torch.Tensor]:
         if b_key not in tensors:
             raise ValueError(f"{weights_file}: {key} has no matching {b_key}")
         module = key.split(".lora_A.")[0].removeprefix("base_model.model.")
-        delta = scale * (tensors[b_key].float() @ a.float())  # (out, r) @ (r, in) -> (out, in)
-        if not torch.isfinite(delta).all():
+        a, b = a.float(), tensors[b_key].float()
+        if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
             raise ValueError(f"{weights_file}: the update of {module} is not finite (inf or NaN in its LoRA factors)")
-        deltas[f"{module}.weight"] = delta
-    if not deltas:
+        factors[f"{module}.weight"] = (a, b)
+    if not factors:
         raise ValueError(f"{checkpoint}: the adapter holds no LoRA weights")
-    return deltas
+    return scale, factors
+
+
+def lora_deltas(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """Dense float32 updates (alpha / r) * B @ A of one checkpoint, keyed by the base weight's name."""
+    scale, factors = lora_factors(checkpoint)
+    return {name: scale * (b @ a) for name, (a, b) in factors.items()}  # (out, r) @ (r, in) -> (out, in)
 
 
 def check_compatible(paths: Sequence[Path], configs: Sequence[dict]) -> None:
@@ -104,8 +118,11 @@ def check_compatible(paths: Sequence[Path], configs: Sequence[dict]) -> None:
                 )
 
 
-def merge_checkpoints(checkpoints: Sequence[str | Path], weights: Sequence[float], device: str = "cpu") -> MergeResult:
-    """The weighted merge of training checkpoints (same base model and head shape) as a float32 encoder."""
+def checked_checkpoints(
+    checkpoints: Sequence[str | Path], weights: Sequence[float], device: str
+) -> tuple[list[Path], list[float], str, ModelConfig]:
+    """The checkpoints as paths, the weights as used, their note, and the model config the checkpoints trained with
+    (LoRA off, for loading the base); raises on a missing file, bad weights or incompatible checkpoints."""
     paths = [Path(c) for c in checkpoints]
     if not paths:
         raise ValueError("no checkpoints to merge")
@@ -122,6 +139,21 @@ def merge_checkpoints(checkpoints: Sequence[str | Path], weights: Sequence[float
         device=device,
         gradient_checkpointing=False,
     )
+    return paths, weights, note, trained
+
+
+def merged_head(paths: Sequence[Path], weights: Sequence[float]) -> dict[str, torch.Tensor]:
+    """The PMA head's parameters averaged with the merge weights (float32)."""
+    poolers = [load_tensors(p / "pooler.safetensors", "PMA head weights") for p in paths]
+    for path, head in zip(paths[1:], poolers[1:], strict=True):
+        if set(head) != set(poolers[0]):
+            raise ValueError(f"{path}/pooler.safetensors holds {sorted(head)}, {paths[0]} {sorted(poolers[0])}")
+    return {k: sum(w * sd[k].float() for w, sd in zip(weights, poolers, strict=True)) for k in poolers[0]}
+
+
+def merge_checkpoints(checkpoints: Sequence[str | Path], weights: Sequence[float], device: str = "cpu") -> MergeResult:
+    """The weighted merge of training checkpoints (same base model and head shape) as a float32 encoder."""
+    paths, weights, note, trained = checked_checkpoints(checkpoints, weights, device)
     encoder = C2LLMEncoder.from_config(trained)  # the base weights in the dtype the checkpoints trained in
     base = encoder.base_model.float()  # exact upcast: every bf16/fp16 value is a float32 value
     if base.config._attn_implementation == "flash_attention_2":  # flash-attention has no float32 kernels
@@ -138,10 +170,42 @@ def merge_checkpoints(checkpoints: Sequence[str | Path], weights: Sequence[float
                 total[name] = total.get(name, 0) + w * delta  # (out, in), float32
         for name, delta in total.items():
             params[name].add_(delta.to(params[name].device))  # float32 + float32: the update survives
-        poolers = [load_tensors(p / "pooler.safetensors", "PMA head weights") for p in paths]
-        for path, head in zip(paths[1:], poolers[1:], strict=True):
-            if set(head) != set(poolers[0]):
-                raise ValueError(f"{path}/pooler.safetensors holds {sorted(head)}, {paths[0]} {sorted(poolers[0])}")
-        merged = {k: sum(w * sd[k].float() for w, sd in zip(weights, poolers, strict=True)) for k in poolers[0]}
-        encoder.pooler.load_state_dict(merged)
+        encoder.pooler.load_state_dict(merged_head(paths, weights))
     return MergeResult(encoder, weights, note)
+
+
+def merge_as_adapter(checkpoints: Sequence[str | Path], weights: Sequence[float], device: str = "cpu") -> MergeResult:
+    """The same merge as `merge_checkpoints`, kept exactly as one LoRA adapter over the base weights in the training
+    dtype: A = [w_1 s_1 A_1; ...; w_n s_n A_n] (sum r_i, in), B = [B_1 ... B_n] (out, sum r_i), alpha = rank (so
+    peft's scale is 1) and B A = sum_i w_i s_i B_i A_i, s_i = alpha_i / r_i. A module some checkpoint does not adapt
+    gets zero rows there. The encoder is in eval mode, its adapter frozen."""
+    paths, weights, note, trained = checked_checkpoints(checkpoints, weights, device)
+    loaded = [lora_factors(p) for p in paths]
+    ranks = [next(iter(f.values()))[0].shape[0] for _, f in loaded]
+    rank = sum(ranks)
+    modules = sorted({name for _, f in loaded for name in f})
+    targets = sorted({name.removesuffix(".weight").rsplit(".", 1)[-1] for name in modules})
+    config = replace(trained, use_lora=True, lora_r=rank, lora_alpha=rank, lora_dropout=0.0, lora_targets=targets)
+    encoder = C2LLMEncoder.from_config(config)
+    params = dict(encoder.backbone.named_parameters())
+    with torch.no_grad():
+        for name in modules:
+            prefix = "base_model.model." + name.removesuffix(".weight")
+            a_key, b_key = f"{prefix}.lora_A.default.weight", f"{prefix}.lora_B.default.weight"
+            if a_key not in params:
+                raise ValueError(f"{paths[0]}: the adapters target {name}, which the base model does not have")
+            a_rows, b_cols = [], []
+            for (scale, factors), w, r in zip(loaded, weights, ranks, strict=True):
+                a, b = factors.get(name, (None, None))
+                if a is None:
+                    a = torch.zeros(r, params[a_key].shape[1])
+                    b = torch.zeros(params[b_key].shape[0], r)
+                if a.shape[0] != r:
+                    raise ValueError(f"{name}: rank {a.shape[0]} where the checkpoint's other modules have {r}")
+                a_rows.append(w * scale * a)  # (r_i, in)
+                b_cols.append(b)  # (out, r_i)
+            params[a_key].copy_(torch.cat(a_rows, dim=0))  # (R, in)
+            params[b_key].copy_(torch.cat(b_cols, dim=1))  # (out, R)
+        encoder.pooler.load_state_dict(merged_head(paths, weights))
+    encoder.backbone.requires_grad_(False)
+    return MergeResult(encoder.eval(), weights, note)

@@ -50,3 +50,39 @@ def test_gradient_checkpointing_gives_the_same_gradients(make_encoder):
 def test_unknown_lora_target_is_named(make_encoder):
     with pytest.raises(ValueError, match="qkv_proj"):
         make_encoder(use_lora=True, lora_targets=["q_proj", "qkv_proj"])
+
+
+def lora_output_dtypes(enc) -> set[torch.dtype]:
+    """The dtypes the LoRA A matmuls compute in during one training forward and backward."""
+    seen: set[torch.dtype] = set()
+    hooks = [m.register_forward_hook(lambda _m, _i, out: seen.add(out.dtype))
+             for n, m in enc.backbone.named_modules() if n.endswith("lora_A.default")]  # fmt: skip
+    embedding_loss(enc).backward()
+    for hook in hooks:
+        hook.remove()
+    return seen
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_lora_compute_backbone_runs_the_adapter_in_the_backbones_dtype(make_encoder, dtype):
+    """`lora_compute: backbone` autocasts the LoRA matmuls to a 16-bit backbone's dtype, keeping float32 weights,
+    gradients and optimizer state; with a float32 backbone, or by default, nothing changes."""
+    torch_dtype = getattr(torch, dtype)
+    runs = {}
+    for compute in ("float32", "backbone"):
+        enc = make_encoder(use_lora=True, lora_r=4, lora_alpha=8, pma_heads=4, dtype=dtype, lora_compute=compute)
+        randomize_lora(enc)
+        enc.train()
+        runs[compute] = (enc, lora_output_dtypes(enc))
+    assert runs["float32"][1] == {torch.float32}
+    assert runs["backbone"][1] == {torch_dtype if dtype == "bfloat16" else torch.float32}
+    enc = runs["backbone"][0]
+    lora = {n: p for n, p in enc.backbone.named_parameters() if "lora_" in n}
+    assert all(p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32 for p in lora.values())
+    assert all(torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0 for p in lora.values())
+    with torch.no_grad():  # the same weights: embeddings agree to bf16 arithmetic's precision
+        a, b = (runs[c][0].eval()(**runs[c][0].tokenize(TEXTS, "document")) for c in ("float32", "backbone"))
+    cosine = torch.nn.functional.cosine_similarity(a, b, dim=-1)
+    assert (cosine >= 0.999).all(), cosine
+    if dtype == "float32":
+        torch.testing.assert_close(a, b)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from c2llm_lib import C2LLMEncoder
-from c2llm_lib.merge import check_weights, lora_deltas, merge_checkpoints
+from c2llm_lib.merge import check_weights, lora_deltas, merge_as_adapter, merge_checkpoints
 from c2llm_lib.train import encoder_from_checkpoint, save_checkpoint
 
 from conftest import TINY_LORA, build_tiny, randomize_lora
@@ -97,6 +97,27 @@ def test_the_merged_model_is_a_standalone_directory(checkpoints, tmp_path):
     np.testing.assert_array_equal(C2LLMEncoder.from_pretrained(tmp_path / "merged").encode(TEXTS), before)
 
 
+# the same merge as one low-rank adapter (what notebooks 04 and 05 evaluate) ---------------------------------------
+def test_the_adapter_form_is_the_dense_merge(checkpoints, tmp_path):
+    weights = [0.4, 0.3, 0.2, 0.1]
+    dense = merge_checkpoints(checkpoints, weights).encoder
+    result = merge_as_adapter(checkpoints, weights)
+    low_rank = result.encoder
+    assert result.weights == weights and low_rank.config.lora_r == 4 * TINY_LORA["lora_r"] == low_rank.config.lora_alpha
+    assert not any(p.requires_grad for p in low_rank.backbone.parameters())
+    np.testing.assert_allclose(low_rank.encode(TEXTS), dense.encode(TEXTS), rtol=1e-5, atol=1e-6)
+    for name, value in dense.pooler.state_dict().items():
+        assert torch.equal(low_rank.pooler.state_dict()[name], value), name
+    unloaded = low_rank.backbone.merge_and_unload().state_dict()  # peft's W + B @ A of the stacked factors
+    for name, value in dense.base_model.state_dict().items():
+        torch.testing.assert_close(unloaded[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    low_rank = merge_as_adapter(checkpoints, weights).encoder
+    low_rank.save_pretrained(tmp_path / "merged")
+    assert (tmp_path / "merged" / "adapter").is_dir()
+    reloaded = C2LLMEncoder.from_pretrained(tmp_path / "merged")
+    np.testing.assert_array_equal(reloaded.encode(TEXTS), low_rank.encode(TEXTS))
+
+
 # bf16 training: the merge must keep an update smaller than bf16's resolution ---------------------------------
 BF16_TEXTS = TEXTS + ["x = 1", "class Stack:\n    def push(self, item):\n        self.items.append(item)"]
 
@@ -183,3 +204,22 @@ def test_a_corrupt_adapter_file_is_named(checkpoints, tmp_path):
     weights_file.write_bytes(weights_file.read_bytes()[:200])
     with pytest.raises(CorruptFile, match="adapter_model.safetensors"):
         merge_checkpoints([checkpoints[0], broken], [0.5, 0.5])
+
+
+def test_the_bf16_adapter_form_keeps_the_whole_update(bf16_checkpoints):
+    """Over the bf16 base training saw, the stacked float32 factors hold sum_i w_i Delta_i exactly, and the model
+    computes as the checkpoints did (bf16 base + adapter), close to the exact float32 arithmetic."""
+    weights = [0.1, 0.2, 0.3, 0.4]
+    low_rank = merge_as_adapter(bf16_checkpoints, weights).encoder
+    assert next(low_rank.base_model.parameters()).dtype == torch.bfloat16
+    deltas = [lora_deltas(p) for p in bf16_checkpoints]
+    params = dict(low_rank.backbone.named_parameters())
+    for name in deltas[0]:
+        prefix = "base_model.model." + name.removesuffix(".weight")
+        a, b = params[f"{prefix}.lora_A.default.weight"], params[f"{prefix}.lora_B.default.weight"]
+        assert a.dtype == b.dtype == torch.float32
+        expected = sum(w * d[name] for w, d in zip(weights, deltas, strict=True))  # (out, in)
+        torch.testing.assert_close(b @ a, expected, rtol=1e-5, atol=1e-9, msg=name)
+    dense = merge_checkpoints(bf16_checkpoints, weights).encoder  # float32 weights and arithmetic
+    cosine = (low_rank.encode(BF16_TEXTS) * dense.encode(BF16_TEXTS)).sum(1)
+    assert (cosine >= 0.9999).all(), cosine

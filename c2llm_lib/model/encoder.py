@@ -24,6 +24,7 @@ naming it, and a tensor or folder the directory lacks is an error listing it, ne
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -187,7 +188,19 @@ class C2LLMEncoder(nn.Module):
     # tokens -> embeddings ----------------------------------------------------------------------
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The backbone's last hidden states (B, T, d_LLM), zero at padded positions."""
-        return last_hidden_states(self.backbone, input_ids.to(self.device), attention_mask.to(self.device))
+        with self.adapter_autocast():
+            return last_hidden_states(self.backbone, input_ids.to(self.device), attention_mask.to(self.device))
+
+    def adapter_autocast(self) -> contextlib.AbstractContextManager:
+        """With `lora_compute: backbone` and a 16-bit backbone under LoRA: autocast to the backbone's dtype, so the
+        float32 adapter's matmuls run at the backbone's speed (its weights cast per forward, its gradients and
+        optimizer state float32). The frozen backbone already computes in that dtype, so only LoRA changes. Otherwise
+        a no-op."""
+        dtype = next(self.base_model.parameters()).dtype
+        wanted = self.config.lora_compute == "backbone" and self.base_model is not self.backbone
+        if not wanted or dtype not in (torch.bfloat16, torch.float16):
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype)
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, return_attention: bool = False
