@@ -143,7 +143,8 @@ def main() -> None:
                                                lora_compute=args.lora_compute))  # fmt: skip
     dtype = next(enc.base_model.parameters()).dtype
     info = cpu_info()
-    print(f"CPU {info['model']} ({', '.join(info['capabilities'])}), {info['threads']} threads; dtype {dtype}")
+    limit = f"; kernels limited by {info['isa_limit']}" if info["isa_limit"] else ""
+    print(f"CPU {info['model']} ({', '.join(info['capabilities'])}{limit}), {info['threads']} threads; dtype {dtype}")
     gemm_before = gemm_gflops(dtype)
     cfg = TrainConfig(max_steps=args.steps, global_batch_size=args.global_batch_size, max_length=args.max_length,
                       grad_cache=args.grad_cache, grad_cache_chunk=args.grad_cache_chunk,

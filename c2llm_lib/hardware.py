@@ -5,6 +5,10 @@ or avx512_bf16 a bf16 GEMM runs several times faster than fp32, while on a CPU w
 and it runs about 9x *slower*. So `dtype: auto` gives bf16 on CUDA and, on a CPU, whichever of bf16 and fp32 a short
 probe measures faster on this machine. The probe (about a second) is cached per machine (CPU model, flags, thread
 count, torch version) in `~/.cache/c2llm/cpu-dtype.json`, and its figures are the reason the manifest records.
+
+A machine can rehearse a lesser CPU: `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2`
+keeps oneDNN, ATen's vector kernels and MKL to AVX2, as on a CPU without avx512_bf16 or AMX (bf16 GEMMs then run at
+about 1 GFLOP/s). `cpu_info` reports such limits beside the flags, and the probe's cache keeps them apart.
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ import torch
 
 CACHE = Path(os.environ.get("C2LLM_CACHE", Path.home() / ".cache" / "c2llm")) / "cpu-dtype.json"
 CAPABILITIES = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2", "fma")  # /proc/cpuinfo flag names
+ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")  # what the kernels may use
 BF16_MARGIN = 1.2  # bf16 must measure this much faster than fp32 to be chosen (it costs precision)
 
 
 def cpu_info() -> dict[str, Any]:
-    """{"model", "capabilities" (the flags above that the CPU has), "threads"}: what every benchmark prints."""
+    """{"model", "capabilities" (the flags above that the CPU has), "threads", "isa_limit" (the environment's
+    limits on the instructions the kernels use, "" when none)}: what every benchmark prints."""
     model, flags = platform.processor() or platform.machine(), set()
     try:
         text = Path("/proc/cpuinfo").read_text()
@@ -36,8 +42,9 @@ def cpu_info() -> dict[str, Any]:
             model = value.strip()
         elif key.strip() == "flags":
             flags = set(value.split())
+    limit = ", ".join(f"{k}={os.environ[k]}" for k in ISA_LIMITS if os.environ.get(k))
     return {"model": model, "capabilities": [f for f in CAPABILITIES if f in flags],
-            "threads": torch.get_num_threads()}  # fmt: skip
+            "threads": torch.get_num_threads(), "isa_limit": limit}  # fmt: skip
 
 
 def gemm_gflops(dtype: torch.dtype, size: int = 1024, seconds: float = 0.5, device: str = "cpu") -> float:
@@ -58,7 +65,8 @@ def gemm_gflops(dtype: torch.dtype, size: int = 1024, seconds: float = 0.5, devi
 
 
 def _probe_key(info: dict[str, Any]) -> str:
-    return f"{info['model']}|{','.join(info['capabilities'])}|{info['threads']}|torch {torch.__version__}"
+    key = f"{info['model']}|{','.join(info['capabilities'])}|{info['threads']}|torch {torch.__version__}"
+    return key + (f"|{info['isa_limit']}" if info.get("isa_limit") else "")
 
 
 def cpu_dtype(cache: Path | None = CACHE) -> tuple[torch.dtype, str]:
@@ -83,6 +91,7 @@ def cpu_dtype(cache: Path | None = CACHE) -> tuple[torch.dtype, str]:
     fp32, bf16 = float(entry["float32"]), float(entry["bfloat16"])
     chosen = torch.bfloat16 if bf16 >= BF16_MARGIN * fp32 else torch.float32
     flags = ", ".join(info["capabilities"]) or "none of " + ", ".join(CAPABILITIES)
+    flags += f"; kernels limited by {info['isa_limit']}" if info.get("isa_limit") else ""
     why = (f"CPU {info['model']} ({flags}): GEMM {bf16:.0f} GFLOP/s in bf16 vs {fp32:.0f} in fp32 "
            f"on {info['threads']} threads, so {str(chosen).removeprefix('torch.')}")  # fmt: skip
     return chosen, why

@@ -1,7 +1,11 @@
 """`dtype: auto` on a CPU: the faster of bf16 and fp32 as measured on this machine, probed once and cached."""
 
 import json
+import os
+import subprocess
+import sys
 
+import pytest
 import torch
 
 from c2llm_lib.hardware import CAPABILITIES, _probe_key, auto_dtype, cpu_dtype, cpu_info, gemm_gflops
@@ -41,3 +45,22 @@ def test_cpu_info_names_the_model_and_capabilities():
     info = cpu_info()
     assert info["model"] and set(info["capabilities"]) <= set(CAPABILITIES) and info["threads"] >= 1
     assert gemm_gflops(torch.float32, size=128, seconds=0.05) > 0
+
+
+def test_an_isa_limit_is_reported_and_cached_apart(tmp_path, monkeypatch):
+    plain = _probe_key(cpu_info())
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    info = cpu_info()
+    assert info["isa_limit"] == "ONEDNN_MAX_CPU_ISA=AVX2" and _probe_key(info) != plain
+    assert "kernels limited by ONEDNN_MAX_CPU_ISA=AVX2" in cpu_dtype(planted(tmp_path, fp32=69.0, bf16=7.5))[1]
+
+
+@pytest.mark.skipif("avx2" not in cpu_info()["capabilities"], reason="an x86 CPU with AVX2 is needed")
+def test_kernels_kept_to_avx2_choose_float32(tmp_path):
+    """The rehearsal of an AVX2-only CPU: with oneDNN, ATen and MKL kept to AVX2, bf16 is emulated and the probe,
+    measured afresh in a child process, chooses float32 on any x86 machine."""
+    limits = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+    code = "from c2llm_lib.hardware import cpu_dtype; import sys; d, why = cpu_dtype(None); print(d, why)"
+    env = {**os.environ, **limits}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.startswith("torch.float32 ") and "kernels limited by ONEDNN_MAX_CPU_ISA=AVX2" in out, out
