@@ -40,6 +40,7 @@ import torch
 from .config import ModelConfig, from_dict
 from .files import load_json, load_tensors
 from .model import C2LLMEncoder
+from .model.backbone import resolve_device, resolve_dtype
 
 ARCHITECTURE = ("backbone", "backbone_revision", "gguf_file", "pooling", "pma_heads", "embedding_dim")
 PROMPTS = ("prompt_style", "document_prefix")
@@ -209,3 +210,15 @@ def merge_as_adapter(checkpoints: Sequence[str | Path], weights: Sequence[float]
         encoder.pooler.load_state_dict(merged_head(paths, weights))
     encoder.backbone.requires_grad_(False)
     return MergeResult(encoder.eval(), weights, note)
+
+
+def evaluation_form(
+    checkpoints: Sequence[str | Path], weights: Sequence[float], dense: C2LLMEncoder, device: str = "cpu"
+) -> C2LLMEncoder:
+    """What `merged/` holds and notebooks 04 and 05 evaluate. Checkpoints trained in a 16-bit dtype: the merge as one
+    adapter over that base (`merge_as_adapter`), which keeps the whole update at the 16-bit speed. Trained in float32:
+    `dense` (the float32 merge) itself, equally exact, without the adapter's extra matmuls."""
+    trained = checked_checkpoints(checkpoints, weights, device)[3]
+    if resolve_dtype(trained.dtype, resolve_device(trained.device)) == torch.float32:
+        return dense
+    return merge_as_adapter(checkpoints, weights, device).encoder

@@ -223,3 +223,15 @@ def test_the_bf16_adapter_form_keeps_the_whole_update(bf16_checkpoints):
     dense = merge_checkpoints(bf16_checkpoints, weights).encoder  # float32 weights and arithmetic
     cosine = (low_rank.encode(BF16_TEXTS) * dense.encode(BF16_TEXTS)).sum(1)
     assert (cosine >= 0.9999).all(), cosine
+
+
+def test_merged_holds_the_low_rank_form_after_bf16_training_and_the_dense_one_after_float32(
+    checkpoints, bf16_checkpoints
+):
+    from c2llm_lib.merge import evaluation_form
+
+    dense = merge_checkpoints(checkpoints, [0.5, 0.5, 0, 0]).encoder
+    assert evaluation_form(checkpoints, [0.5, 0.5, 0, 0], dense) is dense  # float32 training: no adapter matmuls
+    bf16_dense = merge_checkpoints(bf16_checkpoints, [0.5, 0.5, 0, 0]).encoder
+    low_rank = evaluation_form(bf16_checkpoints, [0.5, 0.5, 0, 0], bf16_dense)
+    assert low_rank.config.use_lora and next(low_rank.base_model.parameters()).dtype == torch.bfloat16
