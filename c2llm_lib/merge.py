@@ -20,8 +20,9 @@ it loads as float32 unless `from_pretrained(dtype=...)` asks otherwise (which ro
 The same merge has an exact low-rank form, `merge_as_adapter`: one LoRA adapter whose factors stack every
 checkpoint's (rank sum_i r_i; A_i scaled by w_i alpha_i / r_i, so B A = sum_i w_i Delta_i) over the base weights in the
 training dtype. It computes as training did (a bf16 backbone, the adapter as `lora_compute` says) and keeps the update
-whole without a float32 backbone, so on a CPU whose bf16 is faster it encodes at bf16 speed: notebook 03 saves it as
-`merged/`, which notebooks 04 and 05 read, and exports the dense float32 form, which needs no adapter code.
+whole without a float32 backbone, so on a CPU whose bf16 is faster it encodes at bf16 speed. After 16-bit training
+notebook 03 saves it as `merged/`, which notebooks 04 and 05 read (`evaluation_form`; after float32 training `merged/`
+is the dense form), and it always exports the dense float32 form, which needs no adapter code.
 
 Weights must be finite, non-negative, one per checkpoint, and not all zero. Weights that do not sum to 1
 are normalised, and the returned note says so. Checkpoints of different models, or trained with different
@@ -196,13 +197,13 @@ def merge_as_adapter(checkpoints: Sequence[str | Path], weights: Sequence[float]
             if a_key not in params:
                 raise ValueError(f"{paths[0]}: the adapters target {name}, which the base model does not have")
             a_rows, b_cols = [], []
-            for (scale, factors), w, r in zip(loaded, weights, ranks, strict=True):
+            for path, (scale, factors), w, r in zip(paths, loaded, weights, ranks, strict=True):
                 a, b = factors.get(name, (None, None))
                 if a is None:
                     a = torch.zeros(r, params[a_key].shape[1])
                     b = torch.zeros(params[b_key].shape[0], r)
                 if a.shape[0] != r:
-                    raise ValueError(f"{name}: rank {a.shape[0]} where the checkpoint's other modules have {r}")
+                    raise ValueError(f"{path}: {name} has rank {a.shape[0]} where the adapter's other modules have {r}")
                 a_rows.append(w * scale * a)  # (r_i, in)
                 b_cols.append(b)  # (out, r_i)
             params[a_key].copy_(torch.cat(a_rows, dim=0))  # (R, in)

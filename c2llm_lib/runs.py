@@ -9,7 +9,7 @@ Layout:
     data/                  prepared datasets (Arrow), e.g. data/train
     checkpoints/step-*/    training checkpoints (adapter + head + trainer state)
     logs/02_train/         notebook 02's launcher with several processes: trainer params, step log, each rank's output
-    merged/                the merged encoder: the base and the merge as one LoRA adapter (merge.merge_as_adapter)
+    merged/                the merged encoder (merge.evaluation_form): base + one LoRA adapter, or dense float32
     export/                the merged model for sentence-transformers and transformers, with its card (export.py)
     metrics/*.json         numbers each stage reports
     figures/*.png          figures each stage draws

@@ -235,3 +235,28 @@ def test_merged_holds_the_low_rank_form_after_bf16_training_and_the_dense_one_af
     bf16_dense = merge_checkpoints(bf16_checkpoints, [0.5, 0.5, 0, 0]).encoder
     low_rank = evaluation_form(bf16_checkpoints, [0.5, 0.5, 0, 0], bf16_dense)
     assert low_rank.config.use_lora and next(low_rank.base_model.parameters()).dtype == torch.bfloat16
+
+
+def test_the_adapter_form_refuses_uneven_or_patterned_ranks_naming_the_checkpoint(checkpoints, tmp_path):
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    uneven = tmp_path / "uneven"
+    shutil.copytree(checkpoints[1], uneven)
+    weights_file = uneven / "adapter" / "adapter_model.safetensors"
+    tensors = load_file(weights_file)
+    key = next(k for k in tensors if "q_proj.lora_A" in k)
+    tensors[key] = tensors[key][:2].contiguous()
+    tensors[key.replace("lora_A", "lora_B")] = tensors[key.replace("lora_A", "lora_B")][:, :2].contiguous()
+    save_file(tensors, weights_file)
+    with pytest.raises(ValueError, match="rank 2 where the adapter's other modules have 4") as err:
+        merge_as_adapter([checkpoints[0], uneven], [0.5, 0.5])
+    assert str(uneven) in str(err.value)
+    patterned = tmp_path / "patterned"
+    shutil.copytree(checkpoints[1], patterned)
+    config_file = patterned / "adapter" / "adapter_config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "rank_pattern": {"q_proj": 2}}))
+    with pytest.raises(ValueError, match="rank_pattern"):
+        merge_as_adapter([checkpoints[0], patterned], [0.5, 0.5])
