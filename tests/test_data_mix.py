@@ -1,5 +1,7 @@
 """Preparing the mix: decontamination, fingerprints and caching, negatives per group, no silent emptiness."""
 
+import tempfile
+
 import pytest
 
 from c2llm_lib.data import DataError, add_hard_negatives, prepare_rows, prepare_sources
@@ -41,6 +43,15 @@ def test_the_cache_is_reused_with_its_report(fixture_root, tmp_path):
     again = prepare_sources(NAMES, local_root=fixture_root, cache_dir=tmp_path)
     assert again.rows.to_list() == first.rows.to_list()
     assert again.summary() == first.summary() and again.report.as_dict()["CosQA"]["skipped"]
+
+
+def test_a_build_without_a_cache_leaves_nothing_in_the_temporary_directory(fixture_root, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where mkdtemp and TemporaryDirectory put folders
+    prepared, _ = add_hard_negatives(prepare_sources(NAMES, local_root=fixture_root), k=1)
+    assert list(tmp_path.iterdir()) == []  # the Arrow scratch folder is gone, its table read into memory
+    assert prepared.rows.cache_files == [] and len(prepared.rows) > 0
+    prepared.rows.save_to_disk(str(tmp_path.parent / "saved"))  # what notebook 01 does with it next
+    assert prepared.rows.filter(lambda r: r["language"] != "").to_list() == prepared.rows.to_list()
 
 
 def test_unreachable_sources_error_or_are_reported(tmp_path):

@@ -243,21 +243,26 @@ def _store(prepared: Prepared, cache_dir: Path | None) -> Prepared:
     return prepared
 
 
-def _arrow_dir(cache: Path | None) -> str:
-    """Where Arrow files go: the cache, or a fresh folder (so that datasets' own cache never answers in
-    place of the generator, which would leave the report empty)."""
-    return str(cache / "arrow") if cache is not None else tempfile.mkdtemp(prefix="c2llm-data-")
-
-
 def _generate(generate, fingerprint: str, cache: Path | None):
     """An Arrow table from a generator; the generator's own error (a DataError naming the source, a
-    KeyboardInterrupt) surfaces as itself, not wrapped in datasets' DatasetGenerationError."""
+    KeyboardInterrupt) surfaces as itself, not wrapped in datasets' DatasetGenerationError.
+
+    Arrow files go to the cache, or, without one, to a fresh temporary folder (so that datasets' own cache never
+    answers in place of the generator, which would leave the report empty) that is removed once the table is read
+    into memory: a run without a cache leaves nothing behind in the temporary directory."""
+    if cache is not None:
+        return _from_generator(generate, fingerprint, str(cache / "arrow"), keep_in_memory=False)
+    with tempfile.TemporaryDirectory(prefix="c2llm-data-") as scratch:
+        return _from_generator(generate, fingerprint, scratch, keep_in_memory=True)
+
+
+def _from_generator(generate, fingerprint: str, cache_dir: str, keep_in_memory: bool):
     from datasets import Dataset
     from datasets.exceptions import DatasetGenerationError
 
     try:
         return Dataset.from_generator(
-            generate, features=features(), fingerprint=fingerprint, cache_dir=_arrow_dir(cache)
+            generate, features=features(), fingerprint=fingerprint, cache_dir=cache_dir, keep_in_memory=keep_in_memory
         )
     except DatasetGenerationError as err:
         if err.__cause__ is not None:
