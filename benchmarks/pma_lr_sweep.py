@@ -1,15 +1,18 @@
-"""How fast the PMA head's attention learns at a given learning rate: a sweep for the CPU default's `pma_learning_rate`.
+"""How fast the PMA head's attention learns at given learning rates: a sweep for the CPU default's `pma_learning_rate`
+and `pma_attention_learning_rate`.
 
 With the released numerics (score scale 1/sqrt(d) over the full width, xavier-initialised seed and projections) the
 head's initial logits are tiny, so its attention starts uniform; at the backbone's learning rate (1e-4) a 20-step run
 does not move it (entropy 3.9202 nats against 3.9208 for uniform). This sweep isolates the head: the default's training
 batches (offline data, 128 rows per group, K = 1, length 192) go once through the frozen real backbone, and a fresh
-head (seed 0) trains on those cached hidden states for the default's number of steps at each learning rate, with the
-default's warmup and cosine decay. It reports the contrastive loss (mean of the last 5 steps) and the mean attention
-entropy on held-out Python functions as a fraction of uniform (log T). In the real run LoRA also trains and moves the
-hidden states, so this chooses the head's rate; the default run then confirms it.
+head (seed 0) trains on those cached hidden states for the default's number of steps at each pair of rates, with the
+default's warmup and cosine decay: `HEAD:ATTENTION` gives the seed, W_q and W_k (the parameters of the attention
+logits) the second rate and W_v, W_o and the norms the first; `HEAD` alone gives the whole head one rate. It reports
+the contrastive loss (mean of the last 5 steps) and the mean attention entropy on held-out Python functions as a
+fraction of uniform (log T). In the real run LoRA also trains and moves the hidden states, so this chooses the head's
+rates; the default run then confirms them.
 
-Usage: python benchmarks/pma_lr_sweep.py [--steps 20] [--rates 1e-4 1e-3 3e-3 1e-2 3e-2]
+Usage: python benchmarks/pma_lr_sweep.py [--steps 30] [--rates 1e-4 1e-3 3e-3 1e-3:3e-3 ...]
 """
 
 from __future__ import annotations
@@ -80,12 +83,24 @@ def entropy_ratio(head: PMAHead, texts: list[tuple]) -> float:
     return sum(ratios) / len(ratios)
 
 
-def train_head(batches: list[tuple], texts: list[tuple], hidden_size: int, heads: int, lr: float,
+def parse_rate(text: str) -> tuple[float, float]:
+    """`HEAD` or `HEAD:ATTENTION` -> (head rate, attention rate)."""
+    try:
+        head, _, attention = text.partition(":")
+        return float(head), float(attention or head)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a rate is HEAD or HEAD:ATTENTION (numbers), got {text!r}") from None
+
+
+def train_head(batches: list[tuple], texts: list[tuple], hidden_size: int, heads: int, rates: tuple[float, float],
                warmup: int) -> dict:  # fmt: skip
     torch.manual_seed(0)
     head = PMAHead(hidden_size, None, heads)
     head.reset_parameters()
-    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
+    split = {id(p) for p in head.attention_parameters()}
+    rest = [p for p in head.parameters() if id(p) not in split]
+    groups = [{"params": rest, "lr": rates[0]}, {"params": head.attention_parameters(), "lr": rates[1]}]
+    opt = torch.optim.AdamW(groups, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(warmup, len(batches), 0.0))
     start = entropy_ratio(head, texts)
     losses = []
@@ -98,24 +113,26 @@ def train_head(batches: list[tuple], texts: list[tuple], hidden_size: int, heads
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     tail = losses[-5:]
-    return {"pma_learning_rate": lr, "loss_first": losses[0], "loss_last5": sum(tail) / len(tail),
-            "entropy_vs_uniform_start": start, "entropy_vs_uniform_end": entropy_ratio(head, texts)}  # fmt: skip
+    return {"pma_learning_rate": rates[0], "pma_attention_learning_rate": rates[1], "loss_first": losses[0],
+            "loss_last5": sum(tail) / len(tail), "entropy_vs_uniform_start": start,
+            "entropy_vs_uniform_end": entropy_ratio(head, texts)}  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--rates", type=float, nargs="+", default=[1e-4, 1e-3, 3e-3, 1e-2, 3e-2])
+    rates = "1e-4 1e-3 2e-3 3e-3 1e-2 1e-3:2e-3 1e-3:3e-3 1e-3:5e-3 1e-3:1e-2 1e-3:3e-2"
+    parser.add_argument("--rates", type=parse_rate, nargs="+", default=[parse_rate(r) for r in rates.split()])
     parser.add_argument("--dtype", default="auto")
     args = parser.parse_args()
     started = time.perf_counter()
     enc = C2LLMEncoder.from_config(ModelConfig(backbone=REAL_GGUF_BACKBONE, device="cpu", dtype=args.dtype))
     batches = cached_batches(enc, args.steps, 8, 192)
     texts = held_out(enc)
-    rows = [train_head(batches, texts, enc.backbone_config.hidden_size, 32, lr, args.warmup) for lr in args.rates]
+    rows = [train_head(batches, texts, enc.backbone_config.hidden_size, 32, r, args.warmup) for r in args.rates]
     record = {"cpu": cpu_info(), "dtype": str(next(enc.backbone.parameters()).dtype), "steps": len(batches),
               "held_out_functions": len(texts), "seconds": time.perf_counter() - started, "rows": rows}  # fmt: skip
     (RESULTS / "pma-lr-sweep.json").write_text(json.dumps(record, indent=1) + "\n")

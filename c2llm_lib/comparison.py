@@ -45,8 +45,8 @@ PARAMS_DIR = REPO / "params"
 RECIPE_KEYS = (  # what a recipe decides; the rest is the run's compute, equal for all
     "pooling", "pma_score_scale", "append_eos", "document_prefix", "prompt_style", "lora_r", "lora_alpha",
     "lora_dropout", "lora_targets", "num_negatives", "tau", "joint_softmax", "gather_with_grad", "learning_rate",
-    "pma_learning_rate", "weight_decay", "lr_schedule", "min_lr_ratio", "max_grad_norm", "mrl_dims", "mrl_weights",
-    "grad_cache",
+    "pma_learning_rate", "pma_attention_learning_rate", "weight_decay", "lr_schedule", "min_lr_ratio", "max_grad_norm",
+    "mrl_dims", "mrl_weights", "grad_cache",
 )  # fmt: skip
 
 

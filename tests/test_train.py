@@ -13,7 +13,7 @@ from c2llm_lib.train import NonFiniteLoss, TrainConfig, Trainer, encoder_from_ch
 
 from conftest import TINY_LORA, build_tiny
 from spawn import run_processes
-from training_rows import SNIPPETS, make_rows
+from training_rows import SNIPPETS, make_rows, train_until_killed
 
 
 def tiny(make_encoder, seed=0):
@@ -51,17 +51,7 @@ def test_resume_after_a_kill_ends_with_the_same_weights(make_encoder, tmp_path, 
     assert result.steps == 6 and len(result.metrics) == 6
 
     killed = Trainer(tiny(make_encoder), rows, cfg, tmp_path / "b")
-    original = Trainer.forward_backward
-
-    def dies_at_step_4(self, batch):
-        if self.step == 3:
-            raise KeyboardInterrupt("killed")
-        return original(self, batch)
-
-    monkeypatch.setattr(Trainer, "forward_backward", dies_at_step_4)
-    with pytest.raises(KeyboardInterrupt):
-        killed.train()
-    monkeypatch.setattr(Trainer, "forward_backward", original)
+    train_until_killed(killed, 4, monkeypatch)
 
     resumed_encoder = tiny(make_encoder, seed=123)  # a different init: everything must come from the checkpoint
     resumed = Trainer(resumed_encoder, rows, cfg, tmp_path / "b")

@@ -23,7 +23,7 @@ from c2llm_lib.train import (
 )
 
 from conftest import TINY_LORA
-from training_rows import make_rows
+from training_rows import make_rows, train_until_killed
 
 CFG = dict(global_batch_size=4, num_negatives=2, learning_rate=5e-3, warmup_steps=2, max_length=64, seed=0)
 PARAMS = Path(__file__).resolve().parent.parent / "params"
@@ -115,18 +115,7 @@ def test_a_rerun_resumes_the_same_training_from_its_last_complete_checkpoint(mak
     expected = Trainer(straight, rows, cfg, tmp_path / "a").train()
 
     root = tmp_path / "b"
-    killed = Trainer(tiny(make_encoder), rows, cfg, root)
-    original = Trainer.forward_backward
-
-    def dies_at_step_4(self, batch):
-        if self.step == 3:
-            raise KeyboardInterrupt("the kernel died")
-        return original(self, batch)
-
-    monkeypatch.setattr(Trainer, "forward_backward", dies_at_step_4)
-    with pytest.raises(KeyboardInterrupt):
-        killed.train()
-    monkeypatch.setattr(Trainer, "forward_backward", original)
+    train_until_killed(Trainer(tiny(make_encoder), rows, cfg, root), 4, monkeypatch)
     (root / "step-000003" / "pooler.safetensors").write_bytes(b"\x00" * 20)  # truncated when the machine died
 
     rerun_encoder = tiny(make_encoder, seed=99)  # notebook 02 from the top: a fresh encoder
@@ -257,3 +246,45 @@ def test_a_zero_head_learning_rate_freezes_the_head(make_encoder):
     assert pooler and lora
     assert all(torch.equal(before[n], after[n]) for n in pooler)
     assert any(not torch.equal(before[n], after[n]) for n in lora)
+
+
+def test_the_attention_learning_rate_moves_only_the_seed_wq_and_wk(make_encoder):
+    """`pma_attention_learning_rate` trains the parameters of the attention logits (eqs. 1-2) apart: with the rest of
+    the head at a negligible rate, AdamW's first steps move S, W_q and W_k by about their own rate, W_v, W_o and the
+    norms by next to nothing."""
+    encoder = tiny(make_encoder)
+    before = trainable(encoder)
+    cfg = TrainConfig(**CFG, max_steps=2, pma_learning_rate=1e-9, pma_attention_learning_rate=1e-2)
+    trainer = Trainer(encoder, make_rows(), cfg)
+    lrs = sorted(g["initial_lr"] for g in trainer.optimizer.param_groups)  # the peaks (warmup scales "lr")
+    assert lrs == [1e-9, CFG["learning_rate"], 1e-2]
+    trainer.train()
+    moved = {n: float((p.detach() - before[n]).abs().max()) for n, p in encoder.named_parameters() if n in before}
+    attention = [n for n in moved if n.startswith(("pooler.seed", "pooler.fc_q.", "pooler.fc_k."))]
+    rest = [n for n in moved if n.startswith("pooler.") and n not in attention]
+    assert len(attention) == 5 and {n.split(".")[1] for n in rest} == {"fc_v", "fc_o", "ln0", "ln1"}
+    # W_k's bias adds one constant to every logit of a head, which softmax ignores: its gradient is zero up to
+    # rounding, and AdamW's normalised step on that rounding is small but not zero
+    assert moved.pop("pooler.fc_k.bias") < 1e-3
+    assert all(moved[n] > 1e-3 for n in attention if n in moved), {n: moved[n] for n in attention if n in moved}
+    assert all(moved[n] < 1e-7 for n in rest), {n: moved[n] for n in rest}
+
+
+def test_without_an_attention_rate_the_head_is_one_group_and_a_split_run_resumes_exactly(
+    make_encoder, tmp_path, monkeypatch
+):
+    assert len(Trainer(tiny(make_encoder), make_rows(), TrainConfig(**CFG, max_steps=2)).optimizer.param_groups) == 2
+    same = TrainConfig(**CFG, max_steps=2, pma_learning_rate=1e-3, pma_attention_learning_rate=1e-3)
+    assert len(Trainer(tiny(make_encoder), make_rows(), same).optimizer.param_groups) == 2
+    rows = make_rows()
+    rates = dict(pma_learning_rate=1e-3, pma_attention_learning_rate=3e-3)
+    cfg = TrainConfig(**CFG, max_steps=3, checkpoint_steps=[2], **rates)
+    straight = tiny(make_encoder)
+    Trainer(straight, rows, cfg, tmp_path / "a").train()
+    train_until_killed(Trainer(tiny(make_encoder), rows, cfg, tmp_path / "b"), 3, monkeypatch)
+    resumed_encoder = tiny(make_encoder, seed=99)
+    resumed = Trainer(resumed_encoder, rows, cfg, tmp_path / "b")
+    assert "Resuming this training from" in resumed.resume_latest() and resumed.step == 2
+    resumed.train()
+    for name, value in trainable(straight).items():  # the three optimizer groups' state came back exactly
+        assert torch.equal(value, trainable(resumed_encoder)[name]), name

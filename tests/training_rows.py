@@ -1,4 +1,7 @@
-"""A small training set in the unified record schema: two (dataset, language) groups of 8 rows."""
+"""A small training set in the unified record schema: two (dataset, language) groups of 8 rows; a training killed
+part-way."""
+
+import pytest
 
 SNIPPETS = [
     "def add(a, b):\n    return a + b", "def sub(a, b):\n    return a - b", "def mul(a, b):\n    return a * b",
@@ -26,3 +29,20 @@ def make_rows():
                 }
             )
     return Dataset.from_list(records)
+
+
+def train_until_killed(trainer, step, monkeypatch):
+    """Trains until the kernel dies as step `step` (1-based) begins."""
+    from c2llm_lib.train import Trainer
+
+    original = Trainer.forward_backward
+
+    def dies(self, batch):
+        if self.step == step - 1:
+            raise KeyboardInterrupt("the kernel died")
+        return original(self, batch)
+
+    monkeypatch.setattr(Trainer, "forward_backward", dies)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    monkeypatch.setattr(Trainer, "forward_backward", original)

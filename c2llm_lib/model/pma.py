@@ -74,6 +74,11 @@ class PMAHead(nn.Module):
         self.ln0.reset_parameters()
         self.ln1.reset_parameters()
 
+    def attention_parameters(self) -> list[nn.Parameter]:
+        """The parameters that set the attention logits (eqs. 1-2): the seed S, W_q and W_k. `TrainConfig`'s
+        `pma_attention_learning_rate` trains these apart from W_v, W_o and the norms, which pool what they attend to."""
+        return [self.seed, *self.fc_q.parameters(), *self.fc_k.parameters()]
+
     @property
     def scale(self) -> float:
         width = self.dim if self.score_scale == "full_width" else self.dim // self.num_heads
