@@ -208,7 +208,7 @@ class TrainConfig:
     gather_with_grad: bool = True  # False reproduces the F2LLM trainer's gradient-less gather
     learning_rate: float = 1e-4
     pma_learning_rate: float | None = None  # None: same as learning_rate
-    pma_attention_learning_rate: float | None = None  # the head's seed, W_q and W_k; None: same as pma_learning_rate
+    pma_attention_learning_rate: float | None = None  # PMA's seed, W_q, W_k (None: pma_learning_rate); PMA only
     weight_decay: float = 0.0
     warmup_steps: int = 0
     lr_schedule: Literal["cosine", "linear"] = "cosine"  # decay after warmup
@@ -240,8 +240,10 @@ class TrainConfig:
         attention_lr = self.pma_attention_learning_rate
         require(attention_lr is None or attention_lr >= 0, "pma_attention_learning_rate",
                 f"must be >= 0 or None, got {attention_lr}")  # fmt: skip
-        require(attention_lr is None or self.pma_learning_rate != 0, "pma_attention_learning_rate",
-                "is set, but pma_learning_rate 0 freezes the whole head; leave it unset (None)")  # fmt: skip
+        head_lr = self.learning_rate if self.pma_learning_rate is None else self.pma_learning_rate
+        require(attention_lr is None or head_lr != 0, "pma_attention_learning_rate",
+                "is set, but a head learning rate of 0 (pma_learning_rate, or learning_rate when it is None) freezes "
+                "the whole head; leave it unset (None)")  # fmt: skip
         require(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
         require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
         require(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", "must be in [0, 1]")

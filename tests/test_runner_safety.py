@@ -247,8 +247,9 @@ REFUSED = [
     (
         TrainConfig,
         {"pma_learning_rate": 0.0, "pma_attention_learning_rate": 3e-3},
-        "'pma_attention_learning_rate' is set, but pma_learning_rate 0 freezes the whole head",
+        "'pma_attention_learning_rate' is set, but a head learning rate of 0",
     ),
+    (TrainConfig, {"learning_rate": 0.0, "pma_attention_learning_rate": 3e-3}, "freezes the whole head"),
     (TrainConfig, {"weight_decay": -0.01}, "'weight_decay' must be >= 0"),
     (TrainConfig, {"max_length": 10**8}, "'max_length' must be at least 2 tokens and at most"),
     (TrainConfig, {"max_length": 1}, "'max_length' must be at least 2"),
