@@ -243,7 +243,7 @@ class TrainConfig:
         head_lr = self.learning_rate if self.pma_learning_rate is None else self.pma_learning_rate
         require(attention_lr is None or head_lr != 0, "pma_attention_learning_rate",
                 "is set, but a head learning rate of 0 (pma_learning_rate, or learning_rate when it is None) freezes "
-                "the whole head; leave it unset (None)")  # fmt: skip
+                "the whole head; leave it unset (null; --set pma_attention_learning_rate=null)")  # fmt: skip
         require(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
         require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
         require(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", "must be in [0, 1]")

@@ -212,11 +212,16 @@ def training_identity(model: ModelConfig, train: TrainConfig, fingerprint: str, 
     return json.loads(json.dumps(identity))
 
 
-def config_differences(theirs: dict[str, Any], mine: dict[str, Any]) -> list[str]:
-    """'key: value in the checkpoint, value here' for each differing key (the device aside)."""
+def config_differences(
+    theirs: dict[str, Any], mine: dict[str, Any], defaults: dict[str, Any] | None = None
+) -> list[str]:
+    """'key: value in the checkpoint, value here' for each differing key (the device aside). A key the checkpoint
+    lacks counts as its value in `defaults` (a setting added to the config later, at the value every older training
+    had), so a checkpoint written before the setting existed still resumes while the setting is left at its default."""
     out = []
+    defaults = defaults or {}
     for key in sorted(set(theirs) | set(mine)):
-        a, b = theirs.get(key, "(absent)"), mine.get(key, "(absent)")
+        a, b = theirs.get(key, defaults.get(key, "(absent)")), mine.get(key, "(absent)")
         if key != "device" and a != b:
             out.append(f"{key}: {a!r} in the checkpoint, {b!r} here")
     return out
@@ -225,8 +230,10 @@ def config_differences(theirs: dict[str, Any], mine: dict[str, Any]) -> list[str
 def identity_differences(saved: dict[str, Any], ours: dict[str, Any]) -> list[str]:
     """What differs between a checkpoint's training identity and this run's, one phrase per key."""
     out = []
+    defaults = {"model_config": ModelConfig().to_dict(), "train_config": TrainConfig().to_dict()}
+    defaults = json.loads(json.dumps(defaults))  # as JSON holds them
     for section in ("model_config", "train_config"):
-        out += config_differences(saved.get(section) or {}, ours[section])
+        out += config_differences(saved.get(section) or {}, ours[section], defaults[section])
     if saved.get("data_fingerprint") != ours["data_fingerprint"]:
         out.append(f"the training rows: fingerprint {saved.get('data_fingerprint')} in the checkpoint, "
                    f"{ours['data_fingerprint']} here")  # fmt: skip

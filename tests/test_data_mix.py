@@ -1,6 +1,10 @@
 """Preparing the mix: decontamination, fingerprints and caching, negatives per group, no silent emptiness."""
 
-import tempfile
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -45,13 +49,25 @@ def test_the_cache_is_reused_with_its_report(fixture_root, tmp_path):
     assert again.summary() == first.summary() and again.report.as_dict()["CosQA"]["skipped"]
 
 
-def test_a_build_without_a_cache_leaves_nothing_in_the_temporary_directory(fixture_root, tmp_path, monkeypatch):
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where mkdtemp and TemporaryDirectory put folders
-    prepared, _ = add_hard_negatives(prepare_sources(NAMES, local_root=fixture_root), k=1)
-    assert list(tmp_path.iterdir()) == []  # the Arrow scratch folder is gone, its table read into memory
-    assert prepared.rows.cache_files == [] and len(prepared.rows) > 0
-    prepared.rows.save_to_disk(str(tmp_path.parent / "saved"))  # what notebook 01 does with it next
-    assert prepared.rows.filter(lambda r: r["language"] != "").to_list() == prepared.rows.to_list()
+def test_a_build_without_a_cache_leaves_nothing_in_the_temporary_directory(fixture_root, tmp_path):
+    """The Arrow files of a build without a cache stay (memory-mapped, not read into memory) while the process
+    lives, and their folders go when it exits."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    program = (
+        "import json, os, sys; sys.path.insert(0, sys.argv[1])\n"
+        "from c2llm_lib.data import add_hard_negatives, prepare_sources\n"
+        f"prepared, _ = add_hard_negatives(prepare_sources({NAMES!r}, local_root=sys.argv[2]), k=1)\n"
+        "assert len(prepared.rows) > 0 and prepared.rows.cache_files  # memory-mapped from a scratch folder\n"
+        "print(json.dumps(sorted(os.listdir(sys.argv[3]))))\n"
+    )
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    done = subprocess.run([sys.executable, "-c", program, str(Path(__file__).parent), str(fixture_root), str(scratch)],
+                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    during = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(during) == 2 and all(name.startswith("c2llm-data-") for name in during)  # the rows, the negatives
+    assert list(scratch.iterdir()) == []
 
 
 def test_unreachable_sources_error_or_are_reported(tmp_path):

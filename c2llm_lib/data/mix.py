@@ -35,8 +35,10 @@ decontamination keys and rules; the same request is read back instead of being r
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
+import shutil
 import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -243,27 +245,24 @@ def _store(prepared: Prepared, cache_dir: Path | None) -> Prepared:
     return prepared
 
 
+def _scratch_folder() -> str:
+    """A fresh temporary folder for Arrow files (so that datasets' own cache never answers in place of the generator,
+    which would leave the report empty), removed when the process exits: the table stays memory-mapped from it until
+    then, so memory does not grow with the rows, and a run without a cache leaves nothing in the temporary directory."""
+    path = tempfile.mkdtemp(prefix="c2llm-data-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def _generate(generate, fingerprint: str, cache: Path | None):
-    """An Arrow table from a generator; the generator's own error (a DataError naming the source, a
-    KeyboardInterrupt) surfaces as itself, not wrapped in datasets' DatasetGenerationError.
-
-    Arrow files go to the cache, or, without one, to a fresh temporary folder (so that datasets' own cache never
-    answers in place of the generator, which would leave the report empty) that is removed once the table is read
-    into memory: a run without a cache leaves nothing behind in the temporary directory."""
-    if cache is not None:
-        return _from_generator(generate, fingerprint, str(cache / "arrow"), keep_in_memory=False)
-    with tempfile.TemporaryDirectory(prefix="c2llm-data-") as scratch:
-        return _from_generator(generate, fingerprint, scratch, keep_in_memory=True)
-
-
-def _from_generator(generate, fingerprint: str, cache_dir: str, keep_in_memory: bool):
+    """An Arrow table from a generator, in the cache or a scratch folder; the generator's own error (a DataError
+    naming the source, a KeyboardInterrupt) surfaces as itself, not wrapped in datasets' DatasetGenerationError."""
     from datasets import Dataset
     from datasets.exceptions import DatasetGenerationError
 
+    cache_dir = str(cache / "arrow") if cache is not None else _scratch_folder()
     try:
-        return Dataset.from_generator(
-            generate, features=features(), fingerprint=fingerprint, cache_dir=cache_dir, keep_in_memory=keep_in_memory
-        )
+        return Dataset.from_generator(generate, features=features(), fingerprint=fingerprint, cache_dir=cache_dir)
     except DatasetGenerationError as err:
         if err.__cause__ is not None:
             raise err.__cause__ from None

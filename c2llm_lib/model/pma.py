@@ -75,8 +75,9 @@ class PMAHead(nn.Module):
         self.ln1.reset_parameters()
 
     def attention_parameters(self) -> list[nn.Parameter]:
-        """The parameters that set the attention logits (eqs. 1-2): the seed S, W_q and W_k. `TrainConfig`'s
-        `pma_attention_learning_rate` trains these apart from W_v, W_o and the norms, which pool what they attend to."""
+        """The parameters that set the attention logits (eqs. 1-2): the seed S, W_q and W_k (S and W_q also make the
+        query that eq. 5 adds back). `TrainConfig`'s `pma_attention_learning_rate` trains these apart from W_v, W_o
+        and the norms, which shape what the attended tokens contribute."""
         return [self.seed, *self.fc_q.parameters(), *self.fc_k.parameters()]
 
     @property
