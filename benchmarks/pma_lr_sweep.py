@@ -35,7 +35,7 @@ from c2llm_lib.losses import contrastive_loss
 from c2llm_lib.model import REAL_GGUF_BACKBONE
 from c2llm_lib.model.pma import PMAHead
 from c2llm_lib.samplers import GroupedBatchSampler
-from c2llm_lib.train import lr_lambda
+from c2llm_lib.train import head_groups, lr_lambda
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -97,10 +97,7 @@ def train_head(batches: list[tuple], texts: list[tuple], hidden_size: int, heads
     torch.manual_seed(0)
     head = PMAHead(hidden_size, None, heads)
     head.reset_parameters()
-    split = {id(p) for p in head.attention_parameters()}
-    rest = [p for p in head.parameters() if id(p) not in split]
-    groups = [{"params": rest, "lr": rates[0]}, {"params": head.attention_parameters(), "lr": rates[1]}]
-    opt = torch.optim.AdamW(groups, weight_decay=0.0)
+    opt = torch.optim.AdamW([g for g in head_groups(head, *rates) if g["params"]], weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(warmup, len(batches), 0.0))
     start = entropy_ratio(head, texts)
     losses = []

@@ -403,6 +403,18 @@ class TrainResult:
     seconds: float
 
 
+def head_groups(pooler: torch.nn.Module, lr: float, attention_lr: float) -> list[dict[str, Any]]:
+    """The pooler's optimizer groups: its trainable parameters at `lr`, except, when `attention_lr` differs, a PMA
+    head's attention parameters (`PMAHead.attention_parameters`) in a group of their own at `attention_lr`. Poolers
+    without parameters give an empty group."""
+    attention = getattr(pooler, "attention_parameters", list)() if attention_lr != lr else []  # [] for other poolers
+    split = {id(p) for p in attention}
+    return [
+        {"params": [p for p in pooler.parameters() if p.requires_grad and id(p) not in split], "lr": lr},
+        {"params": [p for p in attention if p.requires_grad], "lr": attention_lr},
+    ]
+
+
 class TrainStep:
     """One optimizer step on one global batch: embed its texts in length-sorted micro-batches (with GradCache, twice),
     the loss over the global batch, the ranks' agreement that it is finite, backward, clipping, the AdamW update, the
@@ -424,17 +436,11 @@ class TrainStep:
             encoder.pooler.requires_grad_(False)
         self.model = DistributedDataParallel(encoder) if self.world_size > 1 else encoder
         self.trained = [(n, p) for n, p in encoder.named_parameters() if p.requires_grad]
-        attention = getattr(encoder.pooler, "attention_parameters", list)()  # PMA's logit path; [] for other poolers
         attention_lr = pma_lr if cfg.pma_attention_learning_rate is None else cfg.pma_attention_learning_rate
-        if attention_lr == pma_lr:
-            attention = []  # one group for the whole head
-        split = {id(p) for p in attention}
         groups = [
             {"params": [p for p in encoder.backbone.parameters() if p.requires_grad], "lr": cfg.learning_rate},
-            {"params": [p for p in encoder.pooler.parameters() if p.requires_grad and id(p) not in split],
-             "lr": pma_lr},
-            {"params": [p for p in attention if p.requires_grad], "lr": attention_lr},
-        ]  # fmt: skip
+            *head_groups(encoder.pooler, pma_lr, attention_lr),
+        ]
         self.optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=cfg.weight_decay)
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None  # the loop's: it counts the run's steps
         self.step = 0  # optimizer steps taken (the loop advances it; the messages below name step + 1)
