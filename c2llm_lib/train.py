@@ -233,7 +233,10 @@ def identity_differences(saved: dict[str, Any], ours: dict[str, Any]) -> list[st
     defaults = {"model_config": ModelConfig().to_dict(), "train_config": TrainConfig().to_dict()}
     defaults = json.loads(json.dumps(defaults))  # as JSON holds them
     for section in ("model_config", "train_config"):
-        out += config_differences(saved.get(section) or {}, ours[section], defaults[section])
+        if not isinstance(saved.get(section), dict) or not saved[section]:  # defaults fill single keys, not sections
+            out.append(f"{section}: not recorded in the checkpoint")
+            continue
+        out += config_differences(saved[section], ours[section], defaults[section])
     if saved.get("data_fingerprint") != ours["data_fingerprint"]:
         out.append(f"the training rows: fingerprint {saved.get('data_fingerprint')} in the checkpoint, "
                    f"{ours['data_fingerprint']} here")  # fmt: skip

@@ -21,6 +21,7 @@ from c2llm_lib.train import (
     checkpoint_schedule,
     checkpoints_to_merge,
     encoder_from_checkpoint,
+    identity_differences,
 )
 
 from conftest import TINY_LORA
@@ -166,6 +167,8 @@ def test_a_checkpoint_older_than_a_setting_resumes_while_the_setting_keeps_its_d
     other = dataclasses.replace(cfg, pma_learning_rate=1e-3, pma_attention_learning_rate=3e-3)
     note = Trainer(tiny(make_encoder), make_rows(), other, root).resume_latest()
     assert "pma_attention_learning_rate: None in the checkpoint, 0.003 here" in note
+    crafted = {k: v for k, v in resumed.identity().items() if k != "train_config"}  # no section at all: not defaults
+    assert identity_differences(crafted, resumed.identity()) == ["train_config: not recorded in the checkpoint"]
 
 
 # hostile and broken files ------------------------------------------------------------------------------
