@@ -33,6 +33,7 @@ import torch
 from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.models.abs_encoder import AbsEncoder
 
+from .batching import length_batches
 from .prompts import C2LLM_PROMPTS, OFFLINE_TASKS, prompts
 from .retrieval import RetrievalTask, truncate
 
@@ -150,17 +151,16 @@ def shared_forward(encoders: Sequence[Any], texts: Sequence[str], max_length: in
             jobs.append((row, t, [(i, len(row)) for i in plain]))
         if with_eos:
             jobs.append((row[: max_length - 1] + [eos], t, [(i, min(len(row) + 1, max_length)) for i in with_eos]))
-    # longest text first, as C2LLMEncoder.encode sorts (stable, by characters): little compute is spent on padding,
-    # and an encoder alone on its backbone gets exactly encode's batches, so exactly its embeddings
-    jobs.sort(key=lambda job: -len(texts[job[1]]))
+    # grouped by token length as C2LLMEncoder.encode groups (batching.length_batches): little compute is spent on
+    # padding, and an encoder alone on its backbone gets exactly encode's batches, so exactly its embeddings
+    batches = [[jobs[j] for j in group] for group in length_batches([len(job[0]) for job in jobs], batch_size)]
     out = [np.zeros((len(ids), e.embedding_dim), dtype=np.float32) for e in encoders]
     was_training = [e.training for e in encoders]
     for e in encoders:
         e.eval()
     try:
         with torch.inference_mode():
-            for start in range(0, len(jobs), batch_size):
-                batch = jobs[start : start + batch_size]
+            for batch in batches:
                 width = max(1, max(len(job[0]) for job in batch))
                 input_ids = torch.full((len(batch), width), first.tokenizer.pad_token_id, dtype=torch.long)  # (B, T)
                 pooled = torch.zeros((len(encoders), len(batch), width), dtype=torch.bool)  # (E, B, T)

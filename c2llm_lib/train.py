@@ -66,6 +66,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from .atomic import atomic_directory
+from .batching import micro_batches
 from .config import ConfigError, LaunchConfig, ModelConfig, TrainConfig, from_dict
 from .data.records import text_key
 from .distributed import all_gather_json, all_ranks_true, barrier, gather_without_grad, world
@@ -120,33 +121,6 @@ def checkpoint_schedule(cfg: TrainConfig, total_steps: int) -> list[int]:
         )
     from_fractions = {min(total_steps, max(1, math.floor(f * total_steps + 0.5))) for f in cfg.checkpoint_fractions}
     return sorted(set(cfg.checkpoint_steps) | from_fractions)
-
-
-FORWARD_COST_SLOTS = 64  # one forward's fixed cost (per-layer calls, weight packing) in token slots, CPU bf16
-
-
-def micro_batches(lengths: list[int], budget: int, forward_cost: int = FORWARD_COST_SLOTS) -> list[list[int]]:
-    """Indices of texts of these token `lengths` in micro-batches of similar length, longest first: the grouping of
-    the length-sorted texts that computes the fewest token slots (rows x longest each, padding included) plus
-    `forward_cost` slots per forward, with at most `budget` slots per micro-batch (a longer text runs alone)."""
-    if budget < 1:
-        raise ValueError(f"a micro-batch needs a token budget of at least 1 slot, got {budget}")
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # ties in input order
-    longest = [max(1, lengths[i]) for i in order]  # non-increasing
-    cost, start = [0] + [math.inf] * len(order), [0] * (len(order) + 1)
-    for end in range(1, len(order) + 1):  # the best grouping of order[:end]; its last group is order[first:end]
-        for first in range(end - 1, -1, -1):
-            rows = end - first
-            if rows > 1 and rows * longest[first] > budget:
-                break  # more rows (and a longer first) only grow the slots
-            total = cost[first] + forward_cost + rows * longest[first]
-            if total <= cost[end]:  # a tie: the fewer forwards
-                cost[end], start[end] = total, first
-    groups, end = [], len(order)
-    while end:
-        groups.append(order[start[end] : end])
-        end = start[end]
-    return groups[::-1]
 
 
 # RNG states: in memory as the libraries give them, on disk as JSON lists ------------------------------

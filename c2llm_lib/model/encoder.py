@@ -8,8 +8,9 @@ over-long text still ends in EOS. Rows are padded on the left, and position ids 
 only, so padding neither shifts positions nor changes an embedding.
 
 `forward` returns unnormalised float32 embeddings with gradient (for training); `encode` returns a
-float32 numpy array, L2-normalised by default, one row per input in input order, batching texts
-sorted by length so that little compute is spent on padding.
+float32 numpy array, L2-normalised by default, one row per input in input order, batching texts of
+similar token length (at most `batch_size` per forward, `batching.length_batches`) so that little compute is
+spent on padding.
 
 A saved directory is self-contained, in safetensors only:
     c2llm_config.json   the ModelConfig, the format version, where the backbone came from
@@ -42,6 +43,7 @@ from tqdm.auto import tqdm
 from transformers import MODEL_MAPPING, AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
 from ..atomic import atomic_directory
+from ..batching import length_batches
 from ..config import ModelConfig, from_dict
 from ..files import load_json, load_tensors
 from . import released
@@ -185,6 +187,20 @@ class C2LLMEncoder(nn.Module):
             self.tokenizer, texts, max_length or self.config.max_length, self.config.eos_appended
         )
 
+    def token_lengths(self, texts: Sequence[str], max_length: int | None = None, chunk: int = 4096) -> list[int]:
+        """How many tokens `tokenize_formatted` gives each formatted text (EOS included when appended), tokenised
+        `chunk` texts at a time so that a large corpus never holds all its token ids at once."""
+        length = max_length or self.config.max_length
+        eos = 1 if self.config.eos_appended else 0
+        if length < eos + 1:
+            raise ValueError(f"max_length={length} leaves no room for text")
+        out: list[int] = []
+        for start in range(0, len(texts), chunk):
+            ids = self.tokenizer(list(texts[start : start + chunk]), add_special_tokens=False, truncation=True,
+                                 max_length=length - eos, return_attention_mask=False)["input_ids"]  # fmt: skip
+            out.extend(len(row) + eos for row in ids)
+        return out
+
     # tokens -> embeddings ----------------------------------------------------------------------
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The backbone's last hidden states (B, T, d_LLM), zero at padded positions."""
@@ -235,16 +251,18 @@ class C2LLMEncoder(nn.Module):
         out = np.empty((len(texts), self.embedding_dim), dtype=np.float32)
         if not texts:
             return out
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i])) if sort_by_length else list(range(len(texts)))
-        starts = range(0, len(texts), batch_size)
-        show = len(starts) > 8 if show_progress is None else show_progress
+        formatted = self.format_texts(texts, kind, instruction)
+        if sort_by_length:  # texts of similar token length together: little compute is spent on padding
+            batches = length_batches(self.token_lengths(formatted, max_length), batch_size)
+        else:
+            batches = [list(range(s, min(s + batch_size, len(texts)))) for s in range(0, len(texts), batch_size)]
+        show = len(batches) > 8 if show_progress is None else show_progress
         was_training = self.training
         self.eval()
         try:
             with torch.inference_mode():
-                for start in tqdm(starts, desc=f"encode {kind}s", disable=not show):
-                    idx = order[start : start + batch_size]
-                    batch = self.tokenize([texts[i] for i in idx], kind, instruction, max_length)
+                for idx in tqdm(batches, desc=f"encode {kind}s", disable=not show):
+                    batch = self.tokenize_formatted([formatted[i] for i in idx], max_length)
                     emb = self(**batch)  # (b, d)
                     if normalize:
                         emb = F.normalize(emb, dim=-1)
