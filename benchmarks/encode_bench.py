@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from c2llm_lib import C2LLMEncoder, ModelConfig, __version__
+from c2llm_lib.batching import length_batches
 from c2llm_lib.model import TINY_BACKBONE, LastTokenPooler
 from c2llm_lib.model.gguf import fetch_qwen_coder_gguf
 
@@ -105,12 +106,9 @@ def main() -> None:
     texts = stdlib_functions(args.texts)
     kw = dict(kind="document", batch_size=args.batch_size, show_progress=False)
 
-    # the token batches encode() builds when sorting by length
-    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-    batches = [
-        enc.tokenize([texts[i] for i in order[s : s + args.batch_size]], "document")
-        for s in range(0, len(texts), args.batch_size)
-    ]
+    # the token batches encode() builds when sorting by length: grouped by token length (batching.length_batches)
+    groups = length_batches(enc.token_lengths(enc.format_texts(texts, "document")), args.batch_size)
+    batches = [enc.tokenize([texts[i] for i in group], "document") for group in groups]
     lengths = [int(n) for b in batches for n in b["attention_mask"].sum(1)]
     real_tokens = sum(lengths)
     padded_sorted = sum(b["input_ids"].numel() for b in batches)

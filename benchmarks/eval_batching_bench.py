@@ -14,8 +14,10 @@ baseline pass ran fixed batches of `--batch-size` texts sorted by characters; no
    ways (median of `--repeats`, interleaved, after a warm-up), the real tokens/s, and the inference MFU: forward
    FLOPs of the real tokens (train_bench.text_flops) over the GEMM peak measured in the same run
    (`hardware.gemm_gflops`, before and after);
-3. from that task's seconds per computed slot, notebook 04's two encoder passes over the whole evaluation, and their
-   lower bound: the forward FLOPs of every real token at 100 % of the GEMM peak, with no padding at all.
+3. from that task's seconds per computed slot, notebook 04's two encoder passes over the whole evaluation (an
+   approximation: it scales by slots alone, not by forwards or by attention's square; the baselines' pass reads one
+   more token per text, the EOS, and the evaluation's cache skips texts two tasks share), and their lower bound: the
+   forward FLOPs of every real token at 100 % of the GEMM peak, with no padding at all.
 
 Writes `results/eval-batching-<dtype><tag>.json` and `.md` beside this file and prints the table.
 Usage: python benchmarks/eval_batching_bench.py [--dtype float32|bfloat16] [--task HumanEval] [--tag -avx2]

@@ -3,8 +3,8 @@
 A left-padded forward computes rows x longest token slots, so texts of similar token length go together. Training
 groups each step's queries and documents apart (`train.TrainStep.micro_batches`), within a token budget per
 micro-batch; the encoder (`C2LLMEncoder.encode`) and the shared baseline pass (`mteb_code.shared_forward`) group
-by the same rule, at most `batch_size` texts per forward, so an encoder gives the same batches, and so exactly the
-same embeddings, on either path.
+by the same rule (`length_batches`), at most `batch_size` texts per forward: for the same list of distinct texts an
+encoder gets the same batches, and so exactly the same embeddings, on either path.
 """
 
 from __future__ import annotations
@@ -43,9 +43,15 @@ def micro_batches(
     return groups[::-1]
 
 
-def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
-    """Inference batches of at most `batch_size` texts, grouped by token length (`micro_batches`): the memory of
-    a forward stays within `batch_size` texts of the longest length, as fixed batches of the sorted texts would."""
+def length_batches(lengths: list[int], batch_size: int, fill: bool = False) -> list[list[int]]:
+    """Inference batches of at most `batch_size` texts of similar token length, longest first: grouped for the
+    fewest computed slots (`micro_batches`, on a CPU, where a forward's fixed cost is small), or with `fill` cut
+    into full batches of `batch_size` (on an accelerator, where a forward's fixed cost is large: never more
+    forwards than fixed batches). Either way a forward holds at most `batch_size` texts no longer than the longest,
+    as fixed batches of the sorted texts would."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if fill:
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # ties in input order
+        return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
     return micro_batches(lengths, budget=batch_size * max(1, *lengths), max_rows=batch_size) if lengths else []

@@ -152,8 +152,10 @@ def shared_forward(encoders: Sequence[Any], texts: Sequence[str], max_length: in
         if with_eos:
             jobs.append((row[: max_length - 1] + [eos], t, [(i, min(len(row) + 1, max_length)) for i in with_eos]))
     # grouped by token length as C2LLMEncoder.encode groups (batching.length_batches): little compute is spent on
-    # padding, and an encoder alone on its backbone gets exactly encode's batches, so exactly its embeddings
-    batches = [[jobs[j] for j in group] for group in length_batches([len(job[0]) for job in jobs], batch_size)]
+    # padding, and an encoder alone on its backbone, given the texts encode was given (distinct), gets exactly
+    # encode's batches, so exactly its embeddings
+    groups = length_batches([len(job[0]) for job in jobs], batch_size, fill=first.device.type != "cpu")
+    batches = [[jobs[j] for j in group] for group in groups]
     out = [np.zeros((len(ids), e.embedding_dim), dtype=np.float32) for e in encoders]
     was_training = [e.training for e in encoders]
     for e in encoders:

@@ -1,5 +1,5 @@
 """Length-grouped batches (batching.py): known groupings, invariants over random lengths, and the batches that
-`C2LLMEncoder.encode` and the shared baseline pass really run."""
+`C2LLMEncoder.encode` and the shared baseline pass (`mteb_code.shared_forward`) really run."""
 
 import random
 
@@ -37,9 +37,10 @@ def test_groups_cover_every_text_once_and_never_cost_more_than_fixed_sorted_batc
     assert all(1 <= len(g) <= batch_size for g in groups)
     ordered = [lengths[i] for g in groups for i in g]
     assert ordered == sorted(lengths, reverse=True)  # longest first, groups of neighbours
-    # what encode did before: fixed batches of the texts sorted by length
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    fixed = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+    # full batches of the length-sorted texts (`fill`; better than what encode ran before: batches sorted by characters)
+    fixed = length_batches(lengths, batch_size, fill=True)
+    assert [len(g) for g in fixed[:-1]] == [batch_size] * (len(fixed) - 1)
+    assert [lengths[i] for g in fixed for i in g] == sorted(lengths, reverse=True)
     assert cost(lengths, groups) <= cost(lengths, fixed)
 
 
@@ -83,3 +84,20 @@ def test_token_lengths_count_the_appended_eos_and_the_cut(make_encoder):
     assert batch["attention_mask"].sum(-1).tolist() == [6, 12]  # what the forward really reads
     with pytest.raises(ValueError, match="max_length=1 leaves no room"):
         encoder.token_lengths(formatted, max_length=1)
+
+
+def test_the_shared_pass_runs_encodes_batches_also_with_eos_and_cut_texts(make_encoder):
+    """last-token pooling appends EOS after the cut: the shared pass must count the same lengths as encode, so that
+    an encoder alone gets encode's batches (and so its embeddings, exactly)."""
+    from c2llm_lib.mteb_code import shared_forward
+
+    encoder = make_encoder(pooling="last_token")
+    texts = token_texts(make_encoder(pma_heads=4), [5, 30, 11, 12, 13, 6, 29])  # cut at 12 (11 + EOS)
+    kwargs = {"kind": "document", "batch_size": 3, "max_length": 12}
+    seen = backbone_shapes(encoder)
+    alone = encoder.encode(texts, normalize=False, **kwargs)
+    from_encode, seen[:] = list(seen), []
+    (shared,), sequences = shared_forward([encoder], encoder.format_texts(texts, "document"), 12, batch_size=3)
+    assert seen == from_encode and sequences == len(texts)
+    assert seen == [(2, 12), (3, 12), (2, 7)]  # five texts read 12 tokens (cut, or 11 + EOS), two read 7 and 6
+    np.testing.assert_array_equal(shared, alone)

@@ -61,6 +61,7 @@ from .poolers import build_pooler
 
 FORMAT_VERSION = 1
 KINDS = ("query", "document")
+CHUNK = 4096  # texts tokenised at a time when only their token lengths are needed (`token_lengths`)
 
 
 def _check_texts(texts: Any) -> list[str]:
@@ -187,7 +188,7 @@ class C2LLMEncoder(nn.Module):
             self.tokenizer, texts, max_length or self.config.max_length, self.config.eos_appended
         )
 
-    def token_lengths(self, texts: Sequence[str], max_length: int | None = None, chunk: int = 4096) -> list[int]:
+    def token_lengths(self, texts: Sequence[str], max_length: int | None = None, chunk: int = CHUNK) -> list[int]:
         """How many tokens `tokenize_formatted` gives each formatted text (EOS included when appended), tokenised
         `chunk` texts at a time so that a large corpus never holds all its token ids at once."""
         length = max_length or self.config.max_length
@@ -242,7 +243,9 @@ class C2LLMEncoder(nn.Module):
         show_progress: bool | None = None,
         sort_by_length: bool = True,
     ) -> np.ndarray:
-        """Embeddings of `texts` as float32 (N, d), in input order."""
+        """Embeddings of `texts` as float32 (N, d), in input order. `sort_by_length`: batches of texts of similar
+        token length (`batching.length_batches`: grouped for the fewest computed slots on a CPU, full batches of the
+        length-sorted texts elsewhere); otherwise batches of `batch_size` in input order."""
         texts = _check_texts(texts)
         if kind not in KINDS:
             raise ValueError(f"kind must be 'query' or 'document', got {kind!r}")
@@ -251,9 +254,11 @@ class C2LLMEncoder(nn.Module):
         out = np.empty((len(texts), self.embedding_dim), dtype=np.float32)
         if not texts:
             return out
-        formatted = self.format_texts(texts, kind, instruction)
         if sort_by_length:  # texts of similar token length together: little compute is spent on padding
-            batches = length_batches(self.token_lengths(formatted, max_length), batch_size)
+            lengths = [n for s in range(0, len(texts), CHUNK)
+                       for n in self.token_lengths(self.format_texts(texts[s : s + CHUNK], kind, instruction),
+                                                   max_length)]  # fmt: skip
+            batches = length_batches(lengths, batch_size, fill=self.device.type != "cpu")
         else:
             batches = [list(range(s, min(s + batch_size, len(texts)))) for s in range(0, len(texts), batch_size)]
         show = len(batches) > 8 if show_progress is None else show_progress
@@ -262,7 +267,7 @@ class C2LLMEncoder(nn.Module):
         try:
             with torch.inference_mode():
                 for idx in tqdm(batches, desc=f"encode {kind}s", disable=not show):
-                    batch = self.tokenize_formatted([formatted[i] for i in idx], max_length)
+                    batch = self.tokenize([texts[i] for i in idx], kind, instruction, max_length)
                     emb = self(**batch)  # (b, d)
                     if normalize:
                         emb = F.normalize(emb, dim=-1)
