@@ -125,6 +125,9 @@ def test_bad_input(encoders):
         enc.encode(["x"], kind="code")
     with pytest.raises(ValueError, match="batch_size"):
         enc.encode(["x"], batch_size=0)
+    for wrong in ("2", 2.5, True):
+        with pytest.raises(TypeError, match="batch_size must be an int"):
+            enc.encode(["x"], batch_size=wrong)
     long = enc.encode(["word " * 5000], max_length=32)
     assert long.shape == (1, enc.embedding_dim) and np.isfinite(long).all()
 

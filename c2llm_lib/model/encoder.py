@@ -29,6 +29,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import numbers
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -249,6 +250,8 @@ class C2LLMEncoder(nn.Module):
         texts = _check_texts(texts)
         if kind not in KINDS:
             raise ValueError(f"kind must be 'query' or 'document', got {kind!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
+            raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__} {batch_size!r}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         out = np.empty((len(texts), self.embedding_dim), dtype=np.float32)
