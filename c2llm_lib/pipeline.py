@@ -17,7 +17,8 @@ notebooks (`runs.PRODUCTS`) and reruns them, keeping what they read. One runner 
 directory (an fcntl lock, released when the runner exits or dies). The first failing notebook stops the
 run, a dead kernel (killed, out of memory) included; it is saved executed, with the error, the error is
 printed, and manifest.json records per notebook whether it finished, failed, was not reached, or is
-stale (finished before its inputs changed).
+stale (finished before its inputs changed), its seconds, and its kernel's peak resident memory (`peak_rss_kib`,
+the largest of any process the notebook started, `memory.PeakMemory`).
 
 Each executed notebook, finished or failed, is also saved as HTML beside it (`notebooks/NN_*.html`, nbconvert),
 for reading a run without a kernel. The kernels' sockets are encrypted (`kernel_config`), which also keeps
@@ -37,6 +38,7 @@ import yaml
 
 from .config import ConfigError, from_dict, unknown_keys
 from .files import CorruptFile
+from .memory import PeakMemory
 from .notebook import NOTEBOOK_DIR, RUN_KEYS, STAGES, read_parameters, stage_keys
 from .runs import PRODUCTS, RunDir, RunInUse, check_run_name
 
@@ -330,16 +332,18 @@ def _run_notebooks(
         records[name] = {"status": "running", "started": _now(), "inputs": inputs}
         save()
         start = time.perf_counter()
+        peak = PeakMemory()  # the kernel's peak resident memory, and any process it starts
         try:
-            papermill.execute_notebook(
-                str(notebook_dir / f"{name}.ipynb"),
-                str(executed),
-                parameters=resolved[name],
-                cwd=str(notebook_dir),
-                kernel_name="python3",
-                progress_bar=False,
-                config=kernel_config(),
-            )
+            with peak:
+                papermill.execute_notebook(
+                    str(notebook_dir / f"{name}.ipynb"),
+                    str(executed),
+                    parameters=resolved[name],
+                    cwd=str(notebook_dir),
+                    kernel_name="python3",
+                    progress_bar=False,
+                    config=kernel_config(),
+                )
         except BaseException as err:
             if isinstance(err, papermill.PapermillExecutionError):
                 error = f"{name} failed in cell {err.exec_count}: {err.ename}: {err.evalue}"
@@ -352,7 +356,7 @@ def _run_notebooks(
             status = "failed" if isinstance(err, Exception) else "interrupted"
             if isinstance(err, Exception):  # the failed notebook's HTML, with its error, is the first thing to read
                 _save_html(run, name, executed, log)
-            records[name].update(status=status, seconds=round(time.perf_counter() - start, 1))
+            records[name].update(status=status, seconds=round(time.perf_counter() - start, 1), peak_rss_kib=peak.kib)
             for later in selected[selected.index(name) + 1 :]:
                 records[later] = {"status": "not reached"}
             save(status=status, failed_notebook=name, error=error, ended=_now())
@@ -364,9 +368,11 @@ def _run_notebooks(
             saved += f" (to read in a browser: {html})" if html.is_file() else ""
             raise PipelineError(f"{error}\n{saved}\n--resume reruns it and what follows") from None
         _save_html(run, name, executed, log)
-        records[name].update(status="finished", seconds=round(time.perf_counter() - start, 1), ended=_now())
+        records[name].update(status="finished", seconds=round(time.perf_counter() - start, 1), ended=_now(),
+                             peak_rss_kib=peak.kib)  # fmt: skip
         save()
-        log(f"[{name}] finished in {time.perf_counter() - start:.0f}s")
+        memory = f", peak resident memory {peak.kib / 2**20:.2f} GiB" if peak.kib else ""
+        log(f"[{name}] finished in {time.perf_counter() - start:.0f}s{memory}")
     for name, record in records.items():  # earlier results whose inputs changed since (e.g. after --only 02)
         if name not in selected and record.get("status") == "finished":
             if record.get("inputs") != run.input_fingerprints(name):

@@ -54,11 +54,16 @@ BODIES = {
     "06_recipe_comparison": "write('metrics/comparison.json', read('metrics/train.json'))",
 }
 KILL = "if (root / 'kill-me').exists():\n    os.kill(os.getpid(), 9)  # as the out-of-memory killer would"
+GROW = (
+    "if (root / 'allocate-mib').exists():  # touched bytes, so resident\n"
+    "    block = b'x' * (int(read('allocate-mib')) * 2**20)\n    del block"
+)
 
 
 @pytest.fixture
 def fake(tmp_path):
-    """(notebook_dir, params_file, outputs) of the fake pipeline; notebook 02 dies while `<run>/kill-me` exists."""
+    """(notebook_dir, params_file, outputs) of the fake pipeline; notebook 02 dies while `<run>/kill-me` exists, and
+    holds as many MiB as `<run>/allocate-mib` says while it exists."""
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
     for name in STAGES:
@@ -66,7 +71,7 @@ def fake(tmp_path):
         index, _ = parameters_cell(NOTEBOOK_DIR / f"{name}.ipynb")
         cells = [real.cells[index], nbformat.v4.new_code_cell(PROLOGUE)]
         if name == "02_train_lora_contrastive":
-            cells.append(nbformat.v4.new_code_cell(KILL))
+            cells += [nbformat.v4.new_code_cell(KILL), nbformat.v4.new_code_cell(GROW)]
         cells += [nbformat.v4.new_code_cell(BODIES[name]), nbformat.v4.new_code_cell("print('done')")]
         real.cells = cells
         nbformat.write(real, notebooks / f"{name}.ipynb")
@@ -182,6 +187,22 @@ def test_a_dead_kernel_fails_the_notebook_and_resume_reruns_it(fake):
     record = manifest(root)  # the resumed run's success clears the failure
     assert record["status"] == "finished" and "failed_notebook" not in record and "error" not in record
     assert {r["status"] for r in record["notebooks"].values()} == {"finished"}
+
+
+def test_the_manifest_records_each_notebooks_peak_memory(fake):
+    """Known answer: notebook 02 touches 400 MiB, the others nothing; each record holds its own kernel's peak."""
+    notebooks, params, outputs = fake
+    root = outputs / "fake"
+    root.mkdir()
+    (root / "allocate-mib").write_text("400")
+    lines = []
+    run_pipeline(params, only=["01", "02", "03"], mode="resume", outputs=outputs, notebook_dir=notebooks,
+                 log=lines.append)  # fmt: skip
+    record = manifest(root)["notebooks"]
+    peaks = {name: record[name]["peak_rss_kib"] for name in record}
+    assert peaks["02_train_lora_contrastive"] >= 400 * 1024, peaks
+    assert 0 < peaks["01_data_prep"] < 400 * 1024 and 0 < peaks["03_merge_checkpoints"] < 400 * 1024, peaks
+    assert "peak resident memory" in lines[-1]
 
 
 # what --resume keeps -------------------------------------------------------------------------------------------
