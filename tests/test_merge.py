@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from c2llm_lib import C2LLMEncoder
-from c2llm_lib.merge import check_weights, lora_deltas, merge_as_adapter, merge_checkpoints
+from c2llm_lib.merge import check_weights, checked_checkpoints, lora_deltas, merge_as_adapter, merge_checkpoints
 from c2llm_lib.train import encoder_from_checkpoint, save_checkpoint
 
 from conftest import TINY_LORA, build_tiny, randomize_lora
@@ -64,6 +64,23 @@ def test_merged_weights_are_the_weighted_sum_of_dense_deltas(checkpoints):
     averaged_factors = 2.0 * (wb @ wa)
     true_update = sum(w * d["layers.0.self_attn.q_proj.weight"] for w, d in zip(weights, deltas, strict=True))
     assert not torch.allclose(averaged_factors, true_update, atol=1e-4)
+
+
+def test_each_weight_gets_the_summed_update_added_once(checkpoints):
+    """Bit for bit: the checkpoints' weighted updates are summed first and added to the base weight once (one rounding
+    into the weight), as when every dense update was held at once; the merge now builds them a module at a time."""
+    weights = [0.1, 0.2, 0.3, 0.4]
+    merged = merge_checkpoints(checkpoints, weights).encoder.base_model.state_dict()
+    trained = checked_checkpoints(checkpoints, weights, "cpu")[3]
+    base = C2LLMEncoder.from_config(trained).base_model.float().state_dict()
+    deltas = [lora_deltas(p) for p in checkpoints]
+    for name in deltas[0]:
+        total = 0
+        for w, delta in zip(weights, deltas, strict=True):
+            total = total + w * delta[name]
+        assert torch.equal(merged[name], base[name] + total), name
+    untouched = next(k for k in base if k.endswith("norm.weight"))
+    assert torch.equal(merged[untouched], base[untouched])
 
 
 def test_pma_head_is_averaged(checkpoints):
