@@ -1,6 +1,6 @@
 """Peak resident memory of the processes a pipeline starts: each notebook's kernel, and whatever it starts.
 
-The default run must fit a small machine (its peak resident memory is bounded, issue 13), and a run-wide peak such
+The default run must fit a small machine (its peak resident memory stays within 8 GB), and a run-wide peak such
 as GNU time's does not say which notebook reached it. `PeakMemory` watches the processes started below this one
 while a notebook runs and gives the largest peak of any single one, as GNU time counts it: each process's own
 high-water mark (`VmHWM` in /proc/<pid>/status), read every `interval` seconds while the process lives. The Linux

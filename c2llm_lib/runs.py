@@ -4,6 +4,7 @@ Layout:
     params.yaml            the overrides as given (the params file and any --set)
     resolved.yaml          every parameter in effect, per notebook
     manifest.json          git SHA and dirty flag, library versions, device, start and end times
+                           and per notebook its status, seconds and peak resident memory
     notebooks/NN_*.ipynb   the executed notebooks
     notebooks/NN_*.html    the same as HTML pages, to read without a kernel
     data/                  prepared datasets (Arrow), e.g. data/train
