@@ -49,7 +49,8 @@ def descendants(pid: int) -> list[int]:
 
 class PeakMemory:
     """`with PeakMemory() as peak: ...` then `peak.kib`: the largest peak resident memory of one process started below
-    this one during the block (0 when it started none that /proc showed), or None off Linux."""
+    this one during the block (0 when it started none that /proc showed), or None off Linux. Processes already below
+    this one when the block began (another test's child, say) are not counted."""
 
     def __init__(self, interval: float = 0.2) -> None:
         if interval <= 0:
@@ -58,18 +59,20 @@ class PeakMemory:
         self.kib: int | None = None
         self._stop = threading.Event()
         self._seen = 0
+        self._before: set[int] = set()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
     def _sample(self) -> None:
         for pid in descendants(os.getpid()):
-            self._seen = max(self._seen, high_water_kib(pid) or 0)
+            if pid not in self._before:  # a process already running when the block began is not the block's
+                self._seen = max(self._seen, high_water_kib(pid) or 0)
 
     def _watch(self) -> None:
         while not self._stop.wait(self.interval):
             self._sample()
 
     def __enter__(self) -> PeakMemory:
-        self._sample()
+        self._before = set(descendants(os.getpid()))
         self._thread.start()
         return self
 

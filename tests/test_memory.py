@@ -74,6 +74,15 @@ def test_the_largest_single_process_not_the_sum():
     assert 300 * 1024 <= kib < 500 * 1024  # the larger one, not 500 MiB
 
 
+def test_a_process_running_before_the_block_is_not_counted():
+    """A child touching 300 MiB runs through the whole block: only the block's own small child counts."""
+    start = f"before = subprocess.Popen([sys.executable, '-c', {TOUCH!r}, '300', '3'])\nimport time\ntime.sleep(1)\n"
+    small = f"subprocess.run([sys.executable, '-c', {TOUCH!r}, '1', '0.5'])"
+    block = f"with PeakMemory(0.05) as peak:\n    {small}\nbefore.kill()"
+    kib = measure(start + block)
+    assert 0 < kib < 300 * 1024
+
+
 def test_no_child_no_peak():
     assert measure("with PeakMemory(0.05) as peak:\n    pass") == 0
 
