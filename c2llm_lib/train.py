@@ -781,17 +781,15 @@ def reset_peak_memory() -> None:
 def peak_memory() -> dict[str, float]:
     """Peak memory in GB: `peak_rss_gb` of the whole process (loading the weights included), `train_peak_rss_gb`
     since `reset_peak_memory` (Linux), and `peak_cuda_gb` allocated since then when a GPU is in use."""
-    import re
     import resource
 
+    from .memory import high_water_kib
+
     out = {"peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # ru_maxrss is in KiB on Linux
-    try:
-        found = re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text())
-        if found:  # the kernel's two counters update at different moments; the whole includes the window
-            out["train_peak_rss_gb"] = int(found.group(1)) / 2**20
-            out["peak_rss_gb"] = max(out["peak_rss_gb"], out["train_peak_rss_gb"])
-    except OSError:
-        pass
+    window = high_water_kib()  # None off Linux
+    if window is not None:  # the kernel's two counters update at different moments; the whole includes the window
+        out["train_peak_rss_gb"] = window / 2**20
+        out["peak_rss_gb"] = max(out["peak_rss_gb"], out["train_peak_rss_gb"])
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         out["peak_cuda_gb"] = torch.cuda.max_memory_allocated() / 2**30
     return out
