@@ -53,8 +53,8 @@ class PeakMemory:
     this one when the block began (another test's child, say) are not counted."""
 
     def __init__(self, interval: float = 0.2) -> None:
-        if interval <= 0:
-            raise ValueError(f"interval must be a positive number of seconds, got {interval}")
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
+            raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
         self.interval = interval
         self.kib: int | None = None
         self._stop = threading.Event()

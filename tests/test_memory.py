@@ -90,3 +90,6 @@ def test_no_child_no_peak():
 def test_interval_must_be_positive():
     with pytest.raises(ValueError, match="interval must be a positive number of seconds, got 0"):
         PeakMemory(0)
+    for bad in ("1", None, True, float("nan"), -1.0):
+        with pytest.raises(ValueError, match="interval must be a positive number of seconds"):
+            PeakMemory(bad)
