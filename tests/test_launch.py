@@ -3,6 +3,7 @@
 failing the notebook with its rank and error."""
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from c2llm_lib.train import split_params
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "params" / "smoke.yaml"
+FAULTS = Path(__file__).resolve().parent / "faults"  # a sitecustomize that makes a chosen rank fail
 
 
 @pytest.mark.parametrize(
@@ -178,8 +180,9 @@ def test_two_processes_through_the_notebooks_equal_one(one_process):
                                         ("exit", "rank 1: injected fault, exiting with status 3")])  # fmt: skip
 def test_a_dead_rank_fails_the_notebook_with_its_error(one_process, monkeypatch, mode, error):
     run, _ = one_process
-    monkeypatch.setenv("C2LLM_FAULT_RANK", "1")
+    monkeypatch.setenv("C2LLM_FAULT_RANK", "1")  # read by tests/faults/sitecustomize.py in every rank
     monkeypatch.setenv("C2LLM_FAULT", mode)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH")])))
     with pytest.raises(PipelineError) as failed:
         run_pipeline(SMOKE, only=["02"], sets={"nproc": 2, "seed": 1 if mode == "raise" else 2}, mode="resume",
                      outputs=run.root.parent, log=lambda *_: None)  # 02 reruns: its seed changed  # fmt: skip

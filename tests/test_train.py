@@ -63,7 +63,7 @@ def test_resume_after_a_kill_ends_with_the_same_weights(make_encoder, tmp_path, 
 
 
 def test_a_nan_loss_stops_and_keeps_the_last_checkpoint(make_encoder, tmp_path, monkeypatch):
-    import c2llm_lib.train as train_mod
+    import c2llm_lib.train.step as train_mod
 
     rows = make_rows()
     real = train_mod.contrastive_loss
@@ -157,7 +157,7 @@ def _draws():
 def _resume_and_stop_worker(rank, world, init_file, out, folder):
     import torch.distributed as dist
 
-    import c2llm_lib.train as train_mod
+    import c2llm_lib.train.step as train_mod
 
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     # a short timeout: a rank left waiting in a collective fails the test instead of hanging it

@@ -1,0 +1,167 @@
+"""`python -m c2llm_lib.train`: the entry point torchrun starts on every rank (notebook 02 with several processes,
+`launch.py`; notebook 06's trainings, `comparison.py`), and what it reports: throughput and peak memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import ConfigError, LaunchConfig, ModelConfig, TrainConfig, from_dict
+from ..distributed import all_gather_json
+from ..model import C2LLMEncoder
+from .loop import Trainer
+
+
+def reset_peak_memory() -> None:
+    """Starts a new peak-memory window (after the model is loaded, so that the peak is the training's): Linux's
+    resident peak (VmHWM, reset through /proc/self/clear_refs) and CUDA's allocator peak."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:  # not Linux, or not allowed: only the whole-process peak is reported
+        pass
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory() -> dict[str, float]:
+    """Peak memory in GB: `peak_rss_gb` of the whole process (loading the weights included), `train_peak_rss_gb`
+    since `reset_peak_memory` (Linux), and `peak_cuda_gb` allocated since then when a GPU is in use."""
+    import resource
+
+    from ..memory import high_water_kib
+
+    out = {"peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # ru_maxrss is in KiB on Linux
+    window = high_water_kib()  # None off Linux
+    if window is not None:  # the kernel's two counters update at different moments; the whole includes the window
+        out["train_peak_rss_gb"] = window / 2**20
+        out["peak_rss_gb"] = max(out["peak_rss_gb"], out["train_peak_rss_gb"])
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["peak_cuda_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
+
+
+def throughput(metrics: list[dict[str, Any]]) -> dict[str, float]:
+    """Steps, step seconds, real tokens embedded with a graph, tokens per second, and the padding efficiency (real
+    tokens / computed token slots, over the steps that record it), from the step metrics."""
+    seconds = sum(m["seconds"] for m in metrics)
+    tokens = sum(m["tokens"] for m in metrics)
+    out = {
+        "steps": len(metrics),
+        "seconds": seconds,
+        "tokens": tokens,
+        "tokens_per_second": tokens / max(seconds, 1e-9),
+    }
+    recorded = [m for m in metrics if m.get("padding_efficiency")]
+    if recorded:
+        slots = sum(m["tokens"] / m["padding_efficiency"] for m in recorded)
+        out["padding_efficiency"] = sum(m["tokens"] for m in recorded) / slots
+    return out
+
+
+def split_params(params: dict[str, Any], source: str) -> tuple[ModelConfig, TrainConfig]:
+    """A flat params mapping -> (ModelConfig, TrainConfig); a key of neither is an error naming it. The launch keys
+    of notebook 02 (`LaunchConfig`: nproc, nnodes, ...) are validated and set aside: they say how many processes
+    train, not what is trained."""
+    import dataclasses
+
+    model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
+    train_keys = {f.name for f in dataclasses.fields(TrainConfig)}
+    launch_keys = {f.name for f in dataclasses.fields(LaunchConfig)}
+    unknown = sorted(set(params) - model_keys - train_keys - launch_keys)
+    if unknown:
+        raise ConfigError(f"{source}: unknown parameter(s) {unknown} (neither a model nor a training parameter)")
+    from_dict(LaunchConfig, {k: v for k, v in params.items() if k in launch_keys}, source)
+    model = from_dict(ModelConfig, {k: v for k, v in params.items() if k in model_keys}, source)
+    train = from_dict(TrainConfig, {k: v for k, v in params.items() if k in train_keys}, source)
+    return model, train
+
+
+def main(argv: list[str] | None = None) -> None:
+    """torchrun [--nproc_per_node N] -m c2llm_lib.train --params P --rows DATA --out CKPTS
+                [--resume CKPT | --resume-latest] [--record-dir DIR]
+
+    Writes the checkpoints into CKPTS, and rank 0 writes into DIR (default CKPTS): `steps.jsonl` while it trains
+    (a first line with the total steps, the step it starts from and what resuming did, then each step's metrics),
+    then `train_metrics.json` (one entry per step) and `train_summary.json` (throughput, rank 0's peak memory, the
+    checkpoints and what identifies the training). `--resume-latest` does what notebook 02 does in its kernel
+    (`Trainer.resume_latest`). Every rank must train the same thing (configs, rows): a rank that differs from rank
+    0 is an error naming it."""
+    import argparse
+
+    import yaml
+    from datasets import load_from_disk
+
+    from ..distributed import init_distributed
+
+    parser = argparse.ArgumentParser(description="Contrastive LoRA training of a C2LLM encoder (paper section 4.1)")
+    parser.add_argument("--params", required=True, help="flat YAML of model and training parameters")
+    parser.add_argument("--rows", required=True, help="a prepared dataset (datasets.save_to_disk folder)")
+    parser.add_argument("--out", required=True, help="folder for the checkpoints (must be new unless resuming)")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--resume", default=None, help="a checkpoint folder to continue from")
+    group.add_argument("--resume-latest", action="store_true",
+                       help="as notebook 02: resume this training's last complete checkpoint in --out, or move "
+                       "another training's checkpoints aside and start at step 0")  # fmt: skip
+    parser.add_argument("--record-dir", default=None,
+                        help="where rank 0 writes its step log and summary (default: --out)")  # fmt: skip
+    args = parser.parse_args(argv)
+    with open(args.params) as fh:
+        params = yaml.safe_load(fh) or {}
+    model_cfg, train_cfg = split_params(params, args.params)
+    out = Path(args.out)
+    logs = Path(args.record_dir) if args.record_dir else out
+    if out.exists() and any(out.iterdir()) and args.resume is None and not args.resume_latest:
+        raise SystemExit(f"{out} already holds checkpoints; pass --resume CHECKPOINT or choose a new --out")
+    if not model_cfg.use_lora:
+        raise SystemExit(f"{args.params}: training needs use_lora: true")
+    rank, world_size = init_distributed()
+    if model_cfg.device in ("auto", "cuda") and torch.cuda.is_available():  # each process on its own GPU
+        model_cfg.device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    torch.manual_seed(train_cfg.seed)
+    encoder = C2LLMEncoder.from_config(model_cfg)
+    trainable = sum(p.numel() for p in encoder.parameters() if p.requires_grad)
+    trainer = Trainer(encoder, load_from_disk(args.rows), train_cfg, out)
+    identities = all_gather_json(trainer.identity())
+    differ = [r for r, theirs in enumerate(identities) if theirs != identities[0]]
+    if differ:
+        keys = sorted({k for r in differ for k in identities[r] if identities[r][k] != identities[0][k]})
+        raise ValueError(f"rank(s) {differ} would train something else than rank 0 (their {', '.join(keys)} "
+                         "differ): every machine needs the same params and the same prepared rows")  # fmt: skip
+    note = f"Resuming from {args.resume}" if args.resume else "training from step 0"
+    if args.resume:
+        trainer.resume(args.resume)
+    elif args.resume_latest:
+        note = trainer.resume_latest()
+    steps_log = logs / "steps.jsonl"
+    if rank == 0:
+        logs.mkdir(parents=True, exist_ok=True)
+        header = {"total_steps": trainer.total_steps, "step": trainer.step, "world_size": world_size, "note": note}
+        steps_log.write_text(json.dumps(header) + "\n")
+
+    def on_step(metrics: dict[str, Any]) -> None:
+        if rank == 0:
+            with steps_log.open("a") as fh:
+                fh.write(json.dumps(metrics) + "\n")
+
+    reset_peak_memory()
+    result = trainer.train(on_step=on_step)
+    trainer.save_final()
+    if rank == 0:
+        (logs / "train_metrics.json").write_text(json.dumps(trainer.metrics, indent=1) + "\n")
+        summary = {**throughput(trainer.metrics), **peak_memory(), "world_size": world_size,
+                   "final_checkpoint": trainer.checkpoints[-1], "checkpoints": trainer.checkpoints,
+                   "checkpoint_steps": trainer.checkpoint_steps, "total_steps": trainer.total_steps,
+                   "train_seconds": result.seconds, "data_fingerprint": trainer.data_fingerprint,
+                   "trainable_parameters": trainable, "note": note}  # fmt: skip
+        (logs / "train_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        print(
+            f"trained {result.steps} steps on {world_size} process(es) in {result.seconds:.1f}s; checkpoints in {out}"
+        )
+    if world_size > 1:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()

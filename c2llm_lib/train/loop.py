@@ -1,0 +1,255 @@
+"""The training loop (paper section 4.1): `Trainer`, the loop over the sampler's global batches around `TrainStep`,
+with the step metrics, checkpoints and resuming.
+
+Checkpoints are written at `checkpoint_steps` and at `checkpoint_fractions` of the run's optimizer steps
+(`schedule.checkpoint_schedule`). A killed run resumed from its last checkpoint ends with the same weights as an
+uninterrupted one (tested). `Trainer.resume_latest` is what notebook 02 does (in its kernel, or on every rank
+through `--resume-latest`): it resumes the same training from its last complete checkpoint, and moves another
+training's checkpoints aside (never deleting them).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ..config import TrainConfig
+from ..data.records import text_key
+from ..distributed import all_gather_json, barrier
+from ..files import CorruptFile, load_json
+from ..model import C2LLMEncoder
+from ..samplers import GroupedBatchSampler
+from .checkpoints import (
+    STATE_JSON,
+    Checkpoint,
+    CheckpointMismatch,
+    apply_weights,
+    data_fingerprint,
+    identity_differences,
+    move_aside,
+    read_checkpoint,
+    save_checkpoint,
+    training_identity,
+)
+from .schedule import checkpoint_schedule, lr_lambda
+from .state import (
+    TrainerState,
+    optimizer_from_state,
+    optimizer_to_state,
+    rng_from_json,
+    rng_state,
+    rng_to_json,
+    set_rng_state,
+)
+from .step import TrainStep
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    metrics: list[dict[str, Any]]
+    checkpoints: list[str]
+    seconds: float
+
+
+class Trainer(TrainStep):
+    """Trains `encoder` (with LoRA) on `rows` (a datasets.Dataset of unified records): the loop over the sampler's
+    global batches (`TrainStep.take_step` for each), the step metrics, checkpoints, and resuming."""
+
+    def __init__(self, encoder: C2LLMEncoder, rows, cfg: TrainConfig, checkpoint_root: str | Path | None = None):
+        super().__init__(encoder, cfg)
+        self.rows = rows
+        self.checkpoint_root = Path(checkpoint_root) if checkpoint_root is not None else None
+        torch.manual_seed(cfg.seed)
+        self.sampler = GroupedBatchSampler(
+            list(zip(rows["dataset"], rows["language"], strict=True)),
+            [text_key(t) for t in rows["query"]],
+            [text_key(t) for t in rows["positive"]],
+            cfg.global_batch_size,
+            self.world_size,
+            self.rank,
+            cfg.seed,
+        )
+        steps_per_epoch = len(self.sampler)
+        if steps_per_epoch == 0:
+            raise ValueError(
+                f"no global batch of {cfg.global_batch_size} rows can be formed: every (dataset, language) group "
+                "is smaller; lower global_batch_size"
+            )
+        self.total_steps = min(cfg.max_steps or steps_per_epoch * cfg.epochs, steps_per_epoch * cfg.epochs)
+        self.checkpoint_steps = checkpoint_schedule(cfg, self.total_steps)
+        if self.checkpoint_steps and self.checkpoint_root is None:
+            raise ValueError("checkpoint_steps or checkpoint_fractions are set but no checkpoint_root was given")
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio, cfg.lr_schedule)
+        )
+        self.metrics: list[dict[str, Any]] = []
+        self.checkpoints: list[str] = []
+
+    @functools.cached_property
+    def data_fingerprint(self) -> str:
+        return data_fingerprint(self.rows)
+
+    def identity(self) -> dict[str, Any]:
+        """What a checkpoint must share with this trainer to be resumed by it (`training_identity`)."""
+        return training_identity(self.encoder.config, self.cfg, self.data_fingerprint, self.world_size)
+
+    def last_good(self) -> str:
+        return self.checkpoints[-1] if self.checkpoints else "none written yet"
+
+    # the loop ------------------------------------------------------------------------------------
+    def train(self, on_step: Callable[[dict[str, Any]], None] | None = None, progress: bool = True) -> TrainResult:
+        """Optimizer steps until `total_steps`, checkpointing at `checkpoint_steps`; `on_step(metrics)` after each
+        step (and its checkpoint), on every rank. `progress`: rank 0's progress bar."""
+        start = time.perf_counter()
+        self.encoder.train()
+        bar = tqdm(total=self.total_steps, initial=self.step, disable=self.rank != 0 or not progress, desc="train")
+        while self.step < self.total_steps:
+            for indices in self.sampler:
+                batch = self.rows[indices]
+                logged = self.take_step(batch)
+                self.step += 1
+                self.metrics.append({"step": self.step, "epoch": self.sampler.epoch, **logged})
+                bar.update(1)
+                bar.set_postfix(loss=f"{logged['loss']:.3f}", data=logged["dataset"][:20])
+                if self.step in self.checkpoint_steps:
+                    self.save(self.step)
+                if on_step is not None:
+                    on_step(self.metrics[-1])
+                if self.step >= self.total_steps:
+                    break
+            else:
+                self.sampler.set_epoch(self.sampler.epoch + 1)
+        bar.close()
+        return TrainResult(self.step, self.metrics, self.checkpoints, time.perf_counter() - start)
+
+    def save_final(self) -> str:
+        """A checkpoint of the last step, unless one was just written; returns its path."""
+        name = f"step-{self.step:06d}"
+        if not self.checkpoints or not self.checkpoints[-1].endswith(name):
+            self.save(self.step)
+        return self.checkpoints[-1]
+
+    def save(self, step: int) -> None:
+        path = self.checkpoint_root / f"step-{step:06d}"
+        self.checkpoints.append(str(path))  # before the state is taken, so a resumed run lists it too
+        rngs = all_gather_json(rng_to_json(rng_state()))  # every rank's own RNG, rank order
+        if self.rank == 0:
+            save_checkpoint(path, self.encoder, self.state(rngs))
+        barrier()
+
+    # resuming ------------------------------------------------------------------------------------
+    def state(self, rngs: list[dict[str, Any]]) -> TrainerState:
+        """(JSON part, optimizer tensors) of the trainer; `rngs`: every rank's `rng_to_json`, in rank order."""
+        optimizer, tensors = optimizer_to_state(self.optimizer.state_dict())
+        values = {
+            "step": self.step,
+            "training": self.identity(),
+            "optimizer": optimizer,
+            "scheduler": self.scheduler.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": rngs,
+            "metrics": self.metrics,
+            "checkpoints": self.checkpoints,
+        }
+        return values, tensors
+
+    def resume(self, checkpoint: str | Path) -> None:
+        """Continues from a checkpoint written by this trainer: the same model and training configs, rows and
+        world size (anything else is refused, naming what differs); each rank takes back its own RNG state."""
+        self.restore(read_checkpoint(checkpoint))
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        state, source = checkpoint.state, checkpoint.path / STATE_JSON
+        differ = identity_differences(state["training"], self.identity()) if isinstance(state["training"], dict) else [
+            "the checkpoint records no training identity"]  # fmt: skip
+        if differ:
+            raise CheckpointMismatch(
+                f"{checkpoint.path} was written by another training; it differs from this run in "
+                + "; ".join(differ)
+                + ". Resume only with the configuration, rows and number of processes that wrote it"
+            )
+        if not isinstance(state["rng"], list) or len(state["rng"]) != self.world_size:
+            raise CorruptFile(f"{source}: expected the RNG states of {self.world_size} rank(s)")
+        rng = rng_from_json(state["rng"][self.rank], source)
+        optimizer = optimizer_from_state(state["optimizer"], checkpoint.state_tensors, source)
+        for saved, current in zip(optimizer["param_groups"], self.optimizer.param_groups, strict=False):
+            saved.update({k: tuple(v) for k, v in saved.items() if isinstance(current.get(k), tuple)})  # betas
+        apply_weights(checkpoint, self.encoder)
+        try:
+            self.optimizer.load_state_dict(optimizer)
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.sampler.load_state_dict(state["sampler"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise CorruptFile(f"{source}: the saved trainer state does not fit ({type(err).__name__}: {err})") from None
+        self.step, self.metrics, self.checkpoints = int(state["step"]), state["metrics"], list(state["checkpoints"])
+        if self.checkpoint_root is not None:  # where they are now (a run directory may have moved)
+            self.checkpoints = [str(self.checkpoint_root / Path(c).name) for c in self.checkpoints]
+        set_rng_state(rng)
+
+    def resume_latest(self) -> str:
+        """What notebook 02 does before training, in its checkpoint folder; returns a sentence saying what it did.
+
+        - empty: trains from step 0;
+        - checkpoints of this same training (identity recorded in each): resumes from the last complete one; a
+          later incomplete or corrupt one is named and moved to `<folder>.corrupt-<time>/`;
+        - anything else (another model or training config, other rows, an older format): the whole folder is
+          moved to `<folder>.replaced-<time>/`, never deleted, and training starts from step 0."""
+        root = self.checkpoint_root
+        if root is None:
+            raise ValueError("resume_latest needs the checkpoint_root this trainer writes to")
+        if not root.is_dir() or not any(root.iterdir()):
+            return f"{root} holds no checkpoint: training from step 0"
+        found = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))
+        ours, foreign, recorded = self.identity(), [], 0
+        for path in found:
+            try:
+                saved = load_json(path / STATE_JSON, "trainer state")["training"]
+                differ = identity_differences(saved, ours)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue  # unreadable: judged below, as incomplete
+            recorded += 1
+            if differ:
+                foreign.append((path, differ))
+        resume_from, notes, corrupt = None, [], []
+        if not foreign and recorded:
+            for path in reversed(found):
+                try:
+                    resume_from = read_checkpoint(path)
+                    break
+                except (OSError, ValueError) as err:
+                    notes.append(f"{path.name} is incomplete or corrupt ({err}); falling back to the previous one.")
+                    corrupt.append(path)
+        barrier()  # every rank has read the folder before rank 0 moves anything
+        if resume_from is None:
+            if foreign:
+                path, differ = foreign[0]
+                why = f"{path.name} was trained with a different setup ({'; '.join(differ[:3])})"
+            elif recorded:
+                why = "none of its checkpoints is complete"
+            else:
+                why = "nothing in it records which training wrote it (another format, or no checkpoint)"
+            moved = move_aside(root, "replaced") if self.rank == 0 else root
+            if self.rank == 0:
+                root.mkdir()
+            barrier()
+            return " ".join([*notes, f"{root} held no resumable checkpoint of this training: {why}. Moved it to "
+                             f"{moved} (nothing deleted); training from step 0"])  # fmt: skip
+        if corrupt and self.rank == 0:
+            aside = root.with_name(f"{root.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+            aside.mkdir(exist_ok=True)
+            for path in corrupt:
+                os.replace(path, aside / path.name)
+            notes.append(f"Moved {[p.name for p in corrupt]} to {aside}.")
+        barrier()
+        self.restore(resume_from)
+        return " ".join([*notes, f"Resuming this training from {resume_from.path} (step {self.step} of "
+                         f"{self.total_steps})"])  # fmt: skip

@@ -1,0 +1,242 @@
+"""One optimizer step of contrastive LoRA training (paper section 4.1): `TrainStep`.
+
+One optimizer step = one global batch from one (dataset, language) group (`samplers.py`): each rank embeds its slice
+of queries (with the row's instruction, or the prompt set of the encoder's `prompt_style`), positives and K hard
+negatives (with the document prefix), and `losses.contrastive_loss` scores local queries against the whole global
+batch (with `mrl_dims`, `losses.matryoshka_loss`: the same loss also on the first d coordinates for each d). The
+LoRA adapters and the PMA head train (the head may have its own learning rate, and its attention logits another),
+with AdamW and gradient clipping.
+
+No compute goes to padding that sorting can avoid: queries and documents are embedded apart, each sorted by
+token length into micro-batches (`micro_batches`: at most `grad_cache_chunk` x `max_length` token slots each,
+grouped to compute the fewest slots), and the embeddings are put back in the rows' order. Rows are left-padded
+with position ids counting real tokens, so an embedding does not depend on its micro-batch, and the loss and
+gradients are those of one padded forward of every text (tested). Each step logs its real `tokens`, its
+`padding_efficiency` (real tokens / computed token slots).
+
+GradCache (`grad_cache=True`): embed all texts micro-batch by micro-batch without a graph, compute the loss
+and its gradient with respect to the embeddings, then re-embed each micro-batch with a graph and backpropagate
+the cached gradients. Memory then depends on the micro-batch's token budget, not the global batch, at the cost
+of one more forward pass; the loss and gradients are those of the plain step (tested).
+
+A non-finite loss on any rank stops every rank (the ranks agree before the backward pass) with one message naming
+the step and dataset; a non-finite weight after an update stops the run before that step is checkpointed. The
+logged losses are means over all ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from ..batching import micro_batches
+from ..config import TrainConfig
+from ..distributed import all_ranks_true, gather_without_grad, world
+from ..losses import contrastive_loss, matryoshka_loss
+from ..model import C2LLMEncoder
+from ..prompts import prompts
+from .state import rng_state, set_rng_state
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN or infinite on some rank; every rank stopped before updating anything."""
+
+
+class NonFiniteWeights(RuntimeError):
+    """An update made a trainable weight NaN or infinite; the run stopped before checkpointing it."""
+
+
+def head_groups(pooler: torch.nn.Module, lr: float, attention_lr: float) -> list[dict[str, Any]]:
+    """The pooler's optimizer groups: its trainable parameters at `lr`, except, when `attention_lr` differs, a PMA
+    head's attention parameters (`PMAHead.attention_parameters`) in a group of their own at `attention_lr`. Poolers
+    without parameters give an empty group."""
+    attention = getattr(pooler, "attention_parameters", list)() if attention_lr != lr else []  # [] for other poolers
+    split = {id(p) for p in attention}
+    return [
+        {"params": [p for p in pooler.parameters() if p.requires_grad and id(p) not in split], "lr": lr},
+        {"params": [p for p in attention if p.requires_grad], "lr": attention_lr},
+    ]
+
+
+class TrainStep:
+    """One optimizer step on one global batch: embed its texts in length-sorted micro-batches (with GradCache, twice),
+    the loss over the global batch, the ranks' agreement that it is finite, backward, clipping, the AdamW update, the
+    check that the weights stayed finite, and the scheduler's step. `Trainer` adds the loop around it."""
+
+    def __init__(self, encoder: C2LLMEncoder, cfg: TrainConfig):
+        if encoder.base_model is encoder.backbone:
+            raise ValueError("training needs LoRA: build the encoder with use_lora=True")
+        too_wide = [d for d in cfg.mrl_dims if d >= encoder.embedding_dim]
+        if too_wide:
+            raise ValueError(
+                f"mrl_dims {too_wide} are not below the embedding width {encoder.embedding_dim} (the full width "
+                "is always trained; list only the smaller widths)"
+            )
+        self.encoder, self.cfg = encoder, cfg
+        self.rank, self.world_size = world()
+        pma_lr = cfg.learning_rate if cfg.pma_learning_rate is None else cfg.pma_learning_rate
+        if pma_lr == 0:  # a frozen head: no gradient, no optimizer state, no update (before DDP lists the params)
+            encoder.pooler.requires_grad_(False)
+        self.model = DistributedDataParallel(encoder) if self.world_size > 1 else encoder
+        self.trained = [(n, p) for n, p in encoder.named_parameters() if p.requires_grad]
+        attention_lr = pma_lr if cfg.pma_attention_learning_rate is None else cfg.pma_attention_learning_rate
+        groups = [
+            {"params": [p for p in encoder.backbone.parameters() if p.requires_grad], "lr": cfg.learning_rate},
+            *head_groups(encoder.pooler, pma_lr, attention_lr),
+        ]
+        self.optimizer = torch.optim.AdamW([g for g in groups if g["params"]], weight_decay=cfg.weight_decay)
+        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None  # the loop's: it counts the run's steps
+        self.step = 0  # optimizer steps taken (the loop advances it; the messages below name step + 1)
+        self._tokens = 0  # real (non-padding) tokens embedded with a graph in the current step
+        self._slots = 0  # token slots (real and padding) computed with a graph in the current step
+
+    def last_good(self) -> str:
+        """The last checkpoint written, for error messages (the loop writes checkpoints)."""
+        return "none written yet"
+
+    @property
+    def token_budget(self) -> int:
+        """Token slots (rows x longest) per micro-batch: `grad_cache_chunk` texts of `max_length`; shorter texts
+        pack more rows into the same slots, so the memory of one micro-batch's graph stays the same."""
+        return self.cfg.grad_cache_chunk * self.cfg.max_length
+
+    def take_step(self, batch: dict[str, list]) -> dict[str, Any]:
+        """One optimizer step on `batch` (this rank's rows of a global batch); returns what it logs: the dataset and
+        language, the losses (means over ranks), learning rate, gradient norm, tokens, padding efficiency, seconds."""
+        dataset, tick = batch["dataset"][0], time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._tokens = self._slots = 0
+        out = self.forward_backward(batch)  # means over ranks, agreed finite
+        norm = torch.nn.utils.clip_grad_norm_(
+            [p for g in self.optimizer.param_groups for p in g["params"]], self.cfg.max_grad_norm
+        )
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.check_weights(dataset)
+        self.scheduler.step()
+        return {
+            "dataset": dataset, "language": batch["language"][0], "loss": out["loss"].item(),
+            "in_batch": out["in_batch"].item(), "hard_negative": out["hard_negative"].item(), "lr": lr,
+            "grad_norm": float(norm), "tokens": self._tokens, "padding_efficiency": self._tokens / max(1, self._slots),
+            "seconds": time.perf_counter() - tick, **{k: v.item() for k, v in out.items() if k.startswith("loss@")},
+        }  # fmt: skip
+
+    def texts(self, batch: dict[str, list]) -> tuple[list[str], int]:
+        """Formatted [queries; positives; negatives (row-major)] and the K used for this batch.
+
+        The c2llm prompt style uses each row's own instruction (table 1) and the encoder's document prefix;
+        the peer styles take both from their prompt set by the batch's dataset (one dataset per batch)."""
+        enc = self.encoder
+        k = min([self.cfg.num_negatives, *(len(n) for n in batch["negatives"])])
+        if enc.config.prompt_style == "c2llm":
+            instructions, document = batch["instruction"], None
+        else:
+            query, document = prompts(enc.config.prompt_style, batch["dataset"][0])
+            instructions = [query] * len(batch["query"])
+        queries = [enc.format_texts([q], "query", ins)[0] for q, ins in zip(batch["query"], instructions, strict=True)]
+        documents = enc.format_texts(
+            batch["positive"] + [n for negs in batch["negatives"] for n in negs[:k]], "document", document
+        )
+        return queries + documents, k
+
+    def micro_batches(self, texts: list[str], b: int) -> list[tuple[list[int], dict[str, torch.Tensor]]]:
+        """[(indices into `texts`, their left-padded tokens (m, t))]: the queries (`texts[:b]`) and the documents
+        apart, each sorted by length into micro-batches of at most `token_budget` slots (rows x longest)."""
+        tokens = self.encoder.tokenize_formatted(texts, self.cfg.max_length)  # (N, T), left-padded
+        lengths = tokens["attention_mask"].sum(-1).tolist()  # (N,) real tokens
+        width = tokens["input_ids"].shape[-1]
+        out = []
+        for start, stop in ((0, b), (b, len(texts))):
+            for group in micro_batches(lengths[start:stop], self.token_budget):
+                idx = [start + i for i in group]
+                longest = max(1, max(lengths[i] for i in idx))
+                rows = torch.tensor(idx)
+                out.append((idx, {k: v[rows, width - longest :] for k, v in tokens.items()}))  # (m, longest)
+        return out
+
+    def embed(self, tokens: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Embeddings (m, d) of one micro-batch; with a graph, its real tokens and token slots are counted."""
+        if torch.is_grad_enabled():  # the pass with a graph (GradCache's first pass has none)
+            self._tokens += int(tokens["attention_mask"].sum())
+            self._slots += tokens["attention_mask"].numel()
+        return self.model(**tokens)  # (m, d)
+
+    def loss_from(self, emb: torch.Tensor, b: int, k: int, dataset: str) -> dict[str, torch.Tensor]:
+        q, p = emb[:b], emb[b : 2 * b]  # (b, d) each
+        n = emb[2 * b :].view(b, k, -1) if k else None  # (b, K, d)
+        cfg = self.cfg
+        kwargs = {"tau": cfg.tau, "joint": cfg.joint_softmax, "gather_grad": cfg.gather_with_grad,
+                  "weight": cfg.loss_weights.get(dataset, 1.0)}  # fmt: skip
+        if cfg.mrl_dims:  # the full width, weight 1, then each smaller width
+            dims, weights = (q.shape[-1], *cfg.mrl_dims), (1.0, *cfg.mrl_weights) if cfg.mrl_weights else None
+            return matryoshka_loss(q, p, n, dims, weights, **kwargs)
+        return contrastive_loss(q, p, n, **kwargs)
+
+    def forward_backward(self, batch: dict[str, list]) -> dict[str, torch.Tensor]:
+        """One step's forward and backward passes; returns the logged losses, each the mean over all ranks.
+        A non-finite loss on any rank raises on every rank before any backward pass."""
+        texts, k = self.texts(batch)
+        b, dataset = len(batch["query"]), batch["dataset"][0]
+        plan = self.micro_batches(texts, b)
+        order = torch.tensor([i for idx, _ in plan for i in idx])  # micro-batch row -> text
+        back = torch.empty_like(order)
+        back[order] = torch.arange(len(order))  # text -> micro-batch row
+        if not self.cfg.grad_cache:
+            emb = torch.cat([self.embed(tokens) for _, tokens in plan])[back]  # (N, d), in text order
+            out = self.loss_from(emb, b, k, dataset)
+            logged = self.agree_finite(out, dataset)
+            out["loss"].backward()
+            return logged
+        states, parts = [], []
+        with torch.no_grad():
+            for _, tokens in plan:
+                states.append(rng_state())
+                parts.append(self.embed(tokens))
+        cached = torch.cat(parts)[back].detach().requires_grad_()  # (N, d), in text order
+        out = self.loss_from(cached, b, k, dataset)
+        logged = self.agree_finite(out, dataset)
+        out["loss"].backward()
+        grads = cached.grad[order].split([len(idx) for idx, _ in plan])  # (m, d) per micro-batch
+        for i, ((_, tokens), state, grad) in enumerate(zip(plan, states, grads, strict=True)):
+            last = i == len(plan) - 1
+            sync = (
+                self.model.no_sync()
+                if isinstance(self.model, DistributedDataParallel) and not last
+                else contextlib.nullcontext()
+            )
+            with sync:
+                set_rng_state(state)  # the same dropout masks as in the graph-free pass
+                self.embed(tokens).backward(grad)
+        return logged
+
+    def agree_finite(self, out: dict[str, torch.Tensor], dataset: str) -> dict[str, torch.Tensor]:
+        """Every rank's losses, gathered before the backward pass (whose all-reduce would wait forever for a rank
+        that stopped): any non-finite value stops every rank with the same message. Returns the means over ranks."""
+        keys = ["loss", "in_batch", "hard_negative", *sorted(k for k in out if k.startswith("loss@"))]
+        local = torch.stack([out[k].detach().float().reshape(()) for k in keys])  # (L,)
+        every = gather_without_grad(local[None])  # (W, L), rank order
+        bad = [r for r in range(every.shape[0]) if not torch.isfinite(every[r]).all()]
+        if bad:
+            where = f" on rank {', '.join(map(str, bad))} of {self.world_size}" if self.world_size > 1 else ""
+            raise NonFiniteLoss(
+                f"the loss is {every[bad[0], 0].item()} at step {self.step + 1} (dataset {dataset}){where}; stopping "
+                f"before the update. The last good checkpoint is {self.last_good()}"
+            )
+        mean = every.mean(0)  # (L,)
+        return {key: mean[i] for i, key in enumerate(keys)}
+
+    def check_weights(self, dataset: str) -> None:
+        """After an update: every trainable weight finite on every rank, or the run stops before checkpointing."""
+        finite = torch.stack([torch.isfinite(p).all() for _, p in self.trained]).all()
+        if all_ranks_true(finite):
+            return
+        bad = [n for n, p in self.trained if not torch.isfinite(p).all()]
+        raise NonFiniteWeights(
+            f"the update at step {self.step + 1} (dataset {dataset}) made trainable weights non-finite "
+            f"({len(bad)} tensors, e.g. {bad[:3]}); stopping before it is checkpointed (check learning_rate and "
+            f"max_grad_norm). The last good checkpoint is {self.last_good()}"
+        )
