@@ -62,12 +62,14 @@ class TrainRecord:
     trainable_parameters: int
     processes: int  # the world size: processes on all machines together
     note: str  # what resuming did
+    negatives_used: int  # K: hard negatives per row the loss used (the run's K, at most what any row holds)
 
     def summary(self, model: ModelConfig, train: TrainConfig, launch: LaunchConfig) -> dict[str, Any]:
         """`metrics/train.json`: the numbers, the checkpoints notebook 03 merges, and the configs in effect."""
         return {"steps": self.steps, "seconds": self.seconds, "checkpoints": self.checkpoints,
                 "final_checkpoint": self.final_checkpoint, "data_fingerprint": self.data_fingerprint,
                 "trainable_parameters": self.trainable_parameters, "processes": self.processes,
+                "negatives_used": self.negatives_used,
                 "model_config": model.to_dict(), "train_config": train.to_dict(), "launch": launch.to_dict(),
                 "log": self.metrics}  # fmt: skip
 
@@ -273,7 +275,7 @@ def train_here(run_dir, model: ModelConfig, train: TrainConfig, log=print) -> Tr
     result = trainer.train()
     final = trainer.save_final()
     return TrainRecord(result.steps, result.seconds, result.metrics, trainer.checkpoints, final,
-                       trainer.checkpoint_steps, trainer.data_fingerprint, trainable, 1, note)  # fmt: skip
+                       trainer.checkpoint_steps, trainer.data_fingerprint, trainable, 1, note, trainer.k)  # fmt: skip
 
 
 def train_processes(run_dir, model: ModelConfig, train: TrainConfig, launch: LaunchConfig, nproc: int,
@@ -296,7 +298,8 @@ def train_processes(run_dir, model: ModelConfig, train: TrainConfig, launch: Lau
         raise CorruptFile(f"{logs / 'train_metrics.json'}: expected a list of {summary['steps']} step entries")
     return TrainRecord(len(metrics), summary["train_seconds"], metrics, summary["checkpoints"],
                        summary["final_checkpoint"], summary["checkpoint_steps"], summary["data_fingerprint"],
-                       summary["trainable_parameters"], world_size, summary["note"])  # fmt: skip
+                       summary["trainable_parameters"], world_size, summary["note"],
+                       summary["negatives_used"])  # fmt: skip
 
 
 def train_stage(run_dir, model: ModelConfig, train: TrainConfig, launch: LaunchConfig, log=print) -> TrainRecord:

@@ -39,17 +39,26 @@ def contrastive_loss(
     joint: bool = False,
     gather_grad: bool = True,
     weight: float = 1.0,
+    negative_mask: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """queries, positives (b, dim) local rows; negatives (b, K, dim) or None.
+    """queries, positives (b, dim) local rows; negatives (b, K, dim) or None; `negative_mask` (b, K), True where a row
+    has a negative in that slot (None: every slot holds one).
 
     Returns {"loss", "in_batch", "hard_negative"}: the in-batch InfoNCE over the global batch and the
-    hard-negative InfoNCE over [positive, K negatives], averaged over local queries, and their sum
-    times `weight` (with `joint`, "in_batch" is the joint softmax and "hard_negative" is 0).
+    hard-negative InfoNCE over [positive, the row's negatives], averaged over local queries, and their sum
+    times `weight` (with `joint`, "in_batch" is the joint softmax and "hard_negative" is 0). A masked slot takes no
+    part in its row's softmax, so a row with fewer than K negatives is scored over those it has, and a row with none
+    adds 0 to the hard-negative mean: every row is scored on its own, and the mean over a global batch is the same
+    however its rows are split over processes.
     """
     if queries.shape != positives.shape:
         raise ValueError(f"queries {tuple(queries.shape)} and positives {tuple(positives.shape)} differ")
-    if tau <= 0:
+    if not tau > 0:
         raise ValueError(f"tau must be positive, got {tau}")
+    if negatives is not None and negative_mask is not None and negative_mask.shape != negatives.shape[:2]:
+        raise ValueError(
+            f"negative_mask {tuple(negative_mask.shape)} does not match negatives {tuple(negatives.shape)}"
+        )
     rank, _ = world()
     b = queries.shape[0]
     gather = gather_with_grad if gather_grad else gather_without_grad
@@ -57,17 +66,18 @@ def contrastive_loss(
     labels = torch.arange(b, device=queries.device) + rank * b  # (b,) own positive in the global batch
     in_batch_logits = cosine_logits(queries, all_pos, tau)  # (b, W*b)
     zero = queries.new_zeros(())
-    if negatives is not None and negatives.shape[1] > 0 and joint:
-        hard = torch.einsum("bd,bkd->bk", F.normalize(queries, dim=-1), F.normalize(negatives, dim=-1)) / tau
-        in_batch = F.cross_entropy(torch.cat([in_batch_logits, hard], dim=1), labels)  # (b, W*b + K)
-        hard_negative = zero
-    else:
-        in_batch = F.cross_entropy(in_batch_logits, labels)
-        hard_negative = zero
-        if negatives is not None and negatives.shape[1] > 0:
-            candidates = torch.cat([positives[:, None], negatives], dim=1)  # (b, 1+K, dim)
-            hard = torch.einsum("bd,bkd->bk", F.normalize(queries, dim=-1), F.normalize(candidates, dim=-1)) / tau
-            hard_negative = F.cross_entropy(hard, torch.zeros(b, dtype=torch.long, device=queries.device))
+    hard_negative = zero
+    if negatives is not None and negatives.shape[1] > 0:
+        hard = torch.einsum("bd,bkd->bk", F.normalize(queries, dim=-1), F.normalize(negatives, dim=-1)) / tau  # (b, K)
+        if negative_mask is not None:
+            hard = hard.masked_fill(~negative_mask.to(hard.device), float("-inf"))  # empty slots out of the softmax
+        if joint:
+            in_batch = F.cross_entropy(torch.cat([in_batch_logits, hard], dim=1), labels)  # (b, W*b + K)
+            return {"loss": weight * in_batch, "in_batch": in_batch, "hard_negative": zero}
+        positive = (F.normalize(queries, dim=-1) * F.normalize(positives, dim=-1)).sum(-1, keepdim=True) / tau  # (b, 1)
+        candidates = torch.cat([positive, hard], dim=1)  # (b, 1+K): the positive first
+        hard_negative = F.cross_entropy(candidates, torch.zeros(b, dtype=torch.long, device=queries.device))
+    in_batch = F.cross_entropy(in_batch_logits, labels)
     return {"loss": weight * (in_batch + hard_negative), "in_batch": in_batch, "hard_negative": hard_negative}
 
 

@@ -167,21 +167,27 @@ def attention_heatmap(item: TokenAttention, title: str = ""):
     return detached(fig)
 
 
-def loss_description(train) -> str:
+def loss_description(train, negatives_used: int | None = None, short_rows: int = 0) -> str:
     """The training loss a recipe (a `config.TrainConfig` or its dict) optimises, in words: section 4.1's
     in-batch InfoNCE over the global batch plus a hard-negative InfoNCE over 1 + K candidates at tau, its
-    in-batch-only form (K = 0), one joint softmax, and the Matryoshka sum over widths (`losses.py`)."""
+    in-batch-only form (K = 0), one joint softmax, and the Matryoshka sum over widths (`losses.py`). K is the one
+    the trainer used (`negatives_used`: the recipe's K, at most what any row holds) when given, saying so where it
+    differs from the recipe's, and `short_rows` rows with fewer than K negatives (scored over those they have)."""
     if isinstance(train, dict):
         train = from_dict(TrainConfig, train, "loss_curves(train=...)")
     if not isinstance(train, TrainConfig):
         raise TypeError(f"loss_curves: train must be a TrainConfig or its dict, got {type(train).__name__}")
-    K, B, tau = train.num_negatives, train.global_batch_size, train.tau
+    K, B, tau = train.num_negatives if negatives_used is None else negatives_used, train.global_batch_size, train.tau
     if K == 0:
         loss = f"InfoNCE, in-batch negatives only (K = 0) over the global batch of {B}, tau = {tau:g}"
     elif train.joint_softmax:
         loss = f"InfoNCE, one joint softmax over the global batch of {B} and K = {K} hard negatives, tau = {tau:g}"
     else:
         loss = f"InfoNCE, in-batch negatives over the global batch of {B} + K = {K} hard negatives, tau = {tau:g}"
+    if K != train.num_negatives:
+        loss += f" (the recipe asks K = {train.num_negatives}; no row holds more than {K})"
+    if K and short_rows:
+        loss += f"; {short_rows} row(s) of the run's batches had fewer than K negatives"
     if not train.gather_with_grad:
         loss += " (positives gathered without gradient)"
     if train.mrl_dims:
@@ -190,15 +196,17 @@ def loss_description(train) -> str:
     return loss
 
 
-def loss_curves(metrics: Sequence[dict], train=None):
+def loss_curves(metrics: Sequence[dict], train=None, negatives_used: int | None = None):
     """Training loss per step, coloured by the batch's dataset, with the learning rate on a second axis; titled
-    with the loss `train` (a `config.TrainConfig` or its dict) names, when given. Steps that logged per-width
+    with the loss `train` (a `config.TrainConfig` or its dict) names, when given, with the K the trainer used
+    (`negatives_used`) and the rows that held fewer (the steps' `short_of_k`). Steps that logged per-width
     Matryoshka losses (`loss@d`) get a second panel with one curve per width."""
     import matplotlib.pyplot as plt
     import pandas as pd
     import seaborn as sns
 
-    title = loss_description(train) if train is not None else "training loss (recipe not given)"
+    short = sum(m.get("short_of_k", 0) for m in metrics)
+    title = loss_description(train, negatives_used, short) if train is not None else "training loss (recipe not given)"
     frame = pd.DataFrame(list(metrics))
     widths = sorted((c for c in frame.columns if c.startswith("loss@")), key=lambda c: -int(c[len("loss@") :]))
     fig, axes = plt.subplots(1, 2 if widths else 1, figsize=(13 if widths else 8, 3.8), squeeze=False,

@@ -87,3 +87,24 @@ def test_encoder_teacher(make_encoder):
     enc = make_encoder(pooling="mean")
     negatives = mine_negatives(QUERIES, DOCS, k=2, method="encoder", encode=enc.encode)
     assert all(DOCS[i] not in n and len(n) == 2 for i, n in enumerate(negatives))
+
+
+def test_a_cluster_of_rows_sharing_one_query_still_gets_k_negatives():
+    """The issue's case: 40 rows with the query "Fix typo" among 60 others. Every positive of the 40 is a correct
+    answer to each of them and BM25 ranks those first, so a fixed depth of K * 4 + 1 = 29 left all 40 rows with no
+    negative at K = 7; mining deeper finds 7 for each, none of them a correct answer."""
+    queries = ["Fix typo"] * 40 + [f"add feature {i} to module {i % 7}" for i in range(60)]
+    positives = [f"- fix typo in docs line {i}\n+ fixed typo in docs line {i}" for i in range(40)] + [
+        f"+ def feature_{i}(x):\n+     return module_{i % 7}.call(x, {i})" for i in range(60)
+    ]
+    negatives = mine_negatives(queries, positives, k=7)
+    cluster = set(positives[:40])
+    assert all(len(negatives[i]) == 7 and not cluster & set(negatives[i]) for i in range(40))
+    assert all(len(n) == 7 for n in negatives[40:])
+
+
+def test_a_group_too_small_gives_fewer_negatives_and_stops():
+    # 3 rows: at most 2 candidates are not the row's own answer, whatever the depth
+    negatives = mine_negatives(["alpha beta", "gamma delta", "epsilon zeta"],
+                               ["alpha beta one", "gamma delta two", "epsilon zeta three"], k=7)  # fmt: skip
+    assert [len(n) for n in negatives] == [2, 2, 2]

@@ -34,6 +34,29 @@ def test_hard_negative_term_known_answer():
     assert weighted["loss"].item() == pytest.approx(0.5 * expected_hard, rel=1e-6)
 
 
+def test_masked_negative_slots_take_no_part_known_answer():
+    """Row 0 has both negatives, row 1 only its first, row 2 none: each row is scored over what it has, a row with
+    none adds 0, and the term is the mean over the 3 rows (so a global batch's mean does not depend on how its rows
+    are split over processes)."""
+    q = torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
+    p = torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
+    n = torch.tensor([[[0.0, 1.0], [-1.0, 0.0]]] * 3)  # cosines 0 and -1, in every row
+    n[1, 1] = n[2, 0] = n[2, 1] = torch.nan  # empty slots hold anything: they are masked, never read
+    mask = torch.tensor([[True, True], [True, False], [False, False]])
+    out = contrastive_loss(q, p, n, tau=1.0, negative_mask=mask)
+    both = -math.log(math.e / (math.e + 1 + math.exp(-1)))
+    first = -math.log(math.e / (math.e + 1))
+    assert out["hard_negative"].item() == pytest.approx((both + first + 0.0) / 3, rel=1e-6)
+    # one row at a time gives the same terms: the mask is per row, not per batch
+    rows = [contrastive_loss(q[i : i + 1], p[i : i + 1], n[i : i + 1], tau=1.0, negative_mask=mask[i : i + 1])
+            for i in range(3)]  # fmt: skip
+    assert [r["hard_negative"].item() for r in rows] == pytest.approx([both, first, 0.0], rel=1e-6, abs=1e-7)
+    joint = contrastive_loss(q, p, n, tau=1.0, negative_mask=mask, joint=True)
+    assert torch.isfinite(joint["loss"])
+    with pytest.raises(ValueError, match="negative_mask"):
+        contrastive_loss(q, p, n, negative_mask=mask[:, :1])
+
+
 def test_no_gradient_flag_stops_passage_gradients():
     q = torch.randn(4, 8, requires_grad=True)
     p = torch.randn(4, 8, requires_grad=True)

@@ -53,9 +53,9 @@ def test_micro_batches_sort_by_length_within_the_budget():
 
 def reference_step(trainer, batch):
     """Loss and gradients of the former step: ONE left-padded forward of queries, positives and negatives."""
-    texts, k = trainer.texts(batch)
+    texts, mask = trainer.texts(batch)
     tokens = trainer.encoder.tokenize_formatted(texts, trainer.cfg.max_length)  # (N, T)
-    out = trainer.loss_from(trainer.encoder(**tokens), len(batch["query"]), k, batch["dataset"][0])
+    out = trainer.loss_from(trainer.encoder(**tokens), len(batch["query"]), mask, batch["dataset"][0])
     out["loss"].backward()
     return out["loss"].item(), int(tokens["attention_mask"].sum()), tokens["attention_mask"].numel()
 

@@ -46,3 +46,29 @@ def train_until_killed(trainer, step, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
     monkeypatch.setattr(Trainer, "forward_backward", original)
+
+
+def uneven_rows():
+    """Two groups of 12 rows whose texts run from a few tokens to past a 48-token max_length, and whose rows hold 0 to
+    3 hard negatives: with several processes each rank groups its own texts into a different number of micro-batches
+    at some steps, and some rows are short of K = 3."""
+    from datasets import Dataset
+
+    records = []
+    for g, language in enumerate(("python", "go")):
+        codes = [
+            f"def f{g}_{i}(a):\n" + "".join(f"    a = a * {j} + {i}\n" for j in range((i * 7) % 6)) + "    return a"
+            for i in range(12)
+        ]
+        for i, code in enumerate(codes):
+            records.append(
+                {
+                    "dataset": f"Set{g}",
+                    "language": language,
+                    "query": f"compute f{i} of set {g}" + " then add one" * ((i * 5) % 7),
+                    "positive": code,
+                    "negatives": [codes[(i + 1 + j) % 12] for j in range(i % 4)],  # 0, 1, 2 or 3 negatives
+                    "instruction": "Find the code:",
+                }
+            )
+    return Dataset.from_list(records)

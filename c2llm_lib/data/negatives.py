@@ -37,28 +37,48 @@ def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
 
 def bm25_scores_topk(queries: Sequence[str], corpus: Sequence[str], k: int) -> np.ndarray:
     """Indices (Q, k) of the best-scoring corpus documents for each query under BM25."""
+    return bm25_ranker(corpus)(queries, k)
+
+
+def bm25_ranker(corpus: Sequence[str]) -> Callable[[Sequence[str], int], np.ndarray]:
+    """`rank(queries, k)`: indices (Q, k) of the best-scoring corpus documents under BM25, the corpus indexed once."""
     import bm25s
 
-    k = min(k, len(corpus))
     retriever = bm25s.BM25()
     retriever.index(bm25s.tokenize(list(corpus), stopwords=None, show_progress=False), show_progress=False)
-    results, _ = retriever.retrieve(
-        bm25s.tokenize(list(queries), stopwords=None, show_progress=False), k=k, show_progress=False, n_threads=1
-    )
-    return np.asarray(results)
+
+    def rank(queries: Sequence[str], k: int) -> np.ndarray:
+        k = min(k, len(corpus))
+        results, _ = retriever.retrieve(
+            bm25s.tokenize(list(queries), stopwords=None, show_progress=False), k=k, show_progress=False, n_threads=1
+        )
+        return np.asarray(results)
+
+    return rank
 
 
 def encoder_topk(
     encode: Callable[..., np.ndarray], queries: Sequence[str], corpus: Sequence[str], k: int
 ) -> np.ndarray:
     """Indices (Q, k) of the nearest corpus documents by cosine under an encoder (the teacher option)."""
-    q = encode(list(queries), kind="query")
-    d = encode(list(corpus), kind="document")
-    scores = q @ d.T  # (Q, N)
-    k = min(k, len(corpus))
-    top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-    order = np.take_along_axis(scores, top, axis=1).argsort(axis=1)[:, ::-1]
-    return np.take_along_axis(top, order, axis=1)
+    return encoder_ranker(encode, queries, corpus)(list(queries), k)
+
+
+def encoder_ranker(
+    encode: Callable[..., np.ndarray], queries: Sequence[str], corpus: Sequence[str]
+) -> Callable[[Sequence[str], int], np.ndarray]:
+    """`rank(some of queries, k)`: indices (Q, k) of the nearest corpus documents by cosine, every text encoded once."""
+    embedded = dict(zip(queries, encode(list(queries), kind="query"), strict=True))
+    documents = encode(list(corpus), kind="document")  # (N, d)
+
+    def rank(asked: Sequence[str], k: int) -> np.ndarray:
+        scores = np.stack([embedded[q] for q in asked]) @ documents.T  # (Q, N)
+        k = min(k, len(corpus))
+        top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        order = np.take_along_axis(scores, top, axis=1).argsort(axis=1)[:, ::-1]
+        return np.take_along_axis(top, order, axis=1)
+
+    return rank
 
 
 def select_negatives(
@@ -67,9 +87,11 @@ def select_negatives(
     positives: Sequence[str],
     k: int,
     near_duplicate: float = 0.9,
+    rows: Sequence[int] | None = None,
 ) -> list[list[int]]:
     """For row i, up to k candidate indices (in candidate order) that are not a positive of any row whose
-    query has row i's `text_key`, nor a near-duplicate of such a positive."""
+    query has row i's `text_key`, nor a near-duplicate of such a positive. `rows`: the row each line of `candidates`
+    ranks for (default: line i is row i)."""
     if len(queries) != len(positives):
         raise ValueError(f"{len(queries)} queries but {len(positives)} positives")
     keys = [text_key(p) for p in positives]
@@ -91,7 +113,7 @@ def select_negatives(
         return answers_it[q, j]
 
     chosen = []
-    for i, row in enumerate(candidates):
+    for i, row in zip(range(len(candidates)) if rows is None else rows, candidates, strict=True):
         picked: list[int] = []
         for j in map(int, row):
             if is_answer(query_keys[i], j):  # row i's own positive, or another correct answer to its query
@@ -113,19 +135,33 @@ def mine_negatives(
     near_duplicate: float = 0.9,
     oversample: int = 4,
 ) -> list[list[str]]:
-    """Hard negatives (texts) for each (query, positive) row of one group, mined among the group's positives."""
+    """Hard negatives (texts) for each (query, positive) row of one group, mined among the group's positives.
+
+    Candidates are ranked `k * oversample + 1` deep; a row left with fewer than k after the exclusions (a commit
+    message such as "Fix typo" shared by dozens of rows has dozens of correct answers ranked first) is ranked again,
+    4 times deeper each round, until it has k or its whole group has been looked at. Fewer than k then means the
+    group holds no more: `add_hard_negatives` counts such rows per group."""
     if len(queries) != len(positives):
         raise ValueError(f"{len(queries)} queries but {len(positives)} positives")
     if not queries or k == 0:
         return [[] for _ in queries]
-    depth = k * oversample + 1
     if method == "bm25":
-        candidates = bm25_scores_topk(queries, positives, depth)
+        rank = bm25_ranker(positives)
     elif method == "encoder":
         if encode is None:
             raise ValueError("method='encoder' needs `encode` (e.g. C2LLMEncoder.encode) as the teacher")
-        candidates = encoder_topk(encode, queries, positives, depth)
+        rank = encoder_ranker(encode, queries, positives)
     else:
         raise ValueError(f"unknown mining method {method!r}; choose 'bm25' or 'encoder'")
-    picked = select_negatives(candidates, queries, positives, k, near_duplicate)
+    depth = k * oversample + 1
+    picked = select_negatives(rank(queries, depth), queries, positives, k, near_duplicate)
+    while depth < len(positives):
+        short = [i for i, row in enumerate(picked) if len(row) < k]
+        if not short:
+            break
+        depth = min(len(positives), depth * 4)
+        deeper = rank([queries[i] for i in short], depth)
+        for i, row in zip(short, select_negatives(deeper, queries, positives, k, near_duplicate, rows=short),
+                          strict=True):  # fmt: skip
+            picked[i] = row
     return [[positives[j] for j in row] for row in picked]

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
                    "final_checkpoint": trainer.checkpoints[-1], "checkpoints": trainer.checkpoints,
                    "checkpoint_steps": trainer.checkpoint_steps, "total_steps": trainer.total_steps,
                    "train_seconds": result.seconds, "data_fingerprint": trainer.data_fingerprint,
-                   "trainable_parameters": trainable, "note": note}  # fmt: skip
+                   "trainable_parameters": trainable, "note": note, "negatives_used": trainer.k}  # fmt: skip
         (logs / "train_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         print(
             f"trained {result.steps} steps on {world_size} process(es) in {result.seconds:.1f}s; checkpoints in {out}"

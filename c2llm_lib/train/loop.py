@@ -52,6 +52,17 @@ from .state import (
 from .step import TrainStep
 
 
+def most_negatives(rows) -> int:
+    """The most hard negatives any row holds, from the Arrow list lengths (no text is read, so a mix of millions of
+    rows costs seconds)."""
+    import pyarrow.compute as pc
+
+    most = 0
+    for table in rows.select_columns(["negatives"]).with_format("arrow").iter(batch_size=65_536):
+        most = max(most, pc.max(pc.list_value_length(table["negatives"])).as_py() or 0)
+    return most
+
+
 @dataclass
 class TrainResult:
     steps: int
@@ -67,6 +78,7 @@ class Trainer(TrainStep):
     def __init__(self, encoder: C2LLMEncoder, rows, cfg: TrainConfig, checkpoint_root: str | Path | None = None):
         super().__init__(encoder, cfg)
         self.rows = rows
+        self.k = min(cfg.num_negatives, most_negatives(rows))  # K: what the run asks, at most what any row holds
         self.checkpoint_root = Path(checkpoint_root) if checkpoint_root is not None else None
         torch.manual_seed(cfg.seed)
         self.sampler = GroupedBatchSampler(

@@ -12,7 +12,12 @@ token length into micro-batches (`micro_batches`: at most `grad_cache_chunk` x `
 grouped to compute the fewest slots), and the embeddings are put back in the rows' order. Rows are left-padded
 with position ids counting real tokens, so an embedding does not depend on its micro-batch, and the loss and
 gradients are those of one padded forward of every text (tested). Each step logs its real `tokens`, its
-`padding_efficiency` (real tokens / computed token slots).
+`padding_efficiency` (real tokens / computed token slots) and its `forwards`.
+
+Several processes: the ranks' micro-batch counts differ from step to step (each rank groups its own texts), so no
+forward may hold a collective. DDP is built with `broadcast_buffers=False` (the backbone's only buffers, the
+rotary frequencies, are computed from the config and equal on every rank), which leaves one all-reduce per step,
+in the backward of each rank's last micro-batch, and the step's two agreements (finite loss, finite weights).
 
 GradCache (`grad_cache=True`): embed all texts micro-batch by micro-batch without a graph, compute the loss
 and its gradient with respect to the embeddings, then re-embed each micro-batch with a graph and backpropagate
@@ -81,7 +86,9 @@ class TrainStep:
         pma_lr = cfg.learning_rate if cfg.pma_learning_rate is None else cfg.pma_learning_rate
         if pma_lr == 0:  # a frozen head: no gradient, no optimizer state, no update (before DDP lists the params)
             encoder.pooler.requires_grad_(False)
-        self.model = DistributedDataParallel(encoder) if self.world_size > 1 else encoder
+        # no collective in a forward: the ranks' micro-batch counts differ (module docstring)
+        self.model = DistributedDataParallel(encoder, broadcast_buffers=False) if self.world_size > 1 else encoder
+        self.k = cfg.num_negatives  # K, hard negatives per row; the loop lowers it to what the rows hold at most
         self.trained = [(n, p) for n, p in encoder.named_parameters() if p.requires_grad]
         attention_lr = pma_lr if cfg.pma_attention_learning_rate is None else cfg.pma_attention_learning_rate
         groups = [
@@ -93,6 +100,7 @@ class TrainStep:
         self.step = 0  # optimizer steps taken (the loop advances it; the messages below name step + 1)
         self._tokens = 0  # real (non-padding) tokens embedded with a graph in the current step
         self._slots = 0  # token slots (real and padding) computed with a graph in the current step
+        self._forwards = 0  # micro-batches embedded with a graph in the current step (this rank's)
 
     def last_good(self) -> str:
         """The last checkpoint written, for error messages (the loop writes checkpoints)."""
@@ -106,10 +114,11 @@ class TrainStep:
 
     def take_step(self, batch: dict[str, list]) -> dict[str, Any]:
         """One optimizer step on `batch` (this rank's rows of a global batch); returns what it logs: the dataset and
-        language, the losses (means over ranks), learning rate, gradient norm, tokens, padding efficiency, seconds."""
+        language, the losses (means over ranks), the global batch's rows with fewer than K hard negatives
+        (`short_of_k`), learning rate, gradient norm, this rank's tokens, padding efficiency and forwards, seconds."""
         dataset, tick = batch["dataset"][0], time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        self._tokens = self._slots = 0
+        self._tokens = self._slots = self._forwards = 0
         out = self.forward_backward(batch)  # means over ranks, agreed finite
         norm = torch.nn.utils.clip_grad_norm_(
             [p for g in self.optimizer.param_groups for p in g["params"]], self.cfg.max_grad_norm
@@ -120,28 +129,31 @@ class TrainStep:
         self.scheduler.step()
         return {
             "dataset": dataset, "language": batch["language"][0], "loss": out["loss"].item(),
-            "in_batch": out["in_batch"].item(), "hard_negative": out["hard_negative"].item(), "lr": lr,
-            "grad_norm": float(norm), "tokens": self._tokens, "padding_efficiency": self._tokens / max(1, self._slots),
+            "in_batch": out["in_batch"].item(), "hard_negative": out["hard_negative"].item(),
+            "short_of_k": round(out["short_of_k"].item()), "lr": lr, "grad_norm": float(norm),
+            "tokens": self._tokens, "padding_efficiency": self._tokens / max(1, self._slots),
+            "forwards": self._forwards,
             "seconds": time.perf_counter() - tick, **{k: v.item() for k, v in out.items() if k.startswith("loss@")},
         }  # fmt: skip
 
-    def texts(self, batch: dict[str, list]) -> tuple[list[str], int]:
-        """Formatted [queries; positives; negatives (row-major)] and the K used for this batch.
+    def texts(self, batch: dict[str, list]) -> tuple[list[str], torch.Tensor]:
+        """Formatted [queries; positives; negatives (row-major, each row's first K at most)] and which of the K
+        negative slots of each row hold one, mask (b, K): a row with fewer than K negatives leaves slots empty, and
+        the loss masks them out (the K of the run, never the fewest negatives of a rank's slice).
 
         The c2llm prompt style uses each row's own instruction (table 1) and the encoder's document prefix;
         the peer styles take both from their prompt set by the batch's dataset (one dataset per batch)."""
-        enc = self.encoder
-        k = min([self.cfg.num_negatives, *(len(n) for n in batch["negatives"])])
+        enc, k = self.encoder, self.k
         if enc.config.prompt_style == "c2llm":
             instructions, document = batch["instruction"], None
         else:
             query, document = prompts(enc.config.prompt_style, batch["dataset"][0])
             instructions = [query] * len(batch["query"])
         queries = [enc.format_texts([q], "query", ins)[0] for q, ins in zip(batch["query"], instructions, strict=True)]
-        documents = enc.format_texts(
-            batch["positive"] + [n for negs in batch["negatives"] for n in negs[:k]], "document", document
-        )
-        return queries + documents, k
+        negatives = [negs[:k] for negs in batch["negatives"]]
+        mask = torch.tensor([[j < len(negs) for j in range(k)] for negs in negatives], dtype=torch.bool)  # (b, K)
+        documents = enc.format_texts(batch["positive"] + [n for negs in negatives for n in negs], "document", document)
+        return queries + documents, mask.reshape(len(negatives), k)
 
     def micro_batches(self, texts: list[str], b: int) -> list[tuple[list[int], dict[str, torch.Tensor]]]:
         """[(indices into `texts`, their left-padded tokens (m, t))]: the queries (`texts[:b]`) and the documents
@@ -159,36 +171,45 @@ class TrainStep:
         return out
 
     def embed(self, tokens: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Embeddings (m, d) of one micro-batch; with a graph, its real tokens and token slots are counted."""
+        """Embeddings (m, d) of one micro-batch; with a graph, its real tokens, token slots and forward are counted."""
         if torch.is_grad_enabled():  # the pass with a graph (GradCache's first pass has none)
             self._tokens += int(tokens["attention_mask"].sum())
             self._slots += tokens["attention_mask"].numel()
+            self._forwards += 1
         return self.model(**tokens)  # (m, d)
 
-    def loss_from(self, emb: torch.Tensor, b: int, k: int, dataset: str) -> dict[str, torch.Tensor]:
+    def loss_from(self, emb: torch.Tensor, b: int, mask: torch.Tensor, dataset: str) -> dict[str, torch.Tensor]:
+        """The losses of one rank's rows from the embeddings (N, d) of `texts`: queries, positives, then the real
+        negatives row by row, placed into K slots per row by `mask` (b, K); an empty slot is masked out of the
+        hard-negative softmax, so a row with fewer negatives is scored over the ones it has (none: its term is 0)."""
         q, p = emb[:b], emb[b : 2 * b]  # (b, d) each
-        n = emb[2 * b :].view(b, k, -1) if k else None  # (b, K, d)
+        n = None
+        if mask.shape[1]:
+            n = emb.new_zeros(b, mask.shape[1], emb.shape[-1])  # (b, K, d)
+            n = n.index_put((mask.nonzero(as_tuple=True)), emb[2 * b :])  # the real negatives into their slots
         cfg = self.cfg
         kwargs = {"tau": cfg.tau, "joint": cfg.joint_softmax, "gather_grad": cfg.gather_with_grad,
-                  "weight": cfg.loss_weights.get(dataset, 1.0)}  # fmt: skip
+                  "weight": cfg.loss_weights.get(dataset, 1.0),
+                  "negative_mask": None if n is None else mask}  # fmt: skip
         if cfg.mrl_dims:  # the full width, weight 1, then each smaller width
             dims, weights = (q.shape[-1], *cfg.mrl_dims), (1.0, *cfg.mrl_weights) if cfg.mrl_weights else None
             return matryoshka_loss(q, p, n, dims, weights, **kwargs)
         return contrastive_loss(q, p, n, **kwargs)
 
     def forward_backward(self, batch: dict[str, list]) -> dict[str, torch.Tensor]:
-        """One step's forward and backward passes; returns the logged losses, each the mean over all ranks.
-        A non-finite loss on any rank raises on every rank before any backward pass."""
-        texts, k = self.texts(batch)
+        """One step's forward and backward passes; returns the logged losses, each the mean over all ranks, and the
+        global batch's rows short of K. A non-finite loss on any rank raises on every rank before any backward."""
+        texts, mask = self.texts(batch)
         b, dataset = len(batch["query"]), batch["dataset"][0]
+        short = torch.tensor(float((~mask).any(1).sum()) if mask.shape[1] else 0.0)  # this rank's rows short of K
         plan = self.micro_batches(texts, b)
         order = torch.tensor([i for idx, _ in plan for i in idx])  # micro-batch row -> text
         back = torch.empty_like(order)
         back[order] = torch.arange(len(order))  # text -> micro-batch row
         if not self.cfg.grad_cache:
             emb = torch.cat([self.embed(tokens) for _, tokens in plan])[back]  # (N, d), in text order
-            out = self.loss_from(emb, b, k, dataset)
-            logged = self.agree_finite(out, dataset)
+            out = self.loss_from(emb, b, mask, dataset)
+            logged = self.agree_finite(out, dataset, short)
             out["loss"].backward()
             return logged
         states, parts = [], []
@@ -197,12 +218,12 @@ class TrainStep:
                 states.append(rng_state())
                 parts.append(self.embed(tokens))
         cached = torch.cat(parts)[back].detach().requires_grad_()  # (N, d), in text order
-        out = self.loss_from(cached, b, k, dataset)
-        logged = self.agree_finite(out, dataset)
+        out = self.loss_from(cached, b, mask, dataset)
+        logged = self.agree_finite(out, dataset, short)
         out["loss"].backward()
         grads = cached.grad[order].split([len(idx) for idx, _ in plan])  # (m, d) per micro-batch
         for i, ((_, tokens), state, grad) in enumerate(zip(plan, states, grads, strict=True)):
-            last = i == len(plan) - 1
+            last = i == len(plan) - 1  # each rank's last backward is its one all-reduce, whatever its count
             sync = (
                 self.model.no_sync()
                 if isinstance(self.model, DistributedDataParallel) and not last
@@ -213,21 +234,26 @@ class TrainStep:
                 self.embed(tokens).backward(grad)
         return logged
 
-    def agree_finite(self, out: dict[str, torch.Tensor], dataset: str) -> dict[str, torch.Tensor]:
+    def agree_finite(
+        self, out: dict[str, torch.Tensor], dataset: str, short: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
         """Every rank's losses, gathered before the backward pass (whose all-reduce would wait forever for a rank
-        that stopped): any non-finite value stops every rank with the same message. Returns the means over ranks."""
+        that stopped): any non-finite value stops every rank with the same message. Returns the means over ranks,
+        and `short_of_k`: the sum over ranks of `short` (rows with fewer than K negatives)."""
         keys = ["loss", "in_batch", "hard_negative", *sorted(k for k in out if k.startswith("loss@"))]
         local = torch.stack([out[k].detach().float().reshape(()) for k in keys])  # (L,)
-        every = gather_without_grad(local[None])  # (W, L), rank order
-        bad = [r for r in range(every.shape[0]) if not torch.isfinite(every[r]).all()]
+        short = torch.zeros(()) if short is None else short.float().reshape(())
+        short = short.to(local.device)
+        every = gather_without_grad(torch.cat([local, short[None]])[None])  # (W, L + 1), rank order
+        bad = [r for r in range(every.shape[0]) if not torch.isfinite(every[r, :-1]).all()]
         if bad:
             where = f" on rank {', '.join(map(str, bad))} of {self.world_size}" if self.world_size > 1 else ""
             raise NonFiniteLoss(
                 f"the loss is {every[bad[0], 0].item()} at step {self.step + 1} (dataset {dataset}){where}; stopping "
                 f"before the update. The last good checkpoint is {self.last_good()}"
             )
-        mean = every.mean(0)  # (L,)
-        return {key: mean[i] for i, key in enumerate(keys)}
+        mean = every[:, :-1].mean(0)  # (L,)
+        return {**{key: mean[i] for i, key in enumerate(keys)}, "short_of_k": every[:, -1].sum()}
 
     def check_weights(self, dataset: str) -> None:
         """After an update: every trainable weight finite on every rank, or the run stops before checkpointing."""
