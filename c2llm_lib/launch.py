@@ -63,14 +63,17 @@ class TrainRecord:
     processes: int  # the world size: processes on all machines together
     note: str  # what resuming did
     negatives_used: int  # K: hard negatives per row the loss used (the run's K, at most what any row holds)
+    dtype: str  # the dtype the backbone computed in (`dtype: auto` resolved on this machine)
 
     def summary(self, model: ModelConfig, train: TrainConfig, launch: LaunchConfig) -> dict[str, Any]:
-        """`metrics/train.json`: the numbers, the checkpoints notebook 03 merges, and the configs in effect."""
+        """`metrics/train.json`: the numbers, the checkpoints notebook 03 merges, and the configs in effect (the model
+        config with the dtype the training resolved, as its checkpoints record it; `dtype_asked` is the params')."""
         return {"steps": self.steps, "seconds": self.seconds, "checkpoints": self.checkpoints,
                 "final_checkpoint": self.final_checkpoint, "data_fingerprint": self.data_fingerprint,
                 "trainable_parameters": self.trainable_parameters, "processes": self.processes,
                 "negatives_used": self.negatives_used,
-                "model_config": model.to_dict(), "train_config": train.to_dict(), "launch": launch.to_dict(),
+                "model_config": {**model.to_dict(), "dtype": self.dtype}, "dtype_asked": model.dtype,
+                "train_config": train.to_dict(), "launch": launch.to_dict(),
                 "log": self.metrics}  # fmt: skip
 
 
@@ -275,7 +278,8 @@ def train_here(run_dir, model: ModelConfig, train: TrainConfig, log=print) -> Tr
     result = trainer.train()
     final = trainer.save_final()
     return TrainRecord(result.steps, result.seconds, result.metrics, trainer.checkpoints, final,
-                       trainer.checkpoint_steps, trainer.data_fingerprint, trainable, 1, note, trainer.k)  # fmt: skip
+                       trainer.checkpoint_steps, trainer.data_fingerprint, trainable, 1, note, trainer.k,
+                       trainer.identity()["model_config"]["dtype"])  # fmt: skip
 
 
 def train_processes(run_dir, model: ModelConfig, train: TrainConfig, launch: LaunchConfig, nproc: int,
@@ -299,7 +303,7 @@ def train_processes(run_dir, model: ModelConfig, train: TrainConfig, launch: Lau
     return TrainRecord(len(metrics), summary["train_seconds"], metrics, summary["checkpoints"],
                        summary["final_checkpoint"], summary["checkpoint_steps"], summary["data_fingerprint"],
                        summary["trainable_parameters"], world_size, summary["note"],
-                       summary["negatives_used"])  # fmt: skip
+                       summary["negatives_used"], summary["dtype"])  # fmt: skip
 
 
 def train_stage(run_dir, model: ModelConfig, train: TrainConfig, launch: LaunchConfig, log=print) -> TrainRecord:

@@ -180,6 +180,25 @@ class RunsAShellCommand:
         return os.system, (f"touch {self.marker}",)
 
 
+def test_a_resume_where_auto_resolves_to_another_dtype_is_refused_naming_both(make_encoder, tmp_path, monkeypatch):
+    """`dtype: auto` is a probe's choice per machine: the checkpoint records the dtype it resolved, never "auto", so
+    resuming on a machine (or with a probe cache) that picks the other dtype is another training."""
+    import c2llm_lib.hardware as hardware
+
+    monkeypatch.setattr(hardware, "auto_dtype", lambda device: (torch.float32, "fp32 measured faster"))
+    cfg = TrainConfig(**CFG, max_steps=2, checkpoint_steps=[2])
+    trainer = Trainer(tiny(make_encoder, dtype="auto"), make_rows(), cfg, tmp_path)
+    trainer.train()
+    saved = json.loads((tmp_path / "step-000002" / "trainer_state.json").read_text())["training"]
+    assert saved["model_config"]["dtype"] == "float32"
+    monkeypatch.setattr(hardware, "auto_dtype", lambda device: (torch.bfloat16, "bf16 measured faster"))
+    elsewhere = Trainer(tiny(make_encoder, dtype="auto"), make_rows(), cfg, tmp_path)
+    with pytest.raises(CheckpointMismatch, match="dtype: 'float32' in the checkpoint, 'bfloat16' here"):
+        elsewhere.resume(tmp_path / "step-000002")
+    assert "dtype: 'float32' in the checkpoint, 'bfloat16' here" in elsewhere.resume_latest()  # moved aside, kept
+    assert list(tmp_path.parent.glob(f"{tmp_path.name}.replaced-*"))
+
+
 def test_a_pickled_trainer_state_is_refused_unread(make_encoder, tmp_path):
     root = tmp_path / "checkpoints"
     Trainer(tiny(make_encoder), make_rows(), TrainConfig(**CFG, max_steps=1, checkpoint_steps=[1]), root).train()

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -47,3 +48,21 @@ def test_torchrun_two_processes(tmp_path):
     encoder_from_checkpoint(tmp_path / "ckpt" / "step-000003", device="cpu")
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert again.returncode != 0 and "already holds checkpoints" in again.stderr
+
+
+def test_ranks_that_resolve_dtype_auto_differently_are_refused_naming_the_dtype(tmp_path):
+    """`dtype: auto` is resolved by a probe on each machine; a rank whose probe picks another dtype (another CPU, a
+    stale cache) must not train beside rank 0: every rank stops with one message naming the rank and both dtypes."""
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({**PARAMS, "dtype": "auto"}))
+    make_rows().save_to_disk(str(tmp_path / "rows"))
+    faults = str(Path(__file__).resolve().parent / "faults")  # its sitecustomize changes rank 1's probe
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "C2LLM_FAULT_RANK": "1", "C2LLM_FAULT": "dtype",
+           "PYTHONPATH": os.pathsep.join(filter(None, [faults, os.environ.get("PYTHONPATH")]))}  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29518",
+           "-m", "c2llm_lib.train", "--params", str(tmp_path / "p.yaml"), "--rows", str(tmp_path / "rows"),
+           "--out", str(tmp_path / "ckpt")]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode != 0
+    assert "rank(s) [1] would train something else than rank 0" in proc.stderr
+    assert "dtype:" in proc.stderr and "'float16' here" in proc.stderr
+    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").glob("step-*"))

@@ -50,10 +50,16 @@ def data_fingerprint(rows) -> str:
     return digest.hexdigest()
 
 
-def training_identity(model: ModelConfig, train: TrainConfig, fingerprint: str, world_size: int) -> dict[str, Any]:
+def training_identity(
+    model: ModelConfig, train: TrainConfig, fingerprint: str, world_size: int, dtype: str | None = None
+) -> dict[str, Any]:
     """Model and training configs (the device left out: where it runs does not change the training), the rows'
-    fingerprint and the world size, normalised as JSON holds them."""
+    fingerprint and the world size, normalised as JSON holds them. `dtype`: the dtype the backbone really computes
+    in, recorded instead of the config's `dtype` (so `auto`, which a machine resolves by probing, is never stored
+    as "auto": a resume on a machine whose probe picks the other dtype is another training)."""
     model_config = {k: v for k, v in model.to_dict().items() if k != "device"}
+    if dtype is not None:
+        model_config["dtype"] = dtype
     identity = {"model_config": model_config, "train_config": train.to_dict(), "data_fingerprint": fingerprint,
                 "world_size": world_size}  # fmt: skip
     return json.loads(json.dumps(identity))

@@ -14,6 +14,7 @@ import torch
 from ..config import ConfigError, LaunchConfig, ModelConfig, TrainConfig, from_dict
 from ..distributed import all_gather_json
 from ..model import C2LLMEncoder
+from .checkpoints import identity_differences, training_identity
 from .loop import Trainer
 
 
@@ -81,6 +82,20 @@ def split_params(params: dict[str, Any], source: str) -> tuple[ModelConfig, Trai
     return model, train
 
 
+def agree_with_rank_0(identity: dict[str, Any]) -> None:
+    """Every rank's training identity equals rank 0's, or every rank raises one message naming the ranks and what
+    differs (e.g. the dtype that `dtype: auto` resolved by a probe on each machine)."""
+    identities = all_gather_json(identity)
+    differ = {r: identity_differences(identities[0], theirs) for r, theirs in enumerate(identities)}
+    differ = {r: d for r, d in differ.items() if d}
+    if differ:
+        what = "; ".join(
+            f"rank {r}: {'; '.join(d)}".replace("in the checkpoint", "on rank 0") for r, d in differ.items()
+        )
+        raise ValueError(f"rank(s) {sorted(differ)} would train something else than rank 0 ({what}): every machine "
+                         "needs the same params, the same prepared rows and the same resolved dtype")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     """torchrun [--nproc_per_node N] -m c2llm_lib.train --params P --rows DATA --out CKPTS
                 [--resume CKPT | --resume-latest] [--record-dir DIR]
@@ -125,13 +140,12 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(train_cfg.seed)
     encoder = C2LLMEncoder.from_config(model_cfg)
     trainable = sum(p.numel() for p in encoder.parameters() if p.requires_grad)
+    dtype = str(next(encoder.base_model.parameters()).dtype).removeprefix("torch.")  # `dtype: auto` resolved here
+    # before DDP's constructor (which broadcasts rank 0's weights: it needs equal dtypes), the configs; after it,
+    # with the rows' fingerprint, the whole identity
+    agree_with_rank_0(training_identity(encoder.config, train_cfg, "", world_size, dtype))
     trainer = Trainer(encoder, load_from_disk(args.rows), train_cfg, out)
-    identities = all_gather_json(trainer.identity())
-    differ = [r for r, theirs in enumerate(identities) if theirs != identities[0]]
-    if differ:
-        keys = sorted({k for r in differ for k in identities[r] if identities[r][k] != identities[0][k]})
-        raise ValueError(f"rank(s) {differ} would train something else than rank 0 (their {', '.join(keys)} "
-                         "differ): every machine needs the same params and the same prepared rows")  # fmt: skip
+    agree_with_rank_0(trainer.identity())
     note = f"Resuming from {args.resume}" if args.resume else "training from step 0"
     if args.resume:
         trainer.resume(args.resume)
@@ -157,7 +171,8 @@ def main(argv: list[str] | None = None) -> None:
                    "final_checkpoint": trainer.checkpoints[-1], "checkpoints": trainer.checkpoints,
                    "checkpoint_steps": trainer.checkpoint_steps, "total_steps": trainer.total_steps,
                    "train_seconds": result.seconds, "data_fingerprint": trainer.data_fingerprint,
-                   "trainable_parameters": trainable, "note": note, "negatives_used": trainer.k}  # fmt: skip
+                   "trainable_parameters": trainable, "note": note, "negatives_used": trainer.k,
+                   "dtype": trainer.identity()["model_config"]["dtype"]}  # fmt: skip
         (logs / "train_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         print(
             f"trained {result.steps} steps on {world_size} process(es) in {result.seconds:.1f}s; checkpoints in {out}"

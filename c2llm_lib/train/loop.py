@@ -112,7 +112,8 @@ class Trainer(TrainStep):
 
     def identity(self) -> dict[str, Any]:
         """What a checkpoint must share with this trainer to be resumed by it (`training_identity`)."""
-        return training_identity(self.encoder.config, self.cfg, self.data_fingerprint, self.world_size)
+        dtype = str(next(self.encoder.base_model.parameters()).dtype).removeprefix("torch.")  # `auto` resolved
+        return training_identity(self.encoder.config, self.cfg, self.data_fingerprint, self.world_size, dtype)
 
     def last_good(self) -> str:
         return self.checkpoints[-1] if self.checkpoints else "none written yet"

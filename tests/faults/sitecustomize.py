@@ -3,7 +3,9 @@
 A test puts this folder on PYTHONPATH, so that every Python process of the run (the notebook's kernel, torchrun,
 each rank) imports this module at start. In a torchrun rank (RANK is set) whose global rank is `C2LLM_FAULT_RANK`,
 the trainer fails after its first step: raising (`C2LLM_FAULT=raise`, the default) or exiting at once with status 3
-(`C2LLM_FAULT=exit`), so that the tests see how a dead rank is reported. Anywhere else it does nothing.
+(`C2LLM_FAULT=exit`), so that the tests see how a dead rank is reported; with `C2LLM_FAULT=dtype` that rank's
+`dtype: auto` probe picks float16 instead, as a machine with another CPU or a stale probe cache would. Anywhere
+else it does nothing.
 """
 
 import os
@@ -11,7 +13,13 @@ import sys
 
 FAULT_RANK, FAULT_MODE = os.environ.get("C2LLM_FAULT_RANK"), os.environ.get("C2LLM_FAULT", "raise")
 
-if FAULT_RANK is not None and os.environ.get("RANK") == FAULT_RANK:
+if FAULT_RANK is not None and os.environ.get("RANK") == FAULT_RANK and FAULT_MODE == "dtype":
+    import torch
+
+    from c2llm_lib import hardware
+
+    hardware.auto_dtype = lambda device: (torch.float16, "a probe on another machine")
+elif FAULT_RANK is not None and os.environ.get("RANK") == FAULT_RANK:
     from c2llm_lib.train import loop
 
     _train = loop.Trainer.train
