@@ -7,6 +7,8 @@ all_gather). `gather_without_grad` reproduces accelerate.gather as the F2LLM tra
 only, no autograd history. `init_distributed` starts the process group torchrun describes in the
 environment (NCCL on CUDA, gloo on CPU). `all_ranks_true` and `all_gather_json` let the ranks agree on a
 check (a finite update) and collect each rank's own small state (its RNG, for the checkpoint) without pickle.
+`die_with_parent` makes a process receive SIGTERM when its parent dies (Linux), so that training processes never
+outlive the runner that started them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,26 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """Asks Linux to send this process SIGTERM when its parent dies (prctl PR_SET_PDEATHSIG), and exits at once if
+    the parent `parent` (pid) is already gone. Used as a `Popen(preexec_fn=...)` for torchrun and by every rank, so
+    that a runner killed by `kill -9`, a scheduler's SIGTERM or `timeout` takes its training processes with it
+    instead of leaving orphans that write checkpoints into the run. A no-op where prctl is not available."""
+    import ctypes
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if parent is not None and os.getppid() != parent:  # the parent died before the request was made
+        os._exit(1)
 
 
 def world() -> tuple[int, int]:

@@ -42,6 +42,7 @@ from .config import ConfigError, LaunchConfig, ModelConfig, TrainConfig, from_di
 from .files import CorruptFile, load_json
 
 LOGS = Path("logs") / "02_train"  # inside the run directory
+RENDEZVOUS_TIMEOUT_S = 600  # how long the machines of a multi-machine training wait for each other to start
 
 
 class RankFailed(RuntimeError):
@@ -108,7 +109,7 @@ def torchrun_command(launch: LaunchConfig, nproc: int, params: Path, rows: Path,
         host, port = launch.rdzv_endpoint.rsplit(":", 1)
         rank = launch.node_rank if node_rank is None else node_rank
         cmd += ["--nnodes", str(launch.nnodes), "--node_rank", str(rank), "--master_addr", host.strip("[]"),
-                "--master_port", port]  # fmt: skip
+                "--master_port", port, "--rdzv_conf", f"timeout={RENDEZVOUS_TIMEOUT_S}"]  # fmt: skip
     cmd += ["--log_dir", str(logs / "ranks"), "--redirects", "3", "-m", "c2llm_lib.train", "--params", str(params),
             "--rows", str(rows), "--out", str(out), "--resume-latest", "--record-dir", str(logs)]  # fmt: skip
     return cmd
@@ -117,6 +118,23 @@ def torchrun_command(launch: LaunchConfig, nproc: int, params: Path, rows: Path,
 def trainer_params(model: ModelConfig, train: TrainConfig) -> str:
     """The flat YAML `c2llm_lib.train --params` reads: every model and training parameter in effect."""
     return yaml.safe_dump({**model.to_dict(), **train.to_dict()}, sort_keys=True)
+
+
+# torchrun is started through this trampoline: it asks Linux for SIGTERM when its parent (the notebook's kernel)
+# dies, then becomes torchrun (the request survives exec). torchrun passes a SIGTERM on to every rank, and each rank
+# asks the same of torchrun (`distributed.die_with_parent`): a runner that is killed takes its training with it.
+DIES_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "if sys.platform.startswith('linux'):\n"
+    "    ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG\n"
+    "    os.getppid() == int(sys.argv[1]) or os._exit(1)  # the parent is already gone\n"
+    "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])"
+)
+
+
+def dies_with_this_process(cmd: list[str]) -> list[str]:
+    """`cmd` (a `python ...` command) started so that it receives SIGTERM when this process dies."""
+    return [cmd[0], "-c", DIES_WITH_PARENT, str(os.getpid()), *cmd[1:]]
 
 
 def library_env() -> dict[str, str]:
@@ -210,17 +228,31 @@ class StepLog:
     """Follows rank 0's `steps.jsonl` as it grows, returning only complete lines."""
 
     def __init__(self, path: Path):
-        self.path, self.offset = path, 0
+        self.path, self.offset, self.line = path, 0, 0
 
     def read(self) -> list[dict[str, Any]]:
+        """The entries of the lines completed since the last read; a line that is not a JSON object (two writers, a
+        damaged file) is a `CorruptFile` naming the file and line."""
         if not self.path.is_file():
             return []
         with self.path.open("rb") as fh:
             fh.seek(self.offset)
             data = fh.read()
         complete = data[: data.rfind(b"\n") + 1]
+        entries = []
+        for line in complete.decode(errors="replace").splitlines():
+            self.line += 1
+            try:
+                entry = json.loads(line) if line.strip() else None
+            except ValueError:
+                entry = line
+            if entry is not None and not isinstance(entry, dict):
+                raise CorruptFile(f"{self.path}, line {self.line}: not a step record ({line[:80]!r}); did two "
+                                  "trainings write this run's step log at once?")  # fmt: skip
+            if entry is not None:
+                entries.append(entry)
         self.offset += len(complete)
-        return [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
+        return entries
 
 
 def run_torchrun(cmd: list[str], logs: Path, world_size: int, log=print, poll_s: float = 0.5) -> None:
@@ -230,7 +262,8 @@ def run_torchrun(cmd: list[str], logs: Path, world_size: int, log=print, poll_s:
 
     steps, bar = StepLog(logs / "steps.jsonl"), None
     with open(logs / "torchrun.log", "w") as output:
-        proc = subprocess.Popen(cmd, stdout=output, stderr=subprocess.STDOUT, env=library_env())
+        proc = subprocess.Popen(dies_with_this_process(cmd), stdout=output, stderr=subprocess.STDOUT, env=library_env())
+        (logs / "torchrun.pid").write_text(f"{proc.pid}\n")
         try:
             while True:
                 done = proc.poll() is not None
@@ -282,16 +315,33 @@ def train_here(run_dir, model: ModelConfig, train: TrainConfig, log=print) -> Tr
                        trainer.identity()["model_config"]["dtype"])  # fmt: skip
 
 
+def earlier_torchrun(logs: Path) -> int | None:
+    """The pid of this run's earlier torchrun (recorded in `logs/torchrun.pid`) if that process still runs torchrun
+    with these logs (Linux's /proc), else None: a second training must not start beside it."""
+    try:
+        pid = int((logs / "torchrun.pid").read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if b"torch.distributed.run" in cmdline and str(logs).encode() in cmdline else None
+
+
 def train_processes(run_dir, model: ModelConfig, train: TrainConfig, launch: LaunchConfig, nproc: int,
                     log=print) -> TrainRecord:  # fmt: skip
     """torchrun with `nproc` processes here (and as many on each other machine) on the run's rows and checkpoints;
     the launcher's files go to `logs/02_train/`, emptied first."""
     logs = run_dir.root / LOGS
+    alive = earlier_torchrun(logs)
+    if alive is not None:
+        raise RankFailed(f"an earlier training of run {run_dir.root.name!r} is still running (torchrun, pid {alive}, "
+                         f"its logs in {logs}); stop it (kill {alive}) before training again")  # fmt: skip
     if logs.exists():
         shutil.rmtree(logs)
     logs.mkdir(parents=True)
     (logs / "params.yaml").write_text(trainer_params(model, train))
     world_size = nproc * launch.nnodes
+    if launch.nnodes > 1:
+        check_endpoint(launch.rdzv_endpoint)
     cmd = torchrun_command(launch, nproc, logs / "params.yaml", run_dir.require("data/train"), run_dir.checkpoints_dir,
                            logs)  # fmt: skip
     log(f"{world_size} processes ({nproc} per machine on {launch.nnodes}): {' '.join(cmd)}")
@@ -336,48 +386,109 @@ def notebook_configs(params: Path, overlay: str | None, sets: dict[str, Any]):
     return (params.stem, *configs)
 
 
+def nproc_argument(value: str) -> int | str:
+    """`--nproc`: "auto" or a positive number of processes (argparse names the flag in its error)."""
+    if value == "auto":
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number of processes, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive number of processes, got {value!r}")
+    return number
+
+
+def check_endpoint(endpoint: str, key: str = "rdzv_endpoint") -> None:
+    """Refuses, naming `key`, an endpoint whose host does not resolve: torchrun would otherwise wait for it for
+    minutes without a word."""
+    import socket
+
+    host, port = endpoint.rsplit(":", 1)
+    try:
+        socket.getaddrinfo(host.strip("[]"), int(port))
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{key} {endpoint!r}: the host {host!r} does not resolve on this machine ({err})") from None
+
+
+def finished_training(run: Path, model: ModelConfig, train: TrainConfig) -> str | None:
+    """When the run's `metrics/train.json` records a finished training of these configs (the dtype aside, which each
+    machine resolves), a sentence saying so: a node started again after the run has nothing to join."""
+    record_path = run / "metrics" / "train.json"
+    if not record_path.is_file():
+        return None
+    try:
+        record = load_json(record_path, "training record")
+    except (CorruptFile, OSError):
+        return None
+    same_model = {k: v for k, v in (record.get("model_config") or {}).items() if k not in ("dtype", "device")} == {
+        k: v for k, v in json.loads(json.dumps(model.to_dict())).items() if k not in ("dtype", "device")}  # fmt: skip
+    same_train = record.get("train_config") == json.loads(json.dumps(train.to_dict()))
+    if not (same_model and same_train):
+        return None
+    return (f"the training of run {run.name!r} with these parameters already finished ({record_path}: "
+            f"{record.get('steps')} steps on {record.get('processes')} processes): nothing for this machine to join. "
+            "Run notebooks 03-05 on one machine, or change the params to train again")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     """One command for every machine of a multi-machine training (e.g. under srun): node 0 runs notebook 02 through
-    the pipeline (the run must hold notebook 01's data), the others start their share of the processes."""
-    from .pipeline import parse_sets, run_pipeline
+    the pipeline (the run must hold notebook 01's data), the others start their share of the processes. A bad
+    argument or params value is one `error:` line naming it (exit 2); a failed training names its rank (exit 1)."""
+    from .pipeline import PipelineError, parse_sets, run_pipeline
+    from .runs import RunInUse
 
     parser = argparse.ArgumentParser(description="Notebook 02 on several machines: run this on each of them.")
     parser.add_argument("params", help="params/<run>.yaml (the run whose notebook 01 has prepared the data)")
     parser.add_argument("--nnodes", type=int, required=True, help="machines")
     parser.add_argument("--node-rank", type=int, required=True, help="this machine's index, 0 .. nnodes - 1")
     parser.add_argument("--rdzv-endpoint", required=True, help="host:port on node 0, e.g. node001:29500")
-    parser.add_argument("--nproc", default=None, help="processes per machine (default: the params' nproc, auto)")
+    parser.add_argument("--nproc", default=None, type=nproc_argument,
+                        help="processes per machine (default: the params' nproc, auto)")  # fmt: skip
     parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE")
     parser.add_argument("--overlay", default=None)
     parser.add_argument("--outputs", default=str(Path(__file__).resolve().parent.parent / "outputs"))
     parser.add_argument("--log-dir", default=None, help="where a machine other than node 0 keeps torchrun's logs")
     args = parser.parse_args(argv)
+    try:
+        return _launch(args, parse_sets, run_pipeline)
+    except (ConfigError, OSError, CorruptFile, RunInUse) as err:  # a missing folder, a log dir that cannot be made
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except (RankFailed, PipelineError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+def _launch(args: argparse.Namespace, parse_sets, run_pipeline) -> int:
     sets = {**parse_sets(args.set), "nnodes": args.nnodes, "node_rank": args.node_rank,
             "rdzv_endpoint": args.rdzv_endpoint}  # fmt: skip
     if args.nproc is not None:
-        sets["nproc"] = args.nproc if args.nproc == "auto" else int(args.nproc)
+        sets["nproc"] = args.nproc
     params = Path(args.params)
+    name, model, train, launch = notebook_configs(params, args.overlay, sets)  # validates every value, naming it
+    check_endpoint(launch.rdzv_endpoint, "--rdzv-endpoint")
     if args.node_rank == 0:
         run_pipeline(params, only=["02"], sets={**sets, "node_rank": 0}, mode="resume", outputs=args.outputs,
                      overlay=args.overlay)  # fmt: skip
         return 0
-    name, model, train, launch = notebook_configs(params, args.overlay, sets)
     run = Path(args.outputs) / name
     rows = run / "data" / "train"
     if not rows.is_dir():
-        raise SystemExit(f"{rows} is missing: run notebook 01 for run {name!r} first (on a filesystem every machine "
-                         "shares)")  # fmt: skip
+        raise FileNotFoundError(f"{rows} is missing: run notebook 01 for run {name!r} first (on a filesystem every "
+                                "machine shares)")  # fmt: skip
+    done = finished_training(run, model, train)
+    if done is not None:
+        raise ConfigError(done)
     nproc = processes(launch, model)
     logs = Path(args.log_dir or tempfile.mkdtemp(prefix=f"c2llm-{name}-node{args.node_rank}-"))
     logs.mkdir(parents=True, exist_ok=True)
     (logs / "params.yaml").write_text(trainer_params(model, train))
     cmd = torchrun_command(launch, nproc, logs / "params.yaml", rows, run / "checkpoints", logs)
     print(f"node {args.node_rank}: {' '.join(cmd)}", flush=True)
-    try:
-        run_torchrun(cmd, logs, nproc * launch.nnodes, log=print)
-    except RankFailed as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    print(f"node {args.node_rank}: meeting node 0 at {launch.rdzv_endpoint} (torchrun waits up to "
+          f"{RENDEZVOUS_TIMEOUT_S} s for it)", flush=True)  # fmt: skip
+    run_torchrun(cmd, logs, nproc * launch.nnodes, log=print)
     return 0
 
 

@@ -28,8 +28,11 @@ ipykernel's "running over TCP without encryption" warning out of the runner's ou
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -48,6 +51,28 @@ NOTEBOOKS = list(STAGES)
 
 class PipelineError(RuntimeError):
     """A notebook failed; the message names it and where its executed copy is."""
+
+
+class Terminated(Exception):
+    """The runner received SIGTERM (a scheduler, `timeout`, `kill`): the running notebook fails, its kernel is shut
+    down (and with it any training processes, which die with their parent), and the manifest says so."""
+
+
+@contextlib.contextmanager
+def sigterm_raises():
+    """Within the block, SIGTERM raises `Terminated` in the main thread (elsewhere signals cannot be handled)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated(f"the runner received {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class _DuplicateKey(yaml.YAMLError):
@@ -285,8 +310,13 @@ def run_pipeline(
     replace = [p for n in selected for p in (*PRODUCTS[n], f"notebooks/{n}.*")] if only else None  # .ipynb, .html
     run = RunDir.create(Path(outputs) / name, mode, replace=replace)
     try:
-        _run_notebooks(run, str(params_file), given, resolved, selected, mode == "resume", notebook_dir, log,
-                       overlay=str(overlay) if overlay is not None else None)  # fmt: skip
+        with sigterm_raises():
+            _run_notebooks(run, str(params_file), given, resolved, selected, mode == "resume", notebook_dir, log,
+                           overlay=str(overlay) if overlay is not None else None)  # fmt: skip
+    except Terminated as err:  # between notebooks (within one, the notebook records it as its failure)
+        if run.read_manifest().get("status") == "running":
+            run.write_manifest(REPO, status="failed", error=str(err), ended=_now())
+        raise PipelineError(f"{err}; the run stopped (--resume continues it)") from None
     finally:
         run.release()
     return run
@@ -309,8 +339,14 @@ def _run_notebooks(
     outputs_dir = str(run.root.parent.resolve())
     for values in resolved.values():
         values.update(run=run.root.name, outputs_dir=outputs_dir)
-    records = run.read_manifest().get("notebooks")
+    previous = run.read_manifest()
+    records = previous.get("notebooks")
     records = dict(records) if isinstance(records, dict) else {}  # {notebook: {status, inputs, ...}}
+    if previous.get("status") == "running":  # this runner holds the lock, so the one that wrote this is gone
+        for name, record in records.items():
+            if record.get("status") in ("running", "pending"):
+                records[name] = {**record, "status": "failed", "error": "its runner died (killed) while it ran"}
+                log(f"[{name}] the previous runner of this run died while it ran (killed?): recorded as failed")
     earlier = dict(records)
     records.update({name: {"status": "pending"} for name in selected})
     run.write_params(given, resolved)

@@ -189,3 +189,92 @@ def test_a_dead_rank_fails_the_notebook_with_its_error(one_process, monkeypatch,
     message = str(failed.value)
     assert "02_train_lora_contrastive failed in cell" in message and "RankFailed" in message
     assert "training failed on rank 1 of 2" in message and error in message
+
+
+def test_a_garbled_step_log_line_is_named(tmp_path):
+    from c2llm_lib.files import CorruptFile
+    from c2llm_lib.launch import StepLog
+
+    log = tmp_path / "steps.jsonl"
+    log.write_text('{"total_steps": 4, "step": 0, "world_size": 2, "note": ""}\n{"step": 1, "loss": 2.0}\n')
+    steps = StepLog(log)
+    assert [e.get("step") for e in steps.read()] == [0, 1]
+    with log.open("a") as fh:  # two writers interleaved
+        fh.write('{"step": 2, "lo{"step": 2, "loss": 1.9}\n')
+    with pytest.raises(CorruptFile, match=r"steps.jsonl, line 3: not a step record"):
+        steps.read()
+
+
+def test_a_second_training_is_refused_while_an_earlier_torchrun_of_the_run_lives(tmp_path):
+    import subprocess
+    import sys
+
+    from c2llm_lib.launch import RankFailed, earlier_torchrun, train_processes
+    from c2llm_lib.runs import RunDir
+
+    run = RunDir.open("r", tmp_path)
+    logs = run.root / "logs" / "02_train"
+    logs.mkdir(parents=True)
+    assert earlier_torchrun(logs) is None  # no pid file
+    # a process whose command line reads like this run's torchrun (argv: torch.distributed.run ... --log_dir LOGS)
+    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "torch.distributed.run", str(logs)])
+    try:
+        (logs / "torchrun.pid").write_text(f"{fake.pid}\n")
+        for _ in range(100):  # until the child has exec'd (before, /proc shows the parent's command line)
+            if b"torch.distributed.run" in Path(f"/proc/{fake.pid}/cmdline").read_bytes():
+                break
+            time.sleep(0.05)
+        assert earlier_torchrun(logs) == fake.pid
+        with pytest.raises(RankFailed, match=rf"still running \(torchrun, pid {fake.pid}"):
+            train_processes(run, ModelConfig(device="cpu"), None, LaunchConfig(nproc=2), 2)
+        assert (logs / "torchrun.pid").is_file()  # its logs are left alone
+    finally:
+        fake.kill()
+        fake.wait()
+    assert earlier_torchrun(logs) is None  # a dead pid (or a reused one running something else) is no training
+
+
+def test_the_launch_cli_names_a_bad_argument_without_a_traceback(tmp_path, capsys):
+    from c2llm_lib.launch import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([str(SMOKE), "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "localhost:29500", "--nproc", "abc"])
+    assert exit_.value.code == 2 and "argument --nproc: expected 'auto' or a number of processes, got 'abc'" in (
+        capsys.readouterr().err)  # fmt: skip
+    code = main([str(SMOKE), "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "no-such-host.invalid:29500",
+                 "--outputs", str(tmp_path)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "error: --rdzv-endpoint 'no-such-host.invalid:29500': the host" in err
+    assert "does not resolve" in err and "Traceback" not in err
+    code = main([str(SMOKE), "--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "localhost:29500"])
+    assert code == 2 and "'node_rank' must be in [0, nnodes = 2), got 2" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_machine_started_again_after_the_training_finished_is_refused(one_process, capsys):
+    from c2llm_lib.launch import main
+
+    run, _ = one_process
+    code = main([str(SMOKE), "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "localhost:29511",
+                 "--outputs", str(run.root.parent)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "with these parameters already finished" in err and "nothing for this machine to join" in err
+    code = main(
+        [
+            str(SMOKE),
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--rdzv-endpoint",
+            "localhost:29511",
+            "--outputs",
+            str(run.root.parent),
+            "--set",
+            "learning_rate=0.002",
+            "--log-dir",
+            "/dev/null/x",
+        ]
+    )
+    err = capsys.readouterr().err  # another training is not refused as done: it gets as far as its log folder
+    assert code == 2 and "already finished" not in err and "/dev/null/x" in err

@@ -111,7 +111,10 @@ def main(argv: list[str] | None = None) -> None:
     import yaml
     from datasets import load_from_disk
 
-    from ..distributed import init_distributed
+    from ..distributed import die_with_parent, init_distributed
+
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun rank: it dies with torchrun, never orphaned
+        die_with_parent()
 
     parser = argparse.ArgumentParser(description="Contrastive LoRA training of a C2LLM encoder (paper section 4.1)")
     parser.add_argument("--params", required=True, help="flat YAML of model and training parameters")
