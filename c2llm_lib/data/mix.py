@@ -36,6 +36,8 @@ decontamination keys and rules; the same request is read back instead of being r
 from __future__ import annotations
 
 import atexit
+import copy
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -48,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from .negatives import mine_negatives
+from .negatives import mine_negatives, own_negatives, top_up_negatives
 from .records import DataError, RowChecker, SkipReport, text_key
 from .sources import SOURCES, iter_records
 
@@ -362,25 +364,48 @@ def add_hard_negatives(
     encode: Callable[..., np.ndarray] | None = None,
     shard_size: int = 50_000,
     cache_dir: str | Path | None = None,
+    keep_given: bool = False,
 ) -> tuple[Prepared, dict[str, int]]:
-    """The same rows with `negatives` mined per group; also the count of rows that got fewer than k."""
+    """The same rows with `negatives` mined per group; also the count of rows that got fewer than k.
 
-    fp = fingerprint_of(prepared.fingerprint, "negatives", k, method, shard_size)
+    `keep_given=False` (the hub and offline sources) replaces every row's negatives with mined ones. `keep_given=True`
+    (`data_source: files`) keeps a row's own negatives, at most k, without a correct answer to its query, and tops up
+    a row holding fewer with mined ones (`negatives.top_up_negatives`); the report's notes count what was dropped."""
+
+    fp = fingerprint_of(
+        prepared.fingerprint, "negatives", k, method, shard_size, *(["keep_given"] if keep_given else [])
+    )
     groups = group_indices(prepared.rows)
+    dropped = Counter()
+
+    def negatives_of(part) -> list[list[str]]:
+        if not keep_given:
+            return mine_negatives(part["query"], part["positive"], k, method, encode)
+        own = own_negatives(part["query"], part["positive"], part["negatives"], k)
+        dropped["answers"] += own.answers
+        dropped["cut"] += own.cut
+        return top_up_negatives(part["query"], part["positive"], own.kept, k, method, encode)
 
     def generate():
         for idx in groups.values():  # one (dataset, language) group at a time
             for start in range(0, len(idx), shard_size):
                 part = prepared.rows.select(idx[start : start + shard_size])
-                negatives = mine_negatives(part["query"], part["positive"], k, method, encode)
-                for row, negs in zip(part, negatives, strict=True):
+                for row, negs in zip(part, negatives_of(part), strict=True):
                     yield {**row, "negatives": negs}
 
     cache = Path(cache_dir) if cache_dir is not None else None
     table = _generate(generate, fp, cache)
+    report = prepared.report
+    if keep_given:
+        report = copy.deepcopy(report)
+        report.notes.append(
+            f"own negatives: {dropped['answers']} dropped as a correct answer to their query (the positive of a row "
+            f"with the same query); {dropped['cut']} rows brought more than K = {k} and keep their first {k}; rows "
+            f"with fewer than {k} are topped up by {method}"
+        )
     short: Counter = Counter()
     for batch in table.select_columns(["dataset", "language", "negatives"]).iter(batch_size=10_000):
         for name, language, negs in zip(batch["dataset"], batch["language"], batch["negatives"], strict=True):
             if len(negs) < k:
                 short[f"{name}/{language}"] += 1
-    return Prepared(table, fp, prepared.report, prepared.decontaminated, prepared.unreachable), dict(short)
+    return dataclasses.replace(prepared, rows=table, fingerprint=fp, report=report), dict(short)
