@@ -23,6 +23,8 @@ from c2llm_lib.data.mix import (
     HELDOUT_TEXT,
     OFFLINE_EVAL_TEXT,
     QUERY_IS_TEST_QUERY,
+    RULES,
+    EvalKeys,
     Prepared,
     add_hard_negatives,
     fingerprint_of,
@@ -589,3 +591,17 @@ def test_data_stage_types_its_entries():
     entry = {"path": "b.csv", "instruction": "Find it:", "group": {"column": "task"}, "language": "SQL"}
     stage = DataStage(data_source="files", files_heldout_fraction=0, data_files=["a.jsonl", entry])
     assert stage.file_entries() == [FileEntry("a.jsonl"), FileEntry("b.csv", "Find it:", None, "task", "sql")]
+
+
+def test_sources_without_heldout_rows_keep_their_rules_summary_and_fingerprint():
+    """The held-out rule enters the decontamination keys, counts and summary only where rows are held out, so the
+    hub and offline sources' fingerprints and metrics/data.json stay as they were."""
+    keys = EvalKeys.of(["an offline text"], ({"q-key"}, {"d-key"}))
+    h = hashlib.sha256(json.dumps(list(RULES)).encode())
+    for part in (["q-key"], ["d-key"], [text_key("an offline text")]):
+        h.update(b"\x00" + "\n".join(part).encode())
+    assert keys.fingerprint() == h.hexdigest()  # the formula before the held-out rule existed
+    assert EvalKeys.of(["an offline text"], ({"q-key"}, {"d-key"}), ["h-key"]).fingerprint() != h.hexdigest()
+    prepared = prepare_rows(lambda checker: iter([checker.record("s", "r", "q", "p", "python", "i")]), "fp")
+    assert list(prepared.decontamination()["s"]) == list(RULES)
+    assert set(prepared.summary()) == {"fingerprint", "rows", "sources", "decontaminated", "unreachable"}
