@@ -349,22 +349,22 @@ def _bad_file(tmp: Path, case: str) -> tuple[object, str]:
         return "no/such.jsonl", rf"'no/such.jsonl' does not exist \(looked for {where}/no/such.jsonl; {relative}\)"
     if case == "empty jsonl":
         (tmp / "e.jsonl").write_bytes(b"")
-        return str(tmp / "e.jsonl"), r"e.jsonl .*\) is empty"
+        return str(tmp / "e.jsonl"), r"e.jsonl is empty"
     if case == "blank jsonl":
         (tmp / "b.jsonl").write_text("\n\n")
-        return str(tmp / "b.jsonl"), r"b.jsonl .*\) holds no rows"
+        return str(tmp / "b.jsonl"), r"b.jsonl holds no rows"
     if case == "header-only csv":
         (tmp / "h.csv").write_text("anchor,positive\n")
-        return str(tmp / "h.csv"), r"h.csv .*\) holds no rows"
+        return str(tmp / "h.csv"), r"h.csv holds no rows"
     if case == "empty parquet":
         (tmp / "e.parquet").write_bytes(b"")
-        return str(tmp / "e.parquet"), r"e.parquet .*\) is empty"
+        return str(tmp / "e.parquet"), r"e.parquet is empty"
     if case == "garbage parquet":
         (tmp / "g.parquet").write_bytes(b"not parquet at all")
-        return str(tmp / "g.parquet"), r"g.parquet .*\) cannot be read as parquet: ArrowInvalid: Parquet magic bytes"
+        return str(tmp / "g.parquet"), r"g.parquet cannot be read as parquet: ArrowInvalid: Parquet magic bytes"
     if case == "malformed jsonl":
         (tmp / "m.jsonl").write_text('{"query": "a", "pos": ["b"]}\n{"query": "c", "pos": [\n')
-        return str(tmp / "m.jsonl"), r"m.jsonl .*\) cannot be read as json \(line 2: line with malformed JSON"
+        return str(tmp / "m.jsonl"), r"m.jsonl cannot be read as json \(line 2: line with malformed JSON"
     if case == "only invalid utf-8":
         (tmp / "u.jsonl").write_bytes(b'{"query": "\xff", "pos": ["b"]}\n')
         return str(tmp / "u.jsonl"), r"u.jsonl: none of its 1 rows is usable \(1 invalid UTF-8 in column 'query'\)"
@@ -383,7 +383,7 @@ def _bad_file(tmp: Path, case: str) -> tuple[object, str]:
         return str(tmp / "r.csv"), r"r.csv: its header repeats the column\(s\) \['positive'\]"
     if case == "ragged csv":
         (tmp / "x.csv").write_text("anchor,positive\na,b,c\n")
-        return str(tmp / "x.csv"), r"x.csv .*\) cannot be read as csv: ParserWarning: Length of header"
+        return str(tmp / "x.csv"), r"x.csv cannot be read as csv: ParserWarning: Length of header"
     if case == "folder without data":
         (tmp / "docs").mkdir()
         (tmp / "docs" / "readme.md").write_text("hi")

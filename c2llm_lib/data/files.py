@@ -130,6 +130,11 @@ class DataFile:
     format: str  # json, csv, parquet or disk
     group: str | None  # None: by entry.group_column
 
+    @property
+    def shown(self) -> str:
+        """The file as named in errors: as the user wrote it, with where that is if it differs."""
+        return self.label if self.label == str(self.path) else f"{self.label} ({self.path})"
+
 
 def _is_save_to_disk(path: Path) -> bool:
     return (path / "dataset_dict.json").is_file() or (
@@ -258,11 +263,9 @@ def _csv_options(file: DataFile) -> dict[str, Any]:
 def _unreadable(file: DataFile, err: BaseException) -> DataError:
     cause = err.__cause__ or err
     if "corresponds to no data" in str(err):
-        return DataError(f"data file {file.label} ({file.path}) holds no rows")
+        return DataError(f"data file {file.shown} holds no rows")
     where = _first_bad_line(file.path) if file.path.suffix.lower() == ".jsonl" else ""
-    return DataError(
-        f"data file {file.label} ({file.path}) cannot be read as {file.format}{where}: {type(cause).__name__}: {cause}"
-    )
+    return DataError(f"data file {file.shown} cannot be read as {file.format}{where}: {type(cause).__name__}: {cause}")
 
 
 def load_table(file: DataFile):
@@ -274,7 +277,7 @@ def load_table(file: DataFile):
     if file.format == "disk":
         return _load_saved(file)
     if file.path.stat().st_size == 0:
-        raise DataError(f"data file {file.label} ({file.path}) is empty")
+        raise DataError(f"data file {file.shown} is empty")
     try:
         options = _csv_options(file) if file.format == "csv" else {}
         with warnings.catch_warnings():
@@ -286,7 +289,7 @@ def load_table(file: DataFile):
     except (Exception, StopIteration) as err:  # datasets raises StopIteration on an empty JSON file
         raise _unreadable(file, err) from None
     if len(table) == 0:
-        raise DataError(f"data file {file.label} ({file.path}) holds no rows")
+        raise DataError(f"data file {file.shown} holds no rows")
     return table
 
 
@@ -296,14 +299,14 @@ def _load_saved(file: DataFile):
     try:
         table = datasets.load_from_disk(str(file.path))
     except Exception as err:
-        raise DataError(f"{file.label} ({file.path}) cannot be read as a datasets.save_to_disk folder: {err}") from None
+        raise DataError(f"{file.shown} cannot be read as a datasets.save_to_disk folder: {err}") from None
     if isinstance(table, datasets.DatasetDict):
         splits = list(table)
         if len(splits) != 1 and "train" not in splits:
             raise DataError(f"{file.label} is a DatasetDict with splits {splits}: save one split, or one named train")
         table = table["train" if "train" in splits else splits[0]]
     if len(table) == 0:
-        raise DataError(f"{file.label} ({file.path}) holds no rows")
+        raise DataError(f"{file.shown} holds no rows")
     return table
 
 
