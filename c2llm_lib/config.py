@@ -307,11 +307,14 @@ SOURCE_NAMES = [
 ]  # fmt: skip
 
 
+FILES_INSTRUCTION = "Given a query, retrieve relevant code or text that answers it:"
+
+
 @dataclass
 class DataStage:
     """Notebook 01: which data, how much of it, and its hard negatives."""
 
-    data_source: Literal["offline", "hub"] = "offline"  # offline: the shipped real-code snapshot
+    data_source: Literal["offline", "hub", "files"] = "offline"  # offline: the shipped real-code snapshot
     hub_sources: list[str] = field(default_factory=lambda: list(SOURCE_NAMES))
     rows_per_group: int | None = None  # cap per (dataset, language) group; None keeps every row
     num_negatives: int = 7  # K, mined per query
@@ -319,9 +322,22 @@ class DataStage:
     decontaminate_mteb: bool = False  # drop rows whose query is a test query or positive a relevant test doc
     hub_mirror: str | None = None  # a local folder laid out as the hub datasets (data/mirror.py) instead of the hub
     seed: int = 0
+    # data_source "files" (data/files.py): paths (relative ones from notebooks/), or mappings
+    # {path, instruction, group (a name, or {column: <name>}), language}
+    data_files: list[str | dict[str, str | dict[str, str]]] = field(default_factory=list)
+    files_instruction: str = FILES_INSTRUCTION  # for rows with no instruction of their own or their entry's
+    files_heldout_fraction: float = 0.2  # share of the files' queries held out for evaluation; 0: none
 
     def __post_init__(self) -> None:
+        self.file_entries()  # names the entry and key of a bad data_files entry, before the generic type check
         check_types(self)
+        require(bool(self.data_files) or self.data_source != "files", "data_files",
+                "must name at least one file or folder for data_source 'files'")  # fmt: skip
+        require(not self.data_files or self.data_source == "files", "data_files",
+                f"is read only with data_source 'files', but data_source is {self.data_source!r}")  # fmt: skip
+        require(bool(self.files_instruction.strip()), "files_instruction", "must not be empty")
+        require(0 <= self.files_heldout_fraction < 1, "files_heldout_fraction",
+                f"must be in [0, 1) (0: hold nothing out), got {self.files_heldout_fraction}")  # fmt: skip
         require(self.rows_per_group is None or self.rows_per_group > 0, "rows_per_group", "must be positive")
         require(self.num_negatives >= 0, "num_negatives", "must be >= 0")
         unknown = sorted(set(self.hub_sources) - set(SOURCE_NAMES))
@@ -329,6 +345,12 @@ class DataStage:
         require(len(set(self.hub_sources)) == len(self.hub_sources), "hub_sources", "repeats a source")
         require(bool(self.hub_sources) or self.data_source != "hub", "hub_sources", "must name a source for the hub")
         seed_range(self.seed, "seed")
+
+    def file_entries(self) -> list[Any]:
+        """`data_files` as `data.files.FileEntry`s (a ConfigError names a bad entry and key)."""
+        from .data.files import file_entries
+
+        return file_entries(self.data_files)
 
 
 @dataclass

@@ -1,11 +1,14 @@
-"""Notebook 01's stage: the training set of a run, from the offline snapshot or the hub (section 4.1).
+"""Notebook 01's stage: the training set of a run, from the offline snapshot, the hub or a user's files (section 4.1).
 
 Offline, the training rows are the snapshot's train split (real code, split by file), decontaminated
 against every offline evaluation text (the held-out split and HumanEval), capped per (dataset,
 language) group if asked, with K hard negatives mined per group. From the hub (or a local folder laid
 out like it), the rows are the registry sources' training splits, decontaminated against the offline
 sets and, if asked, the MTEB(Code, v1) evaluation: a row goes when its query is a test query or its
-positive a relevant test document (`mix.mteb_test_keys`; the rules and why are in `mix`).
+positive a relevant test document (`mix.mteb_test_keys`; the rules and why are in `mix`). From a user's
+files (`data_source: files`, `files.py`), the rows are theirs, a stable share of the queries held out for
+evaluation (`Prepared.heldout`), the rest decontaminated against the held-out texts, the offline sets and, if
+asked, MTEB(Code, v1); rows that bring negatives keep them (at most K) and are topped up with mined ones.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import DataStage
+from .files import prepare_files
 from .mirror import mteb_tasks as mirrored_mteb_tasks
 from .mix import (
     MTEB_CODE_TASKS,
@@ -89,8 +93,13 @@ def build_training_data(
         fingerprint = fingerprint_of("offline", stage.rows_per_group, stage.seed)
         prepared = prepare_rows(rows, fingerprint, eval_texts, mteb_keys=mteb_keys)
     else:
-        prepared = prepare_sources(stage.hub_sources, local_root, eval_texts, mteb_keys=mteb_keys)
+        if stage.data_source == "files":
+            prepared = prepare_files(stage.file_entries(), stage.files_instruction, stage.files_heldout_fraction,
+                                     eval_texts, mteb_keys)  # fmt: skip
+        else:
+            prepared = prepare_sources(stage.hub_sources, local_root, eval_texts, mteb_keys=mteb_keys)
         if stage.rows_per_group is not None:
             groups = group_indices(prepared.rows).values()
             prepared.rows = prepared.rows.select(_kept_indices(groups, stage.rows_per_group, stage.seed))
-    return add_hard_negatives(prepared, k=stage.num_negatives, method=stage.mining)
+    keep_given = stage.data_source == "files"  # a user's own negatives stay; the hub's and snapshot's are mined
+    return add_hard_negatives(prepared, k=stage.num_negatives, method=stage.mining, keep_given=keep_given)

@@ -10,7 +10,9 @@ Decontamination compares `records.text_key`s (normalised text) and drops a train
   (a) its query is a test query of an evaluated split ("query is a test query"),
   (b) its positive is a document that a test qrel marks relevant, score > 0 ("positive is a relevant
       test document"), or
-  (c) its query or positive is an offline evaluation text ("offline evaluation text"),
+  (c) its query or positive is an offline evaluation text ("offline evaluation text"), or
+  (d) its query or positive is a query or positive of the rows a run holds out to evaluate on ("held-out text",
+      `data_source: files` only, listed only where rows are held out: `Prepared.heldout`),
 counting each dropped row once, under the first rule that hits, per source (`Prepared.summary()`).
 The MTEB(Code, v1) keys come from `mteb_test_keys`. A test document is compared both as the model
 sees it (`title + " " + text`, as mteb builds it) and as its bare text.
@@ -28,6 +30,9 @@ source and also every other row whose instruction equals one of theirs (short co
 tasks, evaluated rows of this one included, so its published CodeEditSearch score is not clean: the
 reference's "clean" mean leaves CodeEditSearch out, and a comparison with the paper should too.
 
+Hard negatives (`add_hard_negatives`) are mined per group and replace a row's negatives, except with
+`keep_given` (a user's files), where a row's own negatives stay, at most K, and are topped up by mining.
+
 A prepared mix is cached under `cache_dir/<fingerprint>/` (the Arrow table and its report), where
 the fingerprint hashes the sources, their revisions, every option, the data format version and the
 decontamination keys and rules; the same request is read back instead of being rebuilt.
@@ -36,6 +41,8 @@ decontamination keys and rules; the same request is read back instead of being r
 from __future__ import annotations
 
 import atexit
+import copy
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -48,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from .negatives import mine_negatives
+from .negatives import mine_negatives, own_negatives, top_up_negatives
 from .records import DataError, RowChecker, SkipReport, text_key
 from .sources import SOURCES, iter_records
 
@@ -85,6 +92,7 @@ QUERY_IS_TEST_QUERY = "query is a test query"
 POSITIVE_IS_RELEVANT = "positive is a relevant test document"
 OFFLINE_EVAL_TEXT = "offline evaluation text"
 RULES = (QUERY_IS_TEST_QUERY, POSITIVE_IS_RELEVANT, OFFLINE_EVAL_TEXT)  # checked in this order
+HELDOUT_TEXT = "held-out text"  # checked after RULES, only where a run holds rows out (data_source: files)
 
 
 @dataclass(frozen=True)
@@ -94,14 +102,20 @@ class EvalKeys:
     test_queries: frozenset[str] = frozenset()
     relevant_documents: frozenset[str] = frozenset()
     offline: frozenset[str] = frozenset()
+    heldout: frozenset[str] = frozenset()  # keys of the queries and positives a run holds out for its evaluation
 
     @classmethod
     def of(
-        cls, offline_texts: Iterable[str] = (), mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ())
+        cls,
+        offline_texts: Iterable[str] = (),
+        mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
+        heldout_keys: Iterable[str] = (),
     ) -> EvalKeys:
-        """From offline evaluation texts and `mteb_test_keys`' (test-query keys, relevant-document keys)."""
+        """From offline evaluation texts, `mteb_test_keys`' (test-query keys, relevant-document keys) and the keys of
+        the held-out rows' texts."""
         test_queries, relevant_documents = mteb_keys
-        return cls(frozenset(test_queries), frozenset(relevant_documents), frozenset(map(text_key, offline_texts)))
+        offline = frozenset(map(text_key, offline_texts))
+        return cls(frozenset(test_queries), frozenset(relevant_documents), offline, frozenset(heldout_keys))
 
     def rule(self, query: str, positive: str) -> str | None:
         """The first rule a (query, positive) row breaks, or None if it is clean."""
@@ -112,13 +126,18 @@ class EvalKeys:
             return POSITIVE_IS_RELEVANT
         if q in self.offline or p in self.offline:
             return OFFLINE_EVAL_TEXT
+        if q in self.heldout or p in self.heldout:
+            return HELDOUT_TEXT
         return None
 
     def fingerprint(self) -> str:
-        """A hash of the rules and of every key of every set (not their sizes: equal sizes, other keys)."""
+        """A hash of the rules and of every key of every set (not their sizes: equal sizes, other keys); the held-out
+        rule enters only when it has keys, so a run without held-out rows keeps its earlier fingerprint."""
         h = hashlib.sha256(json.dumps(RULES).encode())
         for keys in (self.test_queries, self.relevant_documents, self.offline):
             h.update(b"\x00" + "\n".join(sorted(keys)).encode())
+        if self.heldout:
+            h.update(b"\x00" + HELDOUT_TEXT.encode() + b"\x00" + "\n".join(sorted(self.heldout)).encode())
         return h.hexdigest()
 
 
@@ -131,20 +150,31 @@ class Prepared:
     report: SkipReport = field(default_factory=SkipReport)
     decontaminated: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))  # source -> rule -> n
     unreachable: dict[str, str] = field(default_factory=dict)
+    heldout: Any = None  # datasets.Dataset of held-out rows (record schema + file, row); None: the source holds none
+    origin: dict[str, Any] = field(default_factory=dict)  # what the rows were read from (data_source: files)
 
     def decontamination(self) -> dict[str, dict[str, int]]:
-        """Rows dropped per source and rule, every rule listed (0 included) for every source seen."""
+        """Rows dropped per source and rule, every rule listed (0 included) for every source seen; the held-out
+        rule where rows are held out."""
         sources = sorted(set(self.report.kept) | set(self.report.skipped) | set(self.decontaminated))
-        return {s: {rule: self.decontaminated.get(s, Counter())[rule] for rule in RULES} for s in sources}
+        rules = RULES + ((HELDOUT_TEXT,) if self.heldout is not None else ())
+        return {s: {rule: self.decontaminated.get(s, Counter())[rule] for rule in rules} for s in sources}
 
     def summary(self) -> dict[str, Any]:
-        return {
+        summary = {
             "fingerprint": self.fingerprint,
             "rows": len(self.rows),
             "sources": self.report.as_dict(),
             "decontaminated": self.decontamination(),
             "unreachable": self.unreachable,
         }
+        if self.heldout is not None:
+            summary["heldout_rows"] = len(self.heldout)
+        if self.origin:
+            summary["origin"] = self.origin
+        if self.report.notes:
+            summary["notes"] = list(self.report.notes)
+        return summary
 
 
 def _text(value: Any, what: str) -> str:
@@ -254,15 +284,17 @@ def _scratch_folder() -> str:
     return path
 
 
-def _generate(generate, fingerprint: str, cache: Path | None):
+def _generate(generate, fingerprint: str, cache: Path | None, schema=None):
     """An Arrow table from a generator, in the cache or a scratch folder; the generator's own error (a DataError
-    naming the source, a KeyboardInterrupt) surfaces as itself, not wrapped in datasets' DatasetGenerationError."""
+    naming the source, a KeyboardInterrupt) surfaces as itself, not wrapped in datasets' DatasetGenerationError.
+    `schema`: the table's `datasets.Features` (default: the record schema, `features()`)."""
     from datasets import Dataset
     from datasets.exceptions import DatasetGenerationError
 
     cache_dir = str(cache / "arrow") if cache is not None else _scratch_folder()
+    schema = features() if schema is None else schema
     try:
-        return Dataset.from_generator(generate, features=features(), fingerprint=fingerprint, cache_dir=cache_dir)
+        return Dataset.from_generator(generate, features=schema, fingerprint=fingerprint, cache_dir=cache_dir)
     except DatasetGenerationError as err:
         if err.__cause__ is not None:
             raise err.__cause__ from None
@@ -275,15 +307,17 @@ def prepare_rows(
     eval_texts: Iterable[str] = (),
     cache_dir: str | Path | None = None,
     mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
+    heldout_keys: Iterable[str] = (),
 ) -> Prepared:
     """Checks, deduplicates and decontaminates the rows that `rows(checker)` yields into an Arrow table.
 
     `eval_texts` are offline evaluation texts (rule c), `mteb_keys` is `mteb_test_keys`' (test-query
-    keys, relevant-document keys) (rules a and b). The table's fingerprint is `fingerprint` (the rows'
+    keys, relevant-document keys) (rules a and b), `heldout_keys` the `text_key`s of the queries and positives a
+    run holds out to evaluate on (`HELDOUT_TEXT`). The table's fingerprint is `fingerprint` (the rows'
     origin and options) combined with the hash of every decontamination key, so other keys never read
     back a cached table."""
 
-    keys = EvalKeys.of(eval_texts, mteb_keys)
+    keys = EvalKeys.of(eval_texts, mteb_keys, heldout_keys)
     fingerprint = fingerprint_of(fingerprint, keys.fingerprint())
     cache = Path(cache_dir) if cache_dir is not None else None
     hit = _cached(cache, fingerprint)
@@ -362,25 +396,48 @@ def add_hard_negatives(
     encode: Callable[..., np.ndarray] | None = None,
     shard_size: int = 50_000,
     cache_dir: str | Path | None = None,
+    keep_given: bool = False,
 ) -> tuple[Prepared, dict[str, int]]:
-    """The same rows with `negatives` mined per group; also the count of rows that got fewer than k."""
+    """The same rows with `negatives` mined per group; also the count of rows that got fewer than k.
 
-    fp = fingerprint_of(prepared.fingerprint, "negatives", k, method, shard_size)
+    `keep_given=False` (the hub and offline sources) replaces every row's negatives with mined ones. `keep_given=True`
+    (`data_source: files`) keeps a row's own negatives, at most k, without a correct answer to its query, and tops up
+    a row holding fewer with mined ones (`negatives.top_up_negatives`); the report's notes count what was dropped."""
+
+    fp = fingerprint_of(
+        prepared.fingerprint, "negatives", k, method, shard_size, *(["keep_given"] if keep_given else [])
+    )
     groups = group_indices(prepared.rows)
+    dropped = Counter()
+
+    def negatives_of(part) -> list[list[str]]:
+        if not keep_given:
+            return mine_negatives(part["query"], part["positive"], k, method, encode)
+        own = own_negatives(part["query"], part["positive"], part["negatives"], k)
+        dropped["answers"] += own.answers
+        dropped["cut"] += own.cut
+        return top_up_negatives(part["query"], part["positive"], own.kept, k, method, encode)
 
     def generate():
         for idx in groups.values():  # one (dataset, language) group at a time
             for start in range(0, len(idx), shard_size):
                 part = prepared.rows.select(idx[start : start + shard_size])
-                negatives = mine_negatives(part["query"], part["positive"], k, method, encode)
-                for row, negs in zip(part, negatives, strict=True):
+                for row, negs in zip(part, negatives_of(part), strict=True):
                     yield {**row, "negatives": negs}
 
     cache = Path(cache_dir) if cache_dir is not None else None
     table = _generate(generate, fp, cache)
+    report = prepared.report
+    if keep_given:
+        report = copy.deepcopy(report)
+        report.notes.append(
+            f"own negatives: {dropped['answers']} dropped as a correct answer to their query (the positive of a row "
+            f"with the same query); {dropped['cut']} rows brought more than K = {k} and keep their first {k}; rows "
+            f"with fewer than {k} are topped up by {method}"
+        )
     short: Counter = Counter()
     for batch in table.select_columns(["dataset", "language", "negatives"]).iter(batch_size=10_000):
         for name, language, negs in zip(batch["dataset"], batch["language"], batch["negatives"], strict=True):
             if len(negs) < k:
                 short[f"{name}/{language}"] += 1
-    return Prepared(table, fp, prepared.report, prepared.decontaminated, prepared.unreachable), dict(short)
+    return dataclasses.replace(prepared, rows=table, fingerprint=fp, report=report), dict(short)

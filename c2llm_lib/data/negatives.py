@@ -13,12 +13,18 @@ another row (one docstring over two overloads, one code prefix continued twice).
 own positive, BM25 ranks the sibling's positive first and mines a correct answer as a negative: on the
 whole offline train split (6,814 rows), 72 rows at K = 1 and 124 rows (177 negatives) at K = 7; now 0.
 (The default's 128-row cap per group happens to keep no two rows with one query: 0 before and after.)
+
+Rows that bring their own negatives (`data_source: files`) keep them, at most K, and are topped up with mined
+ones (`top_up_negatives`): an own negative that is a correct answer (the same normalised text as the positive of a
+row with the same query) is dropped and counted, since a user's hard negative is often deliberately close to the
+answer (one changed token), only exact copies go, not near-duplicates; mined ones pass the rule above.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -165,3 +171,59 @@ def mine_negatives(
                           strict=True):  # fmt: skip
             picked[i] = row
     return [[positives[j] for j in row] for row in picked]
+
+
+@dataclass(frozen=True)
+class OwnNegatives:
+    """Each row's own negatives as kept (at most k, in order, without repeats or correct answers), and what went."""
+
+    kept: list[list[str]]
+    answers: int  # own negatives dropped as a correct answer to their row's query
+    cut: int  # rows that brought more than k distinct negatives (the first k are kept)
+
+
+def own_negatives(
+    queries: Sequence[str], positives: Sequence[str], given: Sequence[Sequence[str]], k: int
+) -> OwnNegatives:
+    """Row i's own negatives, at most k, without one that has the `text_key` of the positive of a row whose query
+    has row i's `text_key` (a correct answer), nor a repeat."""
+    if not len(queries) == len(positives) == len(given):
+        raise ValueError(f"{len(queries)} queries, {len(positives)} positives, {len(given)} lists of negatives")
+    answer_keys: dict[str, set[str]] = {}
+    for query, positive in zip(queries, positives, strict=True):
+        answer_keys.setdefault(text_key(query), set()).add(text_key(positive))
+    kept, answers, cut = [], 0, 0
+    for query, negatives in zip(queries, given, strict=True):
+        correct, seen, row = answer_keys[text_key(query)], set(), []
+        for negative in negatives:
+            key = text_key(negative)
+            if key in correct:
+                answers += 1
+            elif key not in seen:
+                seen.add(key)
+                row.append(negative)
+        cut += len(row) > k
+        kept.append(row[:k])
+    return OwnNegatives(kept, answers, cut)
+
+
+def top_up_negatives(
+    queries: Sequence[str],
+    positives: Sequence[str],
+    own: Sequence[Sequence[str]],
+    k: int,
+    method: str = "bm25",
+    encode: Callable[..., np.ndarray] | None = None,
+) -> list[list[str]]:
+    """Row i's own negatives (`own_negatives(...).kept`) followed by mined ones (`mine_negatives`, same exclusions)
+    that are not among them, up to k. Rows already holding k are not changed; nothing is mined when none is short."""
+    short = [len(row) < k for row in own]
+    if not any(short):
+        return [list(row) for row in own]
+    depth = k + max(len(row) for row, is_short in zip(own, short, strict=True) if is_short)  # room for overlaps
+    mined = mine_negatives(queries, positives, depth, method, encode)
+    out = []
+    for row, extra in zip(own, mined, strict=True):
+        keys = {text_key(n) for n in row}
+        out.append(list(row) + [n for n in extra if text_key(n) not in keys][: max(0, k - len(row))])
+    return out

@@ -66,11 +66,13 @@ def as_text(value: Any) -> str | None:
 
 @dataclass
 class SkipReport:
-    """Rows kept and skipped per source, with the reason and a few example row ids."""
+    """Rows kept and skipped per source, with the reason and a few example row ids, and notes (sentences on what a
+    reader chose for rows that did not say: a default instruction, a renamed group) shown after the counts."""
 
     kept: Counter = field(default_factory=Counter)
     skipped: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
     examples: dict[tuple[str, str], list[str]] = field(default_factory=lambda: defaultdict(list))
+    notes: list[str] = field(default_factory=list)
 
     def skip(self, source: str, reason: str, row_id: str) -> None:
         self.skipped[source][reason] += 1
@@ -90,14 +92,14 @@ class SkipReport:
 
     def lines(self) -> list[str]:
         """Per source, one line of counts ("CosQA: kept 2; skipped 1 empty text, 1 duplicate row"), most
-        frequent reason first, then one indented line of example row ids per reason."""
+        frequent reason first, then one indented line of example row ids per reason; then one line per note."""
         out = []
         for source in sorted(set(self.kept) | set(self.skipped)):
             reasons = self.skipped[source].most_common()
             counts = ", ".join(f"{n} {reason}" for reason, n in reasons)
             out.append(f"{source}: kept {self.kept[source]}" + (f"; skipped {counts}" if counts else ""))
             out += [f"  {reason}, e.g. {'; '.join(self.examples[source, reason])}" for reason, _ in reasons]
-        return out
+        return out + [f"note: {note}" for note in self.notes]
 
 
 class RowChecker:
