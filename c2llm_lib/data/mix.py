@@ -131,6 +131,7 @@ class Prepared:
     report: SkipReport = field(default_factory=SkipReport)
     decontaminated: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))  # source -> rule -> n
     unreachable: dict[str, str] = field(default_factory=dict)
+    heldout: Any = None  # datasets.Dataset of data_source "code"'s test split (code_trees.py); else None
 
     def decontamination(self) -> dict[str, dict[str, int]]:
         """Rows dropped per source and rule, every rule listed (0 included) for every source seen."""
@@ -144,6 +145,7 @@ class Prepared:
             "sources": self.report.as_dict(),
             "decontaminated": self.decontamination(),
             "unreachable": self.unreachable,
+            **({"heldout_rows": len(self.heldout)} if self.heldout is not None else {}),
         }
 
 
@@ -254,15 +256,17 @@ def _scratch_folder() -> str:
     return path
 
 
-def _generate(generate, fingerprint: str, cache: Path | None):
+def _generate(generate, fingerprint: str, cache: Path | None, table_features=None):
     """An Arrow table from a generator, in the cache or a scratch folder; the generator's own error (a DataError
-    naming the source, a KeyboardInterrupt) surfaces as itself, not wrapped in datasets' DatasetGenerationError."""
+    naming the source, a KeyboardInterrupt) surfaces as itself, not wrapped in datasets' DatasetGenerationError.
+    `table_features`: the table's columns, the record columns (`features()`) unless given."""
     from datasets import Dataset
     from datasets.exceptions import DatasetGenerationError
 
     cache_dir = str(cache / "arrow") if cache is not None else _scratch_folder()
+    table_features = features() if table_features is None else table_features
     try:
-        return Dataset.from_generator(generate, features=features(), fingerprint=fingerprint, cache_dir=cache_dir)
+        return Dataset.from_generator(generate, features=table_features, fingerprint=fingerprint, cache_dir=cache_dir)
     except DatasetGenerationError as err:
         if err.__cause__ is not None:
             raise err.__cause__ from None
@@ -383,4 +387,5 @@ def add_hard_negatives(
         for name, language, negs in zip(batch["dataset"], batch["language"], batch["negatives"], strict=True):
             if len(negs) < k:
                 short[f"{name}/{language}"] += 1
-    return Prepared(table, fp, prepared.report, prepared.decontaminated, prepared.unreachable), dict(short)
+    mined = Prepared(table, fp, prepared.report, prepared.decontaminated, prepared.unreachable, prepared.heldout)
+    return mined, dict(short)
