@@ -311,7 +311,7 @@ SOURCE_NAMES = [
 class DataStage:
     """Notebook 01: which data, how much of it, and its hard negatives."""
 
-    data_source: Literal["offline", "hub"] = "offline"  # offline: the shipped real-code snapshot
+    data_source: Literal["offline", "hub", "code"] = "offline"  # offline: the shipped real-code snapshot
     hub_sources: list[str] = field(default_factory=lambda: list(SOURCE_NAMES))
     rows_per_group: int | None = None  # cap per (dataset, language) group; None keeps every row
     num_negatives: int = 7  # K, mined per query
@@ -319,9 +319,12 @@ class DataStage:
     decontaminate_mteb: bool = False  # drop rows whose query is a test query or positive a relevant test doc
     hub_mirror: str | None = None  # a local folder laid out as the hub datasets (data/mirror.py) instead of the hub
     seed: int = 0
+    code_roots: list[str] = field(default_factory=list)  # data_source "code": folders of source code to mine
+    code_test_percent: int = 20  # data_source "code": the share of files held out (by a hash of each path)
 
     def __post_init__(self) -> None:
         check_types(self)
+        self._check_code()
         require(self.rows_per_group is None or self.rows_per_group > 0, "rows_per_group", "must be positive")
         require(self.num_negatives >= 0, "num_negatives", "must be >= 0")
         unknown = sorted(set(self.hub_sources) - set(SOURCE_NAMES))
@@ -329,6 +332,22 @@ class DataStage:
         require(len(set(self.hub_sources)) == len(self.hub_sources), "hub_sources", "repeats a source")
         require(bool(self.hub_sources) or self.data_source != "hub", "hub_sources", "must name a source for the hub")
         seed_range(self.seed, "seed")
+
+    def _check_code(self) -> None:
+        """code_roots: folders for data_source "code" only, at least one, distinct (existence is checked when they
+        are mined, in the folder the notebook runs in)."""
+        where = "(a relative path resolves from the folder the notebook runs in: notebooks/ in the pipeline)"
+        if self.data_source == "code":
+            require(bool(self.code_roots), "code_roots", f"must name at least one folder of source code {where}")
+        else:
+            require(not self.code_roots, "code_roots",
+                    f"is mined only with data_source 'code', not {self.data_source!r}")  # fmt: skip
+        bad = [r for r in self.code_roots if not r.strip() or "\0" in r]
+        require(not bad, "code_roots", f"must be folder paths, got {bad} {where}")
+        require(len(set(self.code_roots)) == len(self.code_roots), "code_roots", f"repeats a folder: {self.code_roots}")
+        require(1 <= self.code_test_percent <= 99, "code_test_percent",
+                f"must be from 1 to 99 (the held-out share of files, evaluated by notebook 04), got "
+                f"{self.code_test_percent}")  # fmt: skip
 
 
 @dataclass

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from c2llm_lib.config import ConfigError, DataStage
 from c2llm_lib.data import code_trees
+from c2llm_lib.data.build import build_training_data
 from c2llm_lib.data.code_trees import MiningReport, code_roots, mine, prepare_code
 from c2llm_lib.data.grammars import summary_of
 from c2llm_lib.data.offline import split_of
@@ -219,7 +221,8 @@ def test_mining_never_changes_the_users_tree(tmp_path):
     before = _snapshot(FIXTURE)
     assert len(before) > 50
     list(mine([FIXTURE]))
-    prepare_code([FIXTURE])
+    stage = DataStage(data_source="code", code_roots=[str(FIXTURE)], num_negatives=1)
+    build_training_data(stage)
     assert _snapshot(FIXTURE) == before  # byte-identical, no new file (no __pycache__, no cache)
 
 
@@ -426,3 +429,32 @@ def test_no_held_out_file_is_an_error(tmp_path):
     root = write(tmp_path / "proj", {"copy_b.py": DOCUMENTED})
     with pytest.raises(DataError, match=r"no file fell in the held-out split \(1 files mined, 20 % held out"):
         prepare_code([root])
+
+
+def test_build_training_data_code_branch_keeps_held_out_through_negatives():
+    stage = DataStage(data_source="code", code_roots=[str(FIXTURE)], num_negatives=2, rows_per_group=4, seed=3)
+    prepared, short = build_training_data(stage)
+    assert len(prepared.heldout) == 47  # survives add_hard_negatives
+    groups = Counter(zip(prepared.rows["dataset"], prepared.rows["language"], strict=True))
+    assert max(groups.values()) == 4 and groups[(T2C, "python")] == 4
+    for row in prepared.rows:  # K = 2 negatives from the row's own group where it has 2 other rows
+        assert len(row["negatives"]) == min(2, groups[row["dataset"], row["language"]] - 1)
+    assert short["CodeSearchNetRetrieval/c"] == 2  # the C group has 2 rows: 1 negative each
+    again, _ = build_training_data(stage)
+    assert again.fingerprint == prepared.fingerprint and list(again.rows["query"]) == list(prepared.rows["query"])
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"data_source": "code"}, "'code_roots' must name at least one folder of source code .*notebooks/"),
+        ({"code_roots": ["src"]}, "'code_roots' is mined only with data_source 'code', not 'offline'"),
+        ({"data_source": "code", "code_roots": [" "]}, "'code_roots' must be folder paths"),
+        ({"data_source": "code", "code_roots": ["a", "a"]}, "'code_roots' repeats a folder"),
+        ({"data_source": "code", "code_roots": ["a"], "code_test_percent": 0}, "'code_test_percent' must be from 1"),
+        ({"data_source": "code", "code_roots": "src"}, "'code_roots' must be list"),
+    ],
+)
+def test_data_stage_validates_the_code_keys(values, message):
+    with pytest.raises(ConfigError, match=message):
+        DataStage(**values)

@@ -1,11 +1,14 @@
-"""Notebook 01's stage: the training set of a run, from the offline snapshot or the hub (section 4.1).
+"""Notebook 01's stage: the training set of a run, from the offline snapshot, the hub or your code (section 4.1).
 
 Offline, the training rows are the snapshot's train split (real code, split by file), decontaminated
 against every offline evaluation text (the held-out split and HumanEval), capped per (dataset,
 language) group if asked, with K hard negatives mined per group. From the hub (or a local folder laid
 out like it), the rows are the registry sources' training splits, decontaminated against the offline
 sets and, if asked, the MTEB(Code, v1) evaluation: a row goes when its query is a test query or its
-positive a relevant test document (`mix.mteb_test_keys`; the rules and why are in `mix`).
+positive a relevant test document (`mix.mteb_test_keys`; the rules and why are in `mix`). From the
+user's code (`data_source: code`, `code_trees.py`), the rows are the train split of the pairs mined
+from `code_roots`, decontaminated against the held-out split's texts too, and the held-out split comes
+back as `Prepared.heldout`; capping and negatives as for the others.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import DataStage
+from .code_trees import prepare_code
 from .mirror import mteb_tasks as mirrored_mteb_tasks
 from .mix import (
     MTEB_CODE_TASKS,
@@ -53,6 +57,14 @@ def _capped(rows: list[dict], cap: int | None, seed: int) -> list[dict]:
     return [rows[i] for i in _kept_indices(groups.values(), cap, seed)]
 
 
+def _capped_table(prepared: Prepared, stage: DataStage) -> Prepared:
+    """The prepared rows with at most `rows_per_group` per (dataset, language) group, if set."""
+    if stage.rows_per_group is not None:
+        groups = group_indices(prepared.rows).values()
+        prepared.rows = prepared.rows.select(_kept_indices(groups, stage.rows_per_group, stage.seed))
+    return prepared
+
+
 def build_training_data(
     stage: DataStage, local_root: str | Path | None = None, mteb_tasks: Sequence[Any] | None = None
 ) -> tuple[Prepared, dict[str, int]]:
@@ -88,9 +100,8 @@ def build_training_data(
         # prepare_rows adds the hash of every decontamination key to this fingerprint
         fingerprint = fingerprint_of("offline", stage.rows_per_group, stage.seed)
         prepared = prepare_rows(rows, fingerprint, eval_texts, mteb_keys=mteb_keys)
+    elif stage.data_source == "code":
+        prepared = _capped_table(prepare_code(stage.code_roots, stage.code_test_percent, eval_texts, mteb_keys), stage)
     else:
-        prepared = prepare_sources(stage.hub_sources, local_root, eval_texts, mteb_keys=mteb_keys)
-        if stage.rows_per_group is not None:
-            groups = group_indices(prepared.rows).values()
-            prepared.rows = prepared.rows.select(_kept_indices(groups, stage.rows_per_group, stage.seed))
+        prepared = _capped_table(prepare_sources(stage.hub_sources, local_root, eval_texts, mteb_keys=mteb_keys), stage)
     return add_hard_negatives(prepared, k=stage.num_negatives, method=stage.mining)
