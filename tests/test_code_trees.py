@@ -5,6 +5,8 @@ pair, the query after comment cleaning, the lines), the split by file, every ski
 examples, files that do not parse, bad roots, determinism, and that mining never changes the user's files."""
 
 import hashlib
+import importlib.util
+import json
 import os
 import socket
 from collections import Counter
@@ -458,3 +460,17 @@ def test_build_training_data_code_branch_keeps_held_out_through_negatives():
 def test_data_stage_validates_the_code_keys(values, message):
     with pytest.raises(ConfigError, match=message):
         DataStage(**values)
+
+
+def test_the_mining_benchmark_writes_counts_rates_and_memory(tmp_path):
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "code_mining_bench.py"
+    spec = importlib.util.spec_from_file_location("code_mining_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--root", str(FIXTURE), "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "code-mining.json").read_text())
+    assert (result["files_mined"], result["pairs"], result["files_or_folders_skipped"]) == (29, 184, 22)
+    assert result["pairs_per_s"] > 0 and result["peak_rss_mib"] >= result["rss_after_imports_mib"] > 0
+    assert "| files mined (parsed) | 29 |" in (tmp_path / "code-mining.md").read_text()
+    bench.main(["--root", str(FIXTURE), "--limit", "3", "--out", str(tmp_path)])
+    assert json.loads((tmp_path / "code-mining.json").read_text())["files_mined"] == 3
