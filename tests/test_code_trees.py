@@ -323,6 +323,31 @@ def test_nested_gitignore_rules(tmp_path):
         "proj/b.gen.py", "proj/build_out/", "proj/sub/drop.gen.py", "proj/sub/local_x.py"]  # fmt: skip
 
 
+def test_crafted_names_and_gitignore_lines_are_counted_not_fatal(tmp_path):
+    root = write(tmp_path / "proj", {
+        ".gitignore": "!\n*.gen.py\n\\\n",  # "!" and a lone backslash are patterns git matches nothing with
+        "a.py": DOCUMENTED,
+        "b.gen.py": documented("b"),
+        "notes\n.txt": "a file name with a line break",
+        "line\nbreak.py": documented("line_break"),
+    })  # fmt: skip
+    report = MiningReport()
+    rows = list(mine([root], report=report))
+    assert {r["function"] for r in rows} == {"mean", "line_break"}
+    assert "proj/line\nbreak.py" in {r["file"] for r in rows}  # the id is the real name
+    examples = report.files.examples
+    assert examples["code root proj", "invalid .gitignore pattern (ignored)"] == [
+        "proj/.gitignore:1",
+        "proj/.gitignore:3",
+    ]
+    assert examples["code root proj", code_trees.GITIGNORED] == ["proj/b.gen.py"]
+    assert examples["code root proj", code_trees.UNSUPPORTED] == ["proj/notes\\x0a.txt"]  # one line in a report
+    odd = tmp_path / "r\udcff"  # a folder name that is not UTF-8
+    write(odd, {"a.py": DOCUMENTED})
+    with pytest.raises(DataError, match=r"code root '.*r\\xff'.*is not UTF-8"):
+        mine([odd])
+
+
 def test_bad_roots_are_errors_naming_them(tmp_path, monkeypatch):
     with pytest.raises(DataError, match=r"does not exist .*missing.*relative paths resolve from the folder the "):
         mine([tmp_path / "missing"])
