@@ -38,9 +38,10 @@ first error, never fatal: near a syntax error, tree-sitter's recovery can move a
 with a wrong boundary teaches the wrong thing.
 
 A root that is missing, a file, unreadable, given twice, inside another root or named like another (file ids are
-the folder name and the path), a root with no file of a supported language, and a root that yields no pair, are
-`DataError`s naming the root. Files are read one at a time and records streamed, so memory does not grow with the
-tree; files are opened read-only and nothing is ever written in the user's folders.
+the folder name and the path; a folder name that is not UTF-8 is refused too), a root with no file of a supported
+language, and a root that yields no pair, are `DataError`s naming the root; `prepare_code` also refuses roots
+where no file falls in the held-out split. Files are read one at a time and records streamed, so memory does not
+grow with the tree; files are opened read-only and nothing is ever written in the user's folders.
 """
 
 from __future__ import annotations
