@@ -314,7 +314,7 @@ FILES_INSTRUCTION = "Given a query, retrieve relevant code or text that answers 
 class DataStage:
     """Notebook 01: which data, how much of it, and its hard negatives."""
 
-    data_source: Literal["offline", "hub", "files"] = "offline"  # offline: the shipped real-code snapshot
+    data_source: Literal["offline", "hub", "files", "code"] = "offline"  # offline: the shipped real-code snapshot
     hub_sources: list[str] = field(default_factory=lambda: list(SOURCE_NAMES))
     rows_per_group: int | None = None  # cap per (dataset, language) group; None keeps every row
     num_negatives: int = 7  # K, mined per query
@@ -327,6 +327,8 @@ class DataStage:
     data_files: list[str | dict[str, str | dict[str, str]]] = field(default_factory=list)
     files_instruction: str = FILES_INSTRUCTION  # for rows with no instruction of their own or their entry's
     files_heldout_fraction: float = 0.2  # share of the files' queries held out for evaluation; 0: none
+    code_roots: list[str] = field(default_factory=list)  # data_source "code": folders of source code to mine
+    code_test_percent: int = 20  # data_source "code": the share of files held out (by a hash of each path)
 
     def __post_init__(self) -> None:
         self.file_entries()  # names the entry and key of a bad data_files entry, before the generic type check
@@ -338,6 +340,7 @@ class DataStage:
         require(bool(self.files_instruction.strip()), "files_instruction", "must not be empty")
         require(0 <= self.files_heldout_fraction < 1, "files_heldout_fraction",
                 f"must be in [0, 1) (0: hold nothing out), got {self.files_heldout_fraction}")  # fmt: skip
+        self._check_code()
         require(self.rows_per_group is None or self.rows_per_group > 0, "rows_per_group", "must be positive")
         require(self.num_negatives >= 0, "num_negatives", "must be >= 0")
         unknown = sorted(set(self.hub_sources) - set(SOURCE_NAMES))
@@ -351,6 +354,22 @@ class DataStage:
         from .data.files import file_entries
 
         return file_entries(self.data_files)
+
+    def _check_code(self) -> None:
+        """code_roots: folders for data_source "code" only, at least one, distinct (existence is checked when they
+        are mined, in the folder the notebook runs in)."""
+        where = "(a relative path resolves from the folder the notebook runs in: notebooks/ in the pipeline)"
+        if self.data_source == "code":
+            require(bool(self.code_roots), "code_roots", f"must name at least one folder of source code {where}")
+        else:
+            require(not self.code_roots, "code_roots",
+                    f"is mined only with data_source 'code', not {self.data_source!r}")  # fmt: skip
+        bad = [r for r in self.code_roots if not r.strip() or "\0" in r]
+        require(not bad, "code_roots", f"must be folder paths, got {bad} {where}")
+        require(len(set(self.code_roots)) == len(self.code_roots), "code_roots", f"repeats a folder: {self.code_roots}")
+        require(1 <= self.code_test_percent <= 99, "code_test_percent",
+                f"must be from 1 to 99 (the held-out share of files, evaluated by notebook 04), got "
+                f"{self.code_test_percent}")  # fmt: skip
 
 
 @dataclass

@@ -12,6 +12,10 @@ import torch  # noqa: E402
 from c2llm_lib import C2LLMEncoder, ModelConfig  # noqa: E402
 from c2llm_lib.model import TINY_BACKBONE  # noqa: E402
 
+# tests/fixtures holds source trees that tests read as data (own-code/ has test files of its own, and a file that
+# does not parse on purpose): never collected as tests.
+collect_ignore = ["fixtures"]
+
 CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
 

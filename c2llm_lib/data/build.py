@@ -1,4 +1,5 @@
-"""Notebook 01's stage: the training set of a run, from the offline snapshot, the hub or a user's files (section 4.1).
+"""Notebook 01's stage: the training set of a run, from the offline snapshot, the hub, a user's files or a user's code
+(section 4.1).
 
 Offline, the training rows are the snapshot's train split (real code, split by file), decontaminated
 against every offline evaluation text (the held-out split and HumanEval), capped per (dataset,
@@ -8,7 +9,10 @@ sets and, if asked, the MTEB(Code, v1) evaluation: a row goes when its query is 
 positive a relevant test document (`mix.mteb_test_keys`; the rules and why are in `mix`). From a user's
 files (`data_source: files`, `files.py`), the rows are theirs, a stable share of the queries held out for
 evaluation (`Prepared.heldout`), the rest decontaminated against the held-out texts, the offline sets and, if
-asked, MTEB(Code, v1); rows that bring negatives keep them (at most K) and are topped up with mined ones.
+asked, MTEB(Code, v1); rows that bring negatives keep them (at most K) and are topped up with mined ones. From the
+user's code (`data_source: code`, `code_trees.py`), the rows are the train split of the pairs mined
+from `code_roots`, decontaminated against the held-out split's texts too, and the held-out split comes
+back as `Prepared.heldout`; capping and negatives as for the others.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import DataStage
+from .code_trees import prepare_code
 from .files import prepare_files
 from .mirror import mteb_tasks as mirrored_mteb_tasks
 from .mix import (
@@ -57,6 +62,14 @@ def _capped(rows: list[dict], cap: int | None, seed: int) -> list[dict]:
     return [rows[i] for i in _kept_indices(groups.values(), cap, seed)]
 
 
+def _capped_table(prepared: Prepared, stage: DataStage) -> Prepared:
+    """The prepared rows with at most `rows_per_group` per (dataset, language) group, if set."""
+    if stage.rows_per_group is not None:
+        groups = group_indices(prepared.rows).values()
+        prepared.rows = prepared.rows.select(_kept_indices(groups, stage.rows_per_group, stage.seed))
+    return prepared
+
+
 def build_training_data(
     stage: DataStage, local_root: str | Path | None = None, mteb_tasks: Sequence[Any] | None = None
 ) -> tuple[Prepared, dict[str, int]]:
@@ -92,14 +105,14 @@ def build_training_data(
         # prepare_rows adds the hash of every decontamination key to this fingerprint
         fingerprint = fingerprint_of("offline", stage.rows_per_group, stage.seed)
         prepared = prepare_rows(rows, fingerprint, eval_texts, mteb_keys=mteb_keys)
+    elif stage.data_source == "code":
+        prepared = _capped_table(prepare_code(stage.code_roots, stage.code_test_percent, eval_texts, mteb_keys), stage)
     else:
         if stage.data_source == "files":
             prepared = prepare_files(stage.file_entries(), stage.files_instruction, stage.files_heldout_fraction,
                                      eval_texts, mteb_keys)  # fmt: skip
         else:
             prepared = prepare_sources(stage.hub_sources, local_root, eval_texts, mteb_keys=mteb_keys)
-        if stage.rows_per_group is not None:
-            groups = group_indices(prepared.rows).values()
-            prepared.rows = prepared.rows.select(_kept_indices(groups, stage.rows_per_group, stage.seed))
+        prepared = _capped_table(prepared, stage)
     keep_given = stage.data_source == "files"  # a user's own negatives stay; the hub's and snapshot's are mined
     return add_hard_negatives(prepared, k=stage.num_negatives, method=stage.mining, keep_given=keep_given)

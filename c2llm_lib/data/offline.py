@@ -52,8 +52,11 @@ def first_paragraph(doc: str) -> str:
     return " ".join(textwrap.dedent(doc).strip().split("\n\n")[0].split())
 
 
-def pair_records(path: str, name: str, language: str, summary: str, code: str) -> list[dict[str, Any]]:
-    """The text->code and code->code records of one function, if it is long enough to be useful."""
+def pair_records(
+    path: str, name: str, language: str, summary: str, code: str, test_percent: int = TEST_PERCENT
+) -> list[dict[str, Any]]:
+    """The text->code and code->code records of one function, if it is long enough to be useful; the split is the
+    file's (`split_of(path, test_percent)`)."""
     lines = code.rstrip().splitlines()
     rows = []
     words = summary.split()
@@ -67,7 +70,7 @@ def pair_records(path: str, name: str, language: str, summary: str, code: str) -
             language=language,
             negatives=[],
             instruction=TABLE_1[row["dataset"]],
-            split=split_of(path),
+            split=split_of(path, test_percent),
             file=path,
             function=name,
         )

@@ -79,6 +79,15 @@ class SkipReport:
         if len(self.examples[source, reason]) < 5:
             self.examples[source, reason].append(row_id)
 
+    def update(self, other: SkipReport) -> None:
+        """Adds another report's counts and examples (up to 5 per source and reason)."""
+        self.kept.update(other.kept)
+        for source, reasons in other.skipped.items():
+            self.skipped[source].update(reasons)
+            for reason in reasons:
+                examples = self.examples[source, reason]
+                examples += other.examples[source, reason][: 5 - len(examples)]
+
     def as_dict(self) -> dict[str, Any]:
         sources = sorted(set(self.kept) | set(self.skipped))
         return {
