@@ -12,11 +12,19 @@ multi-language sets; one folder per language for CodeEditSearch) holding `<split
   only each task's dataset path points into the mirror. So a mirrored task gives exactly what mteb gives from the
   hub: for a CoIR task, the whole corpus (train and valid documents included) for the test split, and for
   CodeEditSearch the first 1,000 rows per language of its train split.
+
+What a mirrored task holds is its folder's content, not its name: `datasets` files a local folder's tables under
+the folder's name and configs, whatever its path and bytes, so a second mirror (or one rewritten in place) would
+be read from the first one's Arrow cache. A mirrored task therefore loads into a `datasets` cache of its own
+content (`<datasets cache>/c2llm-mirror/<content_digest>/`), and its dataset revision carries the same digest, so
+mteb's results are filed under it too (`mteb_code.run_mteb` recomputes a result of another revision).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from .records import DataError
@@ -45,9 +53,36 @@ def write_dataset_card(repo: str | Path) -> Path:
     return card
 
 
+def content_digest(folder: str | Path) -> str:
+    """A short hash of everything under `folder`: each file's path relative to it, its size and its bytes."""
+    folder = Path(folder)
+    digest = hashlib.blake2b(digest_size=8)
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(f"{path.relative_to(folder).as_posix()}\0{path.stat().st_size}\0".encode())
+        with open(path, "rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+@contextmanager
+def content_cache(digest: str) -> Iterator[Path]:
+    """`datasets` caches what it loads under `<its cache>/c2llm-mirror/<digest>/` while inside the block."""
+    import datasets
+
+    before = datasets.config.HF_DATASETS_CACHE
+    datasets.config.HF_DATASETS_CACHE = Path(before) / "c2llm-mirror" / digest
+    try:
+        yield datasets.config.HF_DATASETS_CACHE
+    finally:
+        datasets.config.HF_DATASETS_CACHE = before
+
+
 def mirrored_task(task, mirror: str | Path):
-    """`task` (an mteb task object) reading its data from the mirror instead of the hub; same class, metadata and
-    loader, only `metadata.dataset["path"]` changes (on a subclass, so mteb's registry is untouched)."""
+    """`task` (an mteb task object) reading its data from the mirror instead of the hub; same class and loader, on a
+    subclass (mteb's registry is untouched) whose metadata points `dataset["path"]` at the mirror's folder and adds
+    the folder's `content_digest` to its revision, and whose `load_data` reads through a `datasets` cache of that
+    content (`content_cache`)."""
     cls = type(task)
     source = cls.metadata.dataset["path"]
     local = repo_dir(mirror, source)
@@ -56,8 +91,17 @@ def mirrored_task(task, mirror: str | Path):
             f"MTEB task {cls.metadata.name}: the mirror {mirror} has no {local.name}/ "
             f"(the dataset {source} at revision {cls.metadata.dataset.get('revision', '?')[:8]})"
         )
-    metadata = cls.metadata.model_copy(update={"dataset": {**cls.metadata.dataset, "path": str(local.resolve())}})
-    return type(cls.__name__, (cls,), {"metadata": metadata, "__module__": cls.__module__})()
+    digest = content_digest(local)
+    dataset = {**cls.metadata.dataset, "path": str(local.resolve()),
+               "revision": f"{cls.metadata.dataset.get('revision')}+mirror-{digest}"}  # fmt: skip
+    metadata = cls.metadata.model_copy(update={"dataset": dataset})
+
+    def load_data(self, *args, **kwargs):
+        with content_cache(digest):
+            return cls.load_data(self, *args, **kwargs)
+
+    namespace = {"metadata": metadata, "load_data": load_data, "__module__": cls.__module__}
+    return type(cls.__name__, (cls,), namespace)()
 
 
 def mteb_tasks(names: Sequence[str], mirror: str | Path | None = None) -> list:
