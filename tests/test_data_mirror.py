@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from c2llm_lib.data import DataError
 from c2llm_lib.data.mirror import mteb_tasks, repo_dir, write_dataset_card
 from c2llm_lib.data.mix import mteb_test_keys
 from c2llm_lib.data.records import text_key
@@ -69,3 +70,22 @@ def test_a_mirror_rewritten_in_place_is_read_again(tmp_path, datasets_cache):
     after = seen_queries(mirror)
     assert {text_key(t) for t in new} <= after and after != before
     assert seen_queries(mirror) == after  # unchanged since: the same again (from its own cache)
+
+
+def test_a_task_folder_linked_to_another_dataset_is_refused(tmp_path):
+    mirror = cosqa_mirror(tmp_path / "mirror")
+    apps = repo_dir(mirror, "CoIR-Retrieval/apps")
+    coir_set(apps, "", "CoIR-Retrieval/apps", "python", multilang=False)
+    write_dataset_card(apps)
+    cosqa = repo_dir(mirror, COSQA)
+    cosqa.rename(tmp_path / "cosqa-elsewhere")
+    cosqa.symlink_to(apps, target_is_directory=True)  # CosQA's test queries would be Apps'
+    with pytest.raises(
+        DataError,
+        match=r"MTEB task CosQA: the mirror folders CoIR-Retrieval__cosqa/ and "
+        r"CoIR-Retrieval__apps/ \(dataset CoIR-Retrieval/apps\) are one folder",
+    ):
+        mteb_tasks(["CosQA"], mirror)
+    cosqa.unlink()
+    cosqa.symlink_to(tmp_path / "cosqa-elsewhere", target_is_directory=True)  # a link out of the mirror: its own
+    assert mteb_tasks(["CosQA"], mirror)[0].metadata.dataset["path"] == str((tmp_path / "cosqa-elsewhere").resolve())

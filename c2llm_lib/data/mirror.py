@@ -8,6 +8,9 @@ multi-language sets; one folder per language for CodeEditSearch) holding `<split
 `configs:` header declares them, as a dataset card on the hub does (`write_dataset_card`).
 
 - Training (`sources.iter_records(local_root=mirror)`) reads the config folders directly.
+- A dataset's folder may be a symlink (to a download kept elsewhere), but not to another dataset's folder of the
+  mirror, nor may a file in it resolve into one (`check_own_folder`): the other dataset's rows would train, or be
+  evaluated, under this one's name.
 - Evaluation and decontamination (`mteb_tasks(names, mirror)`) use mteb's own task classes and loaders unchanged;
   only each task's dataset path points into the mirror. So a mirrored task gives exactly what mteb gives from the
   hub: for a CoIR task, the whole corpus (train and valid documents included) for the test split, and for
@@ -23,7 +26,7 @@ mteb's results are filed under it too (`mteb_code.run_mteb` recomputes a result 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -51,6 +54,32 @@ def write_dataset_card(repo: str | Path) -> Path:
     card = repo / "README.md"
     card.write_text("\n".join(lines))
     return card
+
+
+def check_own_folder(mirror: str | Path, hub_id: str, files: Iterable[str | Path], what: str) -> None:
+    """Refuses (naming `what`, e.g. "source CosQA", and the other dataset) a mirror folder of `hub_id` that is really
+    another dataset's: it resolves to the same place as another dataset folder of the mirror (one links to the
+    other), or one of `files` resolves into another dataset's folder. A link out of the mirror is the dataset's own."""
+    root = Path(mirror)
+    own = repo_dir(root, hub_id)
+    real_own = own.resolve()
+    others = [(o, o.resolve()) for o in sorted(root.iterdir()) if o.name != own.name and "__" in o.name and o.is_dir()]
+    for other, real in others:
+        if real == real_own:
+            raise DataError(
+                f"{what}: the mirror folders {own.name}/ and {other.name}/ (dataset {other.name.replace('__', '/', 1)})"
+                f" are one folder ({real}): one is a link to the other, so {what} would read another dataset's rows. "
+                "Give each dataset a folder of its own"
+            )
+    for file in files:
+        real_file = Path(file).resolve()
+        for other, real in others:
+            if real_file.is_relative_to(real):
+                raise DataError(
+                    f"{what}: {file} resolves to {real_file}, in {other.name}/ (dataset "
+                    f"{other.name.replace('__', '/', 1)}): {what} would read another dataset's rows. Give each dataset "
+                    "files of its own"
+                )
 
 
 def content_digest(folder: str | Path) -> str:
@@ -91,6 +120,7 @@ def mirrored_task(task, mirror: str | Path):
             f"MTEB task {cls.metadata.name}: the mirror {mirror} has no {local.name}/ "
             f"(the dataset {source} at revision {cls.metadata.dataset.get('revision', '?')[:8]})"
         )
+    check_own_folder(mirror, source, [p for p in local.rglob("*") if p.is_file()], f"MTEB task {cls.metadata.name}")
     digest = content_digest(local)
     dataset = {**cls.metadata.dataset, "path": str(local.resolve()),
                "revision": f"{cls.metadata.dataset.get('revision')}+mirror-{digest}"}  # fmt: skip
