@@ -113,10 +113,16 @@ def check_run_name(name: str, source: str = "run name") -> str:
     return name
 
 
+CONTENT_LIMIT = 4 * 2**20  # files up to this size are fingerprinted by their bytes
+
+
 def fingerprint(root: Path, relative: str) -> str:
-    """A digest of the file names, sizes and modification times under `root/relative` ("missing" when it is
-    absent). Hidden entries (staging folders, the lock) and `cache-*` files (what `datasets` adds beside a
-    dataset it maps) are left out: they change without the product changing."""
+    """A digest of the files under `root/relative` ("missing" when it is absent): each file's name and size, and
+    its bytes when it holds at most `CONTENT_LIMIT` (the JSON records, configs and trainer states that say which
+    training or model a folder holds), else its modification time (weights and tables, too large to read at every
+    --resume; a checkpoint's identity is in its small trainer state). A file copied in from another training with its
+    size and time kept (`cp -p`) is therefore a change. Hidden entries (staging folders, the lock) and `cache-*` files
+    (what `datasets` adds beside a dataset it maps) are left out: they change without the product changing."""
     path = root / relative
     if not path.exists():
         return "missing"
@@ -127,7 +133,10 @@ def fingerprint(root: Path, relative: str) -> str:
         if any(part.startswith(".") for part in Path(rel).parts) or file.name.startswith("cache-"):
             continue
         stat = file.stat()
-        digest.update(f"{rel}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
+        if stat.st_size <= CONTENT_LIMIT:
+            digest.update(f"{rel}\t{stat.st_size}\t{hashlib.sha256(file.read_bytes()).hexdigest()}\n".encode())
+        else:
+            digest.update(f"{rel}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:16]
 
 

@@ -229,6 +229,22 @@ def test_resume_reruns_what_read_a_changed_input(fake):
     assert json.loads((root / "metrics" / "eval.json").read_text()) == {"merged": "0.001"}  # nor its results
 
 
+def test_resume_sees_a_checkpoint_swapped_with_its_size_and_time_kept(fake):
+    """A checkpoint copied in from another training (`cp -p`: same names, sizes and modification times) was kept by
+    --resume, and the merge it fed with it: small files are fingerprinted by their bytes (issue 23)."""
+    notebooks, params, outputs = fake
+    first = ["01", "02", "03"]
+    run_pipeline(params, only=first, outputs=outputs, notebook_dir=notebooks, **QUIET)
+    weights = outputs / "fake" / "checkpoints" / "step-000001" / "w.txt"
+    stat = weights.stat()
+    weights.write_text("0.0007")  # another training's, of the same size
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    lines = []
+    run_pipeline(params, only=first, mode="resume", outputs=outputs, notebook_dir=notebooks, log=lines.append)
+    assert lines[2].startswith("[03_merge_checkpoints] running (its inputs changed since it ran: checkpoints")
+    assert (outputs / "fake" / "merged" / "m.txt").read_text() == "0.0007"
+
+
 # two runners on one run directory ------------------------------------------------------------------------------
 def test_a_second_runner_is_refused_naming_the_run(fake):
     notebooks, params, outputs = fake
