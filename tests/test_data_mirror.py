@@ -7,7 +7,7 @@ import os
 import pytest
 
 from c2llm_lib.data import DataError
-from c2llm_lib.data.mirror import mteb_tasks, repo_dir, write_dataset_card
+from c2llm_lib.data.mirror import content_digest, mteb_tasks, repo_dir, write_dataset_card
 from c2llm_lib.data.mix import mteb_test_keys
 from c2llm_lib.data.records import text_key
 
@@ -89,3 +89,14 @@ def test_a_task_folder_linked_to_another_dataset_is_refused(tmp_path):
     cosqa.unlink()
     cosqa.symlink_to(tmp_path / "cosqa-elsewhere", target_is_directory=True)  # a link out of the mirror: its own
     assert mteb_tasks(["CosQA"], mirror)[0].metadata.dataset["path"] == str((tmp_path / "cosqa-elsewhere").resolve())
+
+
+def test_the_content_digest_follows_a_linked_config_folder(tmp_path):
+    """A config folder kept elsewhere (a symlink) is part of the dataset's content; a loop of links ends."""
+    repo = repo_dir(cosqa_mirror(tmp_path / "mirror"), COSQA)
+    (repo / "queries").rename(tmp_path / "queries-elsewhere")
+    (repo / "queries").symlink_to(tmp_path / "queries-elsewhere", target_is_directory=True)
+    (tmp_path / "queries-elsewhere" / "loop").symlink_to(repo, target_is_directory=True)
+    before = content_digest(repo)
+    rewrite_queries(repo, 1)
+    assert content_digest(repo) != before

@@ -82,11 +82,29 @@ def check_own_folder(mirror: str | Path, hub_id: str, files: Iterable[str | Path
                 )
 
 
+def dataset_files(folder: str | Path) -> list[Path]:
+    """Every file under `folder`, in path order, through symlinked subfolders too (a config folder kept elsewhere is
+    part of the dataset; `Path.rglob` skips it), each real folder walked once (a loop of links ends)."""
+    found, seen, todo = [], set(), [Path(folder)]
+    while todo:
+        current = todo.pop()
+        if current.resolve() in seen:
+            continue
+        seen.add(current.resolve())
+        for entry in current.iterdir():
+            if entry.is_dir():
+                todo.append(entry)
+            elif entry.is_file():
+                found.append(entry)
+    return sorted(found)
+
+
 def content_digest(folder: str | Path) -> str:
-    """A short hash of everything under `folder`: each file's path relative to it, its size and its bytes."""
+    """A short hash of everything under `folder` (`dataset_files`): each file's path relative to it, its size and its
+    bytes."""
     folder = Path(folder)
     digest = hashlib.blake2b(digest_size=8)
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+    for path in dataset_files(folder):
         digest.update(f"{path.relative_to(folder).as_posix()}\0{path.stat().st_size}\0".encode())
         with open(path, "rb") as handle:
             while block := handle.read(1 << 20):
@@ -120,7 +138,7 @@ def mirrored_task(task, mirror: str | Path):
             f"MTEB task {cls.metadata.name}: the mirror {mirror} has no {local.name}/ "
             f"(the dataset {source} at revision {cls.metadata.dataset.get('revision', '?')[:8]})"
         )
-    check_own_folder(mirror, source, [p for p in local.rglob("*") if p.is_file()], f"MTEB task {cls.metadata.name}")
+    check_own_folder(mirror, source, dataset_files(local), f"MTEB task {cls.metadata.name}")
     digest = content_digest(local)
     dataset = {**cls.metadata.dataset, "path": str(local.resolve()),
                "revision": f"{cls.metadata.dataset.get('revision')}+mirror-{digest}"}  # fmt: skip
