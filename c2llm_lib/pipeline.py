@@ -22,7 +22,8 @@ With `--only`, a chosen notebook reads the products of notebooks that do not run
 that the machines of a multi-node training need not be named again) and unchanged inputs, and so must the notebooks
 upstream of it, none of which may be chosen to rerun. Otherwise the run is refused before anything runs, naming
 the notebook and the command that reruns it; a plain `--resume` reruns whatever is stale. At the end, a finished
-notebook that did not run and is no longer current is recorded "stale", with the reason.
+notebook that did not run and is no longer current is recorded "stale", with the reason, and `main` prints
+`metrics/results.md` only while notebook 04 is current.
 
 One runner at a time works in a run directory (an fcntl lock, released when the runner exits or dies). The first
 failing notebook stops the run, a dead kernel (killed, out of memory) included; it is saved executed, with the
@@ -57,6 +58,7 @@ from .runs import PRODUCTS, RunDir, RunInUse, check_run_name, upstream
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = list(STAGES)
+RESULTS = "04_eval_mteb_code"  # writes metrics/results.md, the table `main` prints
 LAUNCH_KEYS = tuple(f.name for f in dataclasses.fields(LaunchConfig))  # where notebook 02 ran, not what it made
 
 
@@ -522,10 +524,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(f"results: {run.root}  (metrics/, figures/, notebooks/)")
-    summary = run.root / "metrics" / "results.md"
-    if summary.is_file():
-        print(summary.read_text())
+    table = results_table(run, args.params)
+    if table:
+        print(table)
     return 0
+
+
+def results_table(run: RunDir, params_file: str) -> str:
+    """metrics/results.md when notebook 04 is current in the run's manifest; else a line saying that the table is
+    stale and why (it was written for another model, e.g. after --only 01 02 03 with a new learning rate), or ''
+    when there is none."""
+    summary = run.root / "metrics" / "results.md"
+    if not summary.is_file():
+        return ""
+    record = run.read_manifest().get("notebooks", {}).get(RESULTS) or {}
+    status = record.get("status", "not recorded")
+    if status == "finished":
+        return summary.read_text()
+    why = f" ({record['reason']})" if record.get("reason") else ""
+    return (
+        f"metrics/results.md is stale: {RESULTS} is {status}{why}, so its table is not this run's.\n"
+        f"python -m c2llm_lib.pipeline {params_file} --resume (with this run's --set) reruns what is stale"
+    )
 
 
 if __name__ == "__main__":

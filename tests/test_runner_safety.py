@@ -341,6 +341,26 @@ def test_resume_reruns_a_notebook_whose_code_or_recipe_file_changed(fake, tmp_pa
     assert all(line.endswith("kept") for line in lines) and len(lines) == 4
 
 
+def test_the_runner_prints_the_results_table_only_when_notebook_04_is_current(fake, monkeypatch, capsys):
+    """`--resume --only 01 02 03` after a new learning rate printed the previous model's results.md as the run's
+    table (issue 23); it says the table is stale, and why, instead."""
+    import c2llm_lib.pipeline
+
+    notebooks, params, outputs = fake
+    real = c2llm_lib.pipeline.run_pipeline
+    monkeypatch.setattr(c2llm_lib.pipeline, "run_pipeline", lambda *a, **k: real(*a, **k, notebook_dir=notebooks))
+    args = [str(params), "--outputs", str(outputs)]
+    assert main([*args, "--only", "01", "02", "03", "04"]) == 0
+    assert "scores of the model merged from 0.0001" in capsys.readouterr().out
+    assert main([*args, "--resume", "--only", "01", "02", "03", "--set", "learning_rate=1e-3"]) == 0
+    out = capsys.readouterr().out
+    assert "scores of the model merged from" not in out
+    assert "metrics/results.md is stale: 04_eval_mteb_code is stale (its inputs changed since it ran: merged" in out
+    assert "--resume" in out.splitlines()[-1]
+    assert main([*args, "--resume", "--set", "learning_rate=1e-3"]) == 0
+    assert "scores of the model merged from 0.001" in capsys.readouterr().out
+
+
 # two runners on one run directory ------------------------------------------------------------------------------
 def test_a_second_runner_is_refused_naming_the_run(fake):
     notebooks, params, outputs = fake
