@@ -356,9 +356,10 @@ def check_upstream(
     not current (`not_current`), naming both and the command that reruns what is stale."""
     records = _records(run)
     for name in selected:
-        present = run.input_fingerprints(name)
-        for relative, producer in upstream(name).items():
-            if producer in selected or present[relative] == "missing":
+        outside = {relative: producer for relative, producer in upstream(name).items() if producer not in selected}
+        present = run.input_fingerprints(name) if outside else {}
+        for relative, producer in outside.items():
+            if present[relative] == "missing":
                 continue
             reason, chain = not_current(run, producer, resolved, records, notebook_dir, tuple(selected))
             if reason:
