@@ -13,7 +13,9 @@ seed. Three adjustments fit the files to a short run on any backbone; `adjustmen
   and dims [512, 256, 128, 64] that is jina's own list);
 - K: a recipe asks for K hard negatives and gets min(K, the run's mined K).
 
-Each training runs in its own process (`python -m c2llm_lib.train`), so its peak memory is its own;
+Each training runs in its own process (`python -m c2llm_lib.train`) in a folder named by a hash of its configs and
+of the rows it trains on (`config_key`), and a finished training there is reused only when the rows it recorded
+are the rows given (another is moved aside and trained again). Its peak memory is its own;
 throughput counts real tokens embedded with a graph per second of training steps, and memory is the peak
 from the end of loading to the end of training (weights, optimizer state and activations; GPU memory on a
 GPU, resident memory on a CPU), so a loader's transient spike does not hide the recipes' differences.
@@ -160,23 +162,38 @@ def adjustments(base_train: TrainConfig, mined_negatives: int) -> list[str]:
     ]
 
 
-def config_key(model: ModelConfig, train: TrainConfig) -> str:
-    """A short hash of a training configuration: the folder a training writes to, reused when unchanged."""
-    blob = json.dumps({"model": model.to_dict(), "train": train.to_dict()}, sort_keys=True)
+def config_key(model: ModelConfig, train: TrainConfig, rows: str) -> str:
+    """A short hash of a training: its configurations and `rows`, the fingerprint of the rows it trains on
+    (`train.data_fingerprint`). The folder a training writes to, reused when none of them changed."""
+    blob = json.dumps({"model": model.to_dict(), "train": train.to_dict(), "rows": rows}, sort_keys=True)
     return hashlib.blake2b(blob.encode(), digest_size=5).hexdigest()
 
 
 def train_recipe(model: ModelConfig, train: TrainConfig, rows_dir: Path, work_dir: Path, log=print) -> dict[str, Any]:
-    """Trains one configuration in its own process (`python -m c2llm_lib.train`) under `work_dir/<hash>/`.
+    """Trains one configuration on the rows saved in `rows_dir`, in its own process (`python -m c2llm_lib.train`),
+    under `work_dir/<config_key>/`.
 
     Returns the training summary (steps, seconds, tokens, tokens_per_second, peak_rss_gb [, peak_cuda_gb],
-    final_checkpoint). A folder that already holds a finished training of the same configuration is reused;
-    a failed training raises with its error, the command and where its full log is."""
-    folder = Path(work_dir) / config_key(model, train)
+    data_fingerprint, final_checkpoint). A folder that already holds a finished training of the same configuration
+    on the same rows (the fingerprint its summary records) is reused; one whose summary records other rows is moved
+    aside (`<hash>.other-rows-<time>`, nothing deleted) and trained again. A failed training raises with its error,
+    the command and where its full log is."""
+    from datasets import load_from_disk
+
+    from .files import load_json
+    from .train import data_fingerprint, move_aside
+
+    rows = data_fingerprint(load_from_disk(str(rows_dir)))
+    folder = Path(work_dir) / config_key(model, train, rows)
     summary = folder / "checkpoints" / "train_summary.json"
     if summary.is_file():
-        log(f"reusing the finished training in {folder}")
-        return with_loss_trend(json.loads(summary.read_text()), folder / "checkpoints")
+        recorded = load_json(summary, "training summary").get("data_fingerprint")
+        if recorded == rows:
+            log(f"reusing the finished training in {folder}")
+            return with_loss_trend(json.loads(summary.read_text()), folder / "checkpoints")
+        moved = move_aside(folder, "other-rows")
+        log(f"{folder} holds a training trained on other rows (fingerprint {recorded}; the rows in {rows_dir}: "
+            f"{rows}): moved it to {moved}, training again")  # fmt: skip
     if (folder / "checkpoints").exists():  # an interrupted earlier attempt: its partial checkpoints are ours
         import shutil
 

@@ -11,11 +11,14 @@ code (`mteb.evaluate`), not a re-implementation:
   that last-token pooling appends comes last, and causal attention leaves the states before it unchanged).
   Scores equal each model's own `mteb.evaluate` (tests/test_eval_cache.py).
 - `offline_task`: our offline retrieval tasks as in-memory `AbsTaskRetrieval`s, so that they run through
-  `mteb.evaluate` exactly like the real benchmark.
+  `mteb.evaluate` exactly like the real benchmark. A task's dataset revision is a hash of its queries, corpus and
+  qrels (`task_fingerprint`): `eval_limit` or `eval_max_documents` keep a task's name but change what it ranks.
 - `run_mteb`: evaluates tasks with results cached under a folder in mteb's own layout
   (`ResultCache`); tasks already there are not rerun. The cache is keyed by the model's name and revision, and
   the revision is a `fingerprint` of the weights and of every setting that changes a score (max length,
-  prompts, dtype, width), so a changed setting is a new computation, never a stale score.
+  prompts, dtype, width), so a changed setting is a new computation, never a stale score. mteb files one result
+  per model and task name whatever the task's data, so a cached result whose dataset revision is not the task's
+  (another `eval_limit`, a changed mirror) is computed again and replaced, never read.
 - `mteb_task_sizes`: queries and documents of each benchmark task (mteb's statistics), for the results table;
 - `comparison_table`: our per-task nDCG@10 beside table 2 and the reference scores, with the full mean and
   a contamination-clean mean. The clean mean leaves out CodeEditSearch, which is evaluated on its train
@@ -83,6 +86,17 @@ def fingerprint(encoder, max_length: int | None = None, overrides: dict[str, str
         digest.update(key.encode())
         digest.update(tensors[key].detach().float().cpu().numpy().tobytes())
     return digest.hexdigest()
+
+
+def task_fingerprint(task: RetrievalTask) -> str:
+    """A short hash of what a retrieval task ranks: its queries, its corpus and its qrels (ids, texts, grades, in
+    order). Two tasks of one name (the offline tasks under another `eval_limit` or `eval_max_documents`) share it
+    only when they score the same."""
+    import hashlib
+    import json
+
+    content = [task.queries, task.corpus, task.qrels]
+    return hashlib.blake2b(json.dumps(content, ensure_ascii=False).encode(), digest_size=8).hexdigest()
 
 
 def model_meta(
@@ -326,14 +340,15 @@ class OfflineTask(AbsTaskRetrieval):
 
 
 def offline_task(task: RetrievalTask) -> OfflineTask:
-    """An mteb task for one of our offline retrieval tasks (`eval.offline_tasks`)."""
+    """An mteb task for one of our offline retrieval tasks (`eval.offline_tasks`); its dataset revision is the
+    `task_fingerprint` of its content, which mteb records with every result (`run_mteb` compares them)."""
     from mteb.abstasks.task_metadata import TaskMetadata
 
     metadata = TaskMetadata(
         name=task.name,
         description=f"Offline held-out retrieval task {task.name} (c2llm_lib.eval.offline_tasks).",
         reference="https://arxiv.org/abs/2512.21332",
-        dataset={"path": f"local/{task.name}", "revision": "offline-snapshot"},
+        dataset={"path": f"local/{task.name}", "revision": f"offline-{task_fingerprint(task)}"},
         type="Retrieval",
         category="t2t",
         modalities=["text"],
@@ -355,12 +370,30 @@ def offline_task(task: RetrievalTask) -> OfflineTask:
 
 def run_mteb(model: MTEBEncoder, tasks: Sequence[Any], cache_dir: str | Path) -> dict[str, float]:
     """{task: nDCG@10} through mteb.evaluate; results are cached in mteb's layout under `cache_dir`, and a task
-    already there is read back instead of rerun."""
+    already there is read back instead of rerun, unless that result was computed on other data than the task holds
+    now (`stale_results`): then it is computed again, and its file replaced."""
     import mteb
 
-    result = mteb.evaluate(model, list(tasks), cache=mteb.ResultCache(cache_dir), overwrite_strategy="only-missing",
-                           show_progress_bar=False)  # fmt: skip
-    return {r.task_name: float(r.get_score()) for r in result.task_results}
+    cache = mteb.ResultCache(cache_dir)
+    stale = stale_results(cache, model.mteb_model_meta, tasks)
+    scores = {}
+    for chosen, strategy in (([t for t in tasks if id(t) not in stale], "only-missing"),
+                             ([t for t in tasks if id(t) in stale], "always")):  # fmt: skip
+        if chosen:
+            result = mteb.evaluate(model, chosen, cache=cache, overwrite_strategy=strategy, show_progress_bar=False)
+            scores.update({r.task_name: float(r.get_score()) for r in result.task_results})
+    return scores
+
+
+def stale_results(cache, meta, tasks: Sequence[Any]) -> set[int]:
+    """The ids of the tasks for which `cache` holds a result of this model (`meta`: name and revision) on another
+    dataset revision than the task's: mteb's "only-missing" would read it back, whatever data it was computed on."""
+    stale = set()
+    for task in tasks:
+        found = cache.load_task_result(task.metadata.name, meta)
+        if found is not None and found.dataset_revision != task.metadata.revision:
+            stale.add(id(task))
+    return stale
 
 
 def mteb_code_tasks(names: Sequence[str] | None = None, mirror: str | Path | None = None):

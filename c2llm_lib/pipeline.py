@@ -11,14 +11,26 @@ Numbers such as `1e-3` read as floats (plain YAML 1.1 reads them as strings). Ea
 exactly the keys it declares.
 
 A new run refuses an existing run directory. `--resume` keeps a notebook that finished with the same
-parameters and the same inputs (a fingerprint of the run files it reads, `runs.INPUTS`), and reruns the
-rest. `--overwrite` deletes the old run first; with `--only` it deletes only the products of the chosen
-notebooks (`runs.PRODUCTS`) and reruns them, keeping what they read. One runner at a time works in a run
-directory (an fcntl lock, released when the runner exits or dies). The first failing notebook stops the
-run, a dead kernel (killed, out of memory) included; it is saved executed, with the error, the error is
-printed, and manifest.json records per notebook whether it finished, failed, was not reached, or is
-stale (finished before its inputs changed), its seconds, and its kernel's peak resident memory (`peak_rss_kib`,
-the largest of any process the notebook started, `memory.PeakMemory`).
+parameters and the same inputs, and reruns the rest. Its inputs (`input_fingerprints`) are the run files it
+reads (`runs.INPUTS`), the code cells of its notebook, and for notebook 06 the recipe files it reads
+(`params/<recipe>.yaml`). A notebook that reruns first loses its earlier products (`RunDir.remove_products`; its
+caches stay). `--overwrite` deletes the old run first; with `--only` it deletes only the products of the chosen
+notebooks (`runs.PRODUCTS`) and reruns them, keeping what they read.
+
+With `--only`, a chosen notebook reads the products of notebooks that do not run; each of those must be current
+(`not_current`): finished, with this run's parameters (but for where notebook 02 ran: `LaunchConfig`'s keys, so
+that the machines of a multi-node training need not be named again) and unchanged inputs, and so must the notebooks
+upstream of it, none of which may be chosen to rerun. Otherwise the run is refused before anything runs, naming
+the notebook and the command that reruns it; a plain `--resume` reruns whatever is stale. At the end, a finished
+notebook that did not run and is no longer current is recorded "stale", with the reason, and `main` prints
+`metrics/results.md` only while notebook 04 is current.
+
+One runner at a time works in a run directory (an fcntl lock, released when the runner exits or dies). The first
+failing notebook stops the run, a dead kernel (killed, out of memory) included; it is saved executed, with the
+error, the error is printed, and manifest.json records per notebook whether it finished, failed, was not reached,
+or is stale (no longer current: its parameters or inputs changed after it ran, or a notebook upstream of it is
+stale), its seconds, and its kernel's peak resident memory (`peak_rss_kib`, the largest of any process the notebook
+started, `memory.PeakMemory`).
 
 Each executed notebook, finished or failed, is also saved as HTML beside it (`notebooks/NN_*.html`, nbconvert),
 for reading a run without a kernel. The kernels' sockets are encrypted (`kernel_config`), which also keeps
@@ -29,6 +41,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import hashlib
 import re
 import signal
 import sys
@@ -39,14 +53,16 @@ from typing import Any
 
 import yaml
 
-from .config import ConfigError, from_dict, unknown_keys
+from .config import ConfigError, LaunchConfig, from_dict, unknown_keys
 from .files import CorruptFile
 from .memory import PeakMemory
 from .notebook import NOTEBOOK_DIR, RUN_KEYS, STAGES, read_parameters, stage_keys
-from .runs import PRODUCTS, RunDir, RunInUse, check_run_name
+from .runs import PRODUCTS, RunDir, RunInUse, check_run_name, upstream
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = list(STAGES)
+RESULTS = "04_eval_mteb_code"  # writes metrics/results.md, the table `main` prints
+LAUNCH_KEYS = tuple(f.name for f in dataclasses.fields(LaunchConfig))  # where notebook 02 ran, not what it made
 
 
 class PipelineError(RuntimeError):
@@ -73,6 +89,11 @@ def sigterm_raises():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class UpstreamNotCurrent(PipelineError):
+    """With --only, a chosen notebook would read the products of a notebook that is not current; the message names
+    that notebook, why, and the command that reruns it."""
 
 
 class _DuplicateKey(yaml.YAMLError):
@@ -265,9 +286,16 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def reason_to_rerun(record: dict[str, Any], executed: Path, parameters: dict[str, Any], inputs: dict[str, str]) -> str:
+def reason_to_rerun(
+    record: dict[str, Any],
+    executed: Path,
+    parameters: dict[str, Any],
+    inputs: dict[str, str],
+    ignore: tuple[str, ...] = (),
+) -> str:
     """Why `--resume` must rerun a notebook; '' when what it produced earlier still stands: the manifest says it
-    finished, its executed copy is complete with these parameters, and its inputs have the recorded fingerprints."""
+    finished, its executed copy is complete with these parameters (those in `ignore` aside), and its inputs have the
+    recorded fingerprints."""
     if not executed.is_file():
         return "it has not run"
     try:
@@ -276,14 +304,96 @@ def reason_to_rerun(record: dict[str, Any], executed: Path, parameters: dict[str
         return f"its executed copy is unreadable ({type(err).__name__})"
     if record.get("status") not in ("finished", "stale") or not complete:  # stale: its inputs say why, below
         return f"it did not finish (status {record.get('status', 'unknown')!r})"
-    if used != parameters:
-        changed = sorted(k for k in set(parameters) | set(used or {}) if (used or {}).get(k) != parameters.get(k))
+    used = used or {}
+    changed = sorted(k for k in set(parameters) | set(used) if used.get(k) != parameters.get(k) and k not in ignore)
+    if changed:
         return f"its parameters changed: {', '.join(changed)}"
     recorded = record.get("inputs")
     if recorded is None:
         return "its inputs were not recorded"
     changed = sorted(k for k in set(inputs) | set(recorded) if inputs.get(k) != recorded.get(k))
     return f"its inputs changed since it ran: {', '.join(changed)}" if changed else ""
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def input_fingerprints(run: RunDir, name: str, parameters: dict[str, Any], notebook_dir: Path) -> dict[str, str]:
+    """{input: fingerprint} of everything notebook `name` reads: the run files (`RunDir.input_fingerprints`), the code
+    cells of its notebook ("notebook code"; its prose changes no result), and for notebook 06 each recipe file it
+    reads ("recipe params/<name>.yaml", "missing" when absent)."""
+    import nbformat
+
+    inputs = run.input_fingerprints(name)
+    try:
+        cells = nbformat.read(notebook_dir / f"{name}.ipynb", as_version=4).cells
+        code = "\0".join(c.source for c in cells if c.cell_type == "code")
+        inputs["notebook code"] = _digest(code.encode())
+    except (OSError, ValueError) as err:  # the notebook itself reports an unreadable file when it runs
+        inputs["notebook code"] = f"unreadable ({type(err).__name__})"
+    if name == "06_recipe_comparison":
+        from .comparison import PARAMS_DIR
+
+        for recipe in parameters.get("compare_recipes") or []:
+            path = Path(PARAMS_DIR) / f"{recipe}.yaml"
+            inputs[f"recipe params/{recipe}.yaml"] = _digest(path.read_bytes()) if path.is_file() else "missing"
+    return inputs
+
+
+def not_current(
+    run: RunDir,
+    name: str,
+    resolved: dict[str, dict[str, Any]],
+    records: dict[str, Any],
+    notebook_dir: Path,
+    rerun: tuple[str, ...] = (),
+) -> tuple[str, list[str]]:
+    """(why notebook `name`'s products do not stand for this run, the notebooks to rerun for them), or ('', []) when
+    they do: it finished with these parameters (`LAUNCH_KEYS` aside: where notebook 02 ran does not change what it
+    made) and inputs, and so did every notebook upstream whose product it read, none of which is in `rerun`."""
+    executed = run.root / "notebooks" / f"{name}.ipynb"
+    inputs = input_fingerprints(run, name, resolved[name], notebook_dir)
+    reason = reason_to_rerun(records.get(name, {}), executed, resolved[name], inputs, ignore=LAUNCH_KEYS)
+    if reason:
+        return reason, [name]
+    for relative, producer in upstream(name).items():
+        if inputs.get(relative) == "missing":  # not read: the notebook needs it only for an option it did not ask
+            continue
+        if producer in rerun:
+            return f"it read {relative} from {producer}, which this run reruns", [name]
+        below, chain = not_current(run, producer, resolved, records, notebook_dir, rerun)
+        if below:
+            return f"it read {relative} from {producer}, which is not current: {below}", [*chain, name]
+    return "", []
+
+
+def _records(run: RunDir) -> dict[str, Any]:
+    """The manifest's per-notebook records ({} for a new run)."""
+    records = run.read_manifest().get("notebooks") if (run.root / "manifest.json").is_file() else None
+    return dict(records) if isinstance(records, dict) else {}
+
+
+def check_upstream(
+    run: RunDir, selected: list[str], resolved: dict[str, dict[str, Any]], params_file: str, notebook_dir: Path
+) -> None:
+    """Refuses (`UpstreamNotCurrent`) a chosen notebook that reads a product of a notebook that does not run and is
+    not current (`not_current`), naming both and the command that reruns what is stale."""
+    records = _records(run)
+    for name in selected:
+        outside = {relative: producer for relative, producer in upstream(name).items() if producer not in selected}
+        present = run.input_fingerprints(name) if outside else {}
+        for relative, producer in outside.items():
+            if present[relative] == "missing":
+                continue
+            reason, chain = not_current(run, producer, resolved, records, notebook_dir, tuple(selected))
+            if reason:
+                chosen = " ".join(n[:2] for n in NOTEBOOKS if n in {*chain, *selected})
+                raise UpstreamNotCurrent(
+                    f"--only {' '.join(n[:2] for n in selected)}: {name} reads {relative} from {producer}, which is "
+                    f"not current ({reason}). Run python -m c2llm_lib.pipeline {params_file} --resume --only {chosen}"
+                    " (with this run's --set and --overlay), or --resume without --only to rerun whatever is stale"
+                )
 
 
 def run_pipeline(
@@ -306,9 +416,14 @@ def run_pipeline(
     selected = NOTEBOOKS if not only else [n for n in NOTEBOOKS if any(n.startswith(p) for p in only)]
     if only and len(selected) != len(only):
         raise ConfigError(f"--only {only}: choose among {', '.join(n[:2] for n in NOTEBOOKS)}")
+    root = Path(outputs) / name
+    for values in resolved.values():
+        values.update(run=name, outputs_dir=str(root.parent.resolve()))
+    if mode != "new":  # before --overwrite deletes anything
+        check_upstream(RunDir(root), selected, resolved, str(params_file), notebook_dir)
     # --overwrite --only NN replaces only NN's products; the files it reads stay
     replace = [p for n in selected for p in (*PRODUCTS[n], f"notebooks/{n}.*")] if only else None  # .ipynb, .html
-    run = RunDir.create(Path(outputs) / name, mode, replace=replace)
+    run = RunDir.create(root, mode, replace=replace)
     try:
         with sigterm_raises():
             _run_notebooks(run, str(params_file), given, resolved, selected, mode == "resume", notebook_dir, log,
@@ -336,13 +451,8 @@ def _run_notebooks(
     import papermill
     from nbclient.exceptions import DeadKernelError
 
-    outputs_dir = str(run.root.parent.resolve())
-    for values in resolved.values():
-        values.update(run=run.root.name, outputs_dir=outputs_dir)
-    previous = run.read_manifest()
-    records = previous.get("notebooks")
-    records = dict(records) if isinstance(records, dict) else {}  # {notebook: {status, inputs, ...}}
-    if previous.get("status") == "running":  # this runner holds the lock, so the one that wrote this is gone
+    records = _records(run)  # {notebook: {status, inputs, ...}}
+    if run.read_manifest().get("status") == "running":  # this runner holds the lock: the one that wrote it is gone
         for name, record in records.items():
             if record.get("status") in ("running", "pending"):
                 records[name] = {**record, "status": "failed", "error": "its runner died (killed) while it ran"}
@@ -358,13 +468,14 @@ def _run_notebooks(
     save(status="running", drop=("failed_notebook", "error", "ended"))
     for name in selected:
         executed = run.root / "notebooks" / f"{name}.ipynb"
-        inputs = run.input_fingerprints(name)
+        inputs = input_fingerprints(run, name, resolved[name], notebook_dir)
         reason = reason_to_rerun(earlier.get(name, {}), executed, resolved[name], inputs) if resume else ""
         if resume and not reason:
-            records[name] = {**earlier[name], "status": "finished"}
+            records[name] = {k: v for k, v in earlier[name].items() if k != "reason"} | {"status": "finished"}
             log(f"[{name}] done earlier with the same parameters and inputs: kept")
             continue
         log(f"[{name}] running" + (f" ({reason})" if reason else "") + " ...")
+        run.remove_products(name)  # nothing it wrote before stays beside what it writes now (its caches aside)
         records[name] = {"status": "running", "started": _now(), "inputs": inputs}
         save()
         start = time.perf_counter()
@@ -409,10 +520,13 @@ def _run_notebooks(
         save()
         memory = f", peak resident memory {peak.kib / 2**20:.2f} GiB" if peak.kib else ""
         log(f"[{name}] finished in {time.perf_counter() - start:.0f}s{memory}")
-    for name, record in records.items():  # earlier results whose inputs changed since (e.g. after --only 02)
-        if name not in selected and record.get("status") == "finished":
-            if record.get("inputs") != run.input_fingerprints(name):
-                records[name] = {**record, "status": "stale"}
+    for name, record in records.items():  # earlier results that no longer stand for this run (e.g. after --only 02)
+        if name not in selected and record.get("status") in ("finished", "stale"):
+            reason, _ = not_current(run, name, resolved, records, notebook_dir)
+            current = {k: v for k, v in record.items() if k != "reason"}
+            records[name] = (
+                {**current, "status": "stale", "reason": reason} if reason else {**current, "status": "finished"}
+            )
     save(status="finished", ended=_now())
 
 
@@ -446,10 +560,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(f"results: {run.root}  (metrics/, figures/, notebooks/)")
-    summary = run.root / "metrics" / "results.md"
-    if summary.is_file():
-        print(summary.read_text())
+    table = results_table(run, args.params)
+    if table:
+        print(table)
     return 0
+
+
+def results_table(run: RunDir, params_file: str) -> str:
+    """metrics/results.md when notebook 04 is current in the run's manifest; else a line saying that the table is
+    stale and why (it was written for another model, e.g. after --only 01 02 03 with a new learning rate), or ''
+    when there is none."""
+    summary = run.root / "metrics" / "results.md"
+    if not summary.is_file():
+        return ""
+    record = run.read_manifest().get("notebooks", {}).get(RESULTS) or {}
+    status = record.get("status", "not recorded")
+    if status == "finished":
+        return summary.read_text()
+    why = f" ({record['reason']})" if record.get("reason") else ""
+    return (
+        f"metrics/results.md is stale: {RESULTS} is {status}{why}, so its table is not this run's.\n"
+        f"python -m c2llm_lib.pipeline {params_file} --resume (with this run's --set) reruns what is stale"
+    )
 
 
 if __name__ == "__main__":

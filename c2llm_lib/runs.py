@@ -19,8 +19,10 @@ Layout:
 Notebooks talk to each other only through these paths. `require` names the notebook that produces a
 missing input, so running notebook 03 before 02 says what to run instead of failing deep inside.
 `INPUTS` lists what each notebook reads and `PRODUCTS` what it writes: the runner fingerprints a
-notebook's inputs to know whether a finished notebook is still current, and `--overwrite --only NN`
-replaces only notebook NN's products.
+notebook's inputs to know whether a finished notebook is still current (`upstream` names the notebook each
+input comes from), `--overwrite --only NN` replaces only notebook NN's products, and a notebook that reruns
+first loses its earlier products (`remove_products`), but for the caches it reads back (`KEPT_ON_RERUN`),
+so that no table of an earlier run stays beside the new ones.
 
 A run name is a plain directory name (no `.`, `..`, path separator or empty name), and a run directory
 only ever deletes inside itself: `create(..., "overwrite")` refuses a run directory that resolves (through
@@ -72,14 +74,24 @@ PRODUCTS = {
     "04_eval_mteb_code": (
         "mteb",
         "metrics/eval.json",
+        "metrics/eval_tasks.json",
         "metrics/results.md",
         "figures/scores.png",
         "metrics/ablations.*",
         "figures/ablation_*",
         "metrics/mteb_code.*",
+        "metrics/mteb_code_tasks.json",
     ),
     "05_pma_attention": ("metrics/attention.json", "figures/attention_*"),
     "06_recipe_comparison": ("comparison", "metrics/comparison.*", "figures/comparison.png"),
+}
+# Products a rerun reads back rather than recomputes, each keyed by what it holds: notebook 02's checkpoints (it
+# resumes its own training, moves another's aside), mteb's results (by model, settings and task data), notebook 06's
+# trainings (by configs and rows).
+KEPT_ON_RERUN = {
+    "02_train_lora_contrastive": ("checkpoints", "logs/02_train"),
+    "04_eval_mteb_code": ("mteb",),
+    "06_recipe_comparison": ("comparison",),
 }
 LOCK_FILE = ".lock"
 LIBRARIES = ("c2llm_lib", "torch", "transformers", "peft", "datasets", "accelerate", "mteb", "papermill", "bm25s")
@@ -113,10 +125,21 @@ def check_run_name(name: str, source: str = "run name") -> str:
     return name
 
 
+CONTENT_LIMIT = 4 * 2**20  # files up to this size are fingerprinted by their bytes
+
+
+def upstream(notebook: str) -> dict[str, str]:
+    """{input: the notebook that writes it} for each run file `notebook` reads (`INPUTS`, `PRODUCERS`)."""
+    return {i: PRODUCERS[next(k for k in PRODUCERS if i == k or i.startswith(k + "/"))] for i in INPUTS[notebook]}
+
+
 def fingerprint(root: Path, relative: str) -> str:
-    """A digest of the file names, sizes and modification times under `root/relative` ("missing" when it is
-    absent). Hidden entries (staging folders, the lock) and `cache-*` files (what `datasets` adds beside a
-    dataset it maps) are left out: they change without the product changing."""
+    """A digest of the files under `root/relative` ("missing" when it is absent): each file's name and size, and
+    its bytes when it holds at most `CONTENT_LIMIT` (the JSON records, configs and trainer states that say which
+    training or model a folder holds), else its modification time (weights and tables, too large to read at every
+    --resume; a checkpoint's identity is in its small trainer state). A file copied in from another training with its
+    size and time kept (`cp -p`) is therefore a change. Hidden entries (staging folders, the lock) and `cache-*` files
+    (what `datasets` adds beside a dataset it maps) are left out: they change without the product changing."""
     path = root / relative
     if not path.exists():
         return "missing"
@@ -127,7 +150,10 @@ def fingerprint(root: Path, relative: str) -> str:
         if any(part.startswith(".") for part in Path(rel).parts) or file.name.startswith("cache-"):
             continue
         stat = file.stat()
-        digest.update(f"{rel}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
+        if stat.st_size <= CONTENT_LIMIT:
+            digest.update(f"{rel}\t{stat.st_size}\t{hashlib.sha256(file.read_bytes()).hexdigest()}\n".encode())
+        else:
+            digest.update(f"{rel}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:16]
 
 
@@ -306,6 +332,17 @@ class RunDir:
     def input_fingerprints(self, notebook: str) -> dict[str, str]:
         """{input: fingerprint} of what `notebook` reads from this run (`INPUTS`)."""
         return {relative: fingerprint(self.root, relative) for relative in INPUTS[notebook]}
+
+    def remove_products(self, notebook: str) -> list[str]:
+        """Deletes what `notebook` wrote earlier (`PRODUCTS`), but for the caches it reads back (`KEPT_ON_RERUN`),
+        before it runs again: a product it no longer writes (ablations switched off) must not stay beside the new
+        ones. Only inside the run directory; returns what it deleted, relative to the run."""
+        real = self.root.resolve()
+        kept = KEPT_ON_RERUN.get(notebook, ())
+        doomed = [p for pattern in PRODUCTS[notebook] if pattern not in kept for p in sorted(self.root.glob(pattern))]
+        for path in doomed:
+            _delete_inside(path, real)
+        return [p.relative_to(self.root).as_posix() for p in doomed]
 
     def save_metrics(self, name: str, values: Any) -> Path:
         path = self.root / "metrics" / f"{name}.json"

@@ -1,6 +1,7 @@
 """The recipe comparison's parts: recipes over the run's compute, the dimension sweep, the table and its sentences."""
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -130,3 +131,40 @@ def test_the_comparison_parameters_are_checked():
         CompareStage(compare_dims=[64, 64], compare_pma_dims=[])
     with pytest.raises(ConfigError, match="compare_recipes.*repeats"):
         CompareStage(compare_recipes=["jina-code-0.5b", "jina-code-0.5b"])
+
+
+@pytest.mark.slow
+def test_a_finished_training_is_reused_only_for_the_same_rows(tmp_path):
+    """Notebook 06 reused a recipe's training made on other rows (issue 23): the folder is keyed by the rows too, and a
+    folder whose recorded rows are not the ones given is moved aside and trained again, never read."""
+    import json
+
+    from datasets import load_from_disk
+
+    from c2llm_lib.train import data_fingerprint
+
+    from training_rows import make_rows
+
+    first_rows, other_rows = tmp_path / "rows", tmp_path / "other-rows"
+    make_rows().save_to_disk(str(first_rows))
+    make_rows().map(lambda r: {"query": r["query"] + " (rewritten)"}).save_to_disk(str(other_rows))
+    model = dataclasses.replace(BASE_MODEL, device="cpu")
+    train = dataclasses.replace(BASE_TRAIN, max_steps=1, checkpoint_steps=[])
+    work, lines = tmp_path / "work", []
+    first = train_recipe(model, train, first_rows, work, log=lines.append)
+    other = train_recipe(model, train, other_rows, work, log=lines.append)
+    assert first["data_fingerprint"] == data_fingerprint(load_from_disk(str(first_rows)))
+    assert other["data_fingerprint"] == data_fingerprint(load_from_disk(str(other_rows)))  # not the first's training
+    lines.clear()
+    reused = train_recipe(model, train, first_rows, work, log=lines.append)
+    assert reused["final_checkpoint"] == first["final_checkpoint"]
+    assert lines[0].startswith("reusing the finished training")  # the same rows and configs: reused
+    summary = Path(first["final_checkpoint"]).parent / "train_summary.json"
+    crafted = {**json.loads(summary.read_text()), "data_fingerprint": "0" * 24}  # a folder holding other rows' training
+    summary.write_text(json.dumps(crafted))
+    lines.clear()
+    again = train_recipe(model, train, first_rows, work, log=lines.append)
+    assert "trained on other rows (fingerprint 000000000000000000000000" in lines[0] and "moved it to" in lines[0]
+    assert again["data_fingerprint"] == first["data_fingerprint"]
+    moved = list(work.glob("*.other-rows-*"))
+    assert len(moved) == 1 and json.loads((moved[0] / "checkpoints" / "train_summary.json").read_text()) == crafted

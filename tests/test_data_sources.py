@@ -93,3 +93,30 @@ def test_unknown_language_and_non_utf8_are_skips():
     assert checker.record("S", "r4", 5, "p", "python", "i") is None
     assert checker.record("S", "r5", "q", "p", "Python", "i")["language"] == "python"
     assert report.skipped["S"] == {"unknown language 'klingon'": 1, "non-text or non-UTF-8 text": 3}
+
+
+def test_a_source_folder_linked_to_another_source_is_refused_naming_both(tmp_path):
+    """A mirror whose CosQA folder is a symlink to Apps' would train Apps' rows as CosQA's (issue 23)."""
+    root = write_fixtures(tmp_path / "hub")
+    apps, cosqa = root / "CoIR-Retrieval__apps", root / "CoIR-Retrieval__cosqa"
+    real_cosqa = tmp_path / "cosqa-download"
+    cosqa.rename(real_cosqa)
+    cosqa.symlink_to(apps, target_is_directory=True)
+    read = lambda name: list(iter_records(SOURCES[name], RowChecker(SkipReport()), root))  # noqa: E731
+    one = r"the mirror folders {}/ and {}/ \(dataset {}\) are one folder"
+    with pytest.raises(DataError, match="source CosQA: " + one.format(cosqa.name, apps.name, "CoIR-Retrieval/apps")):
+        read("CosQA")
+    with pytest.raises(
+        DataError, match="source AppsRetrieval: " + one.format(apps.name, cosqa.name, "CoIR-Retrieval/cosqa")
+    ):
+        read("AppsRetrieval")  # one folder under two names: which rows are whose cannot be told
+    cosqa.unlink()  # a link to a folder outside the mirror (a download kept elsewhere) is this source's own
+    cosqa.symlink_to(real_cosqa, target_is_directory=True)
+    assert read("CosQA") and read("AppsRetrieval")
+    corpus = real_cosqa / "corpus" / "corpus.jsonl"  # one file linked into another source's folder
+    corpus.unlink()
+    corpus.symlink_to(apps / "corpus" / "corpus.jsonl")
+    with pytest.raises(
+        DataError, match=r"source CosQA: .*corpus.jsonl resolves to .*, in CoIR-Retrieval__apps/ \(dataset"
+    ):
+        read("CosQA")

@@ -144,3 +144,30 @@ def test_an_encoder_alone_on_its_backbone_gets_exactly_its_own_embeddings(make_e
     np.testing.assert_array_equal(
         EncodingCache([trained]).encode(trained, texts, **kwargs), trained.encode(texts, **kwargs)
     )
+
+
+def test_a_cached_score_belongs_to_the_tasks_queries_corpus_and_qrels(make_encoder, tmp_path):
+    """A changed eval_limit (or eval_max_documents) keeps each task's name but changes what it ranks: the cache must
+    not answer for the new task with the old one's score (issue 23: 5 queries scored, then 44 "scored" the same)."""
+    encoder = make_encoder(pma_heads=4)
+    models = {"m": encoder, "m truncated to 16": Truncated(encoder, 16)}  # the ablations' views use this cache too
+    rows = humaneval_records()[:40]
+    few, many = task_from_rows("HumanEval", rows, INSTRUCTION, limit=3), task_from_rows("HumanEval", rows, INSTRUCTION)
+    quiet = {"bm25": False, "batch_size": 8, "max_length": 64, "log": lambda *_: None}
+    evaluate_all(models, [few], tmp_path / "shared", **quiet)
+    again = evaluate_all(models, [many], tmp_path / "shared", **quiet)
+    fresh = evaluate_all(models, [many], tmp_path / "fresh", **quiet)
+    alone = evaluate_all(models, [few], tmp_path / "alone", **quiet)
+    for label in models:
+        assert alone[label] != pytest.approx(fresh[label], abs=1e-4)  # the tasks score differently: the check can fail
+        assert again[label] == pytest.approx(fresh[label], abs=1e-6), label
+    # the same limit again is read back: the cache still serves a task it holds
+    assert evaluate_all(models, [many], tmp_path / "shared", **quiet) == again
+    # the corpus alone changed (eval_max_documents) with the same queries: a new score too
+    smaller = task_from_rows("HumanEval", rows, INSTRUCTION, limit=3, max_documents=10)
+    assert smaller.queries == few.queries and len(smaller.corpus) < len(few.corpus)
+    assert offline_task(smaller).metadata.revision != offline_task(few).metadata.revision
+    # and the qrels alone
+    moved = task_from_rows("HumanEval", rows, INSTRUCTION)
+    moved.qrels["q0"] = {"d1": 1}
+    assert offline_task(moved).metadata.revision != offline_task(many).metadata.revision

@@ -4,7 +4,8 @@ dead kernels, what --resume keeps, the run lock, the manifest, and the parameter
 The pipeline tests here run a fake pipeline: copies of the six notebooks with their real parameters cells and a
 one-line body each that reads and writes plain files in the run directory the way the real stages do
 (01 writes data/train, 02 reads it and writes a checkpoint and metrics/train.json, 03 merges, 04 and 05 read
-merged/, 06 reads the training record), so that each notebook takes a kernel start and nothing more.
+merged/, 04 writes its optional products when asked, 06 reads the training record), so that each notebook takes a
+kernel start and nothing more.
 """
 
 import json
@@ -49,7 +50,10 @@ BODIES = {
     "write('checkpoints/step-000001/w.txt', str(learning_rate))\n"
     "write('metrics/train.json', json.dumps({'learning_rate': learning_rate}))",
     "03_merge_checkpoints": "write('merged/m.txt', read('checkpoints/step-000001/w.txt'))",
-    "04_eval_mteb_code": "write('metrics/eval.json', json.dumps({'merged': read('merged/m.txt')}))",
+    "04_eval_mteb_code": "write('metrics/eval.json', json.dumps({'merged': read('merged/m.txt')}))\n"
+    "write('metrics/results.md', 'scores of the model merged from ' + read('merged/m.txt'))\n"
+    "if ablations:\n    write('metrics/ablations.md', 'ablations')\n"
+    "if mteb_tasks:\n    write('metrics/mteb_code.md', 'benchmarks')",
     "05_pma_attention": "write('metrics/attention.json', json.dumps({'merged': read('merged/m.txt')}))",
     "06_recipe_comparison": "write('metrics/comparison.json', read('metrics/train.json'))",
 }
@@ -227,6 +231,134 @@ def test_resume_reruns_what_read_a_changed_input(fake):
     assert lines[4].startswith("[04_eval_mteb_code] running (its inputs changed since it ran: merged")
     assert (root / "merged" / "m.txt").read_text() == "0.001"  # not the old merged model
     assert json.loads((root / "metrics" / "eval.json").read_text()) == {"merged": "0.001"}  # nor its results
+
+
+def test_resume_sees_a_checkpoint_swapped_with_its_size_and_time_kept(fake):
+    """A checkpoint copied in from another training (`cp -p`: same names, sizes and modification times) was kept by
+    --resume, and the merge it fed with it: small files are fingerprinted by their bytes (issue 23)."""
+    notebooks, params, outputs = fake
+    first = ["01", "02", "03"]
+    run_pipeline(params, only=first, outputs=outputs, notebook_dir=notebooks, **QUIET)
+    weights = outputs / "fake" / "checkpoints" / "step-000001" / "w.txt"
+    stat = weights.stat()
+    weights.write_text("0.0007")  # another training's, of the same size
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    lines = []
+    run_pipeline(params, only=first, mode="resume", outputs=outputs, notebook_dir=notebooks, log=lines.append)
+    assert lines[2].startswith("[03_merge_checkpoints] running (its inputs changed since it ran: checkpoints")
+    assert (outputs / "fake" / "merged" / "m.txt").read_text() == "0.0007"
+
+
+def test_a_rerun_removes_the_products_it_no_longer_writes(fake):
+    """--resume reran notebook 04 without its ablations or benchmarks and kept their earlier tables beside the new
+    evaluation (issue 23): a notebook's products are removed before it reruns, its caches (mteb/) aside."""
+    notebooks, params, outputs = fake
+    root, first = outputs / "fake", ["01", "02", "03", "04"]
+    asked = {"ablations": True, "mteb_tasks": ["all"]}
+    run_pipeline(params, only=first, sets=asked, outputs=outputs, notebook_dir=notebooks, **QUIET)
+    assert (root / "metrics" / "ablations.md").is_file() and (root / "metrics" / "mteb_code.md").is_file()
+    (root / "mteb").mkdir()
+    (root / "mteb" / "cached.json").write_text("{}")  # mteb's result cache: keyed by model and data, kept
+    lines = []
+    run_pipeline(params, only=first, mode="resume", outputs=outputs, notebook_dir=notebooks, log=lines.append)
+    assert lines[3].startswith("[04_eval_mteb_code] running (its parameters changed: ablations, mteb_tasks")
+    assert not (root / "metrics" / "ablations.md").exists() and not (root / "metrics" / "mteb_code.md").exists()
+    assert (root / "metrics" / "eval.json").is_file() and (root / "mteb" / "cached.json").is_file()
+
+
+def test_only_refuses_a_notebook_whose_upstream_is_stale(fake):
+    """After --only 02 with a new learning rate, --only 04 evaluated the old merged/ (issue 23): it is refused, naming
+    the stale upstream notebook and the command, and a plain --resume reruns the stale notebooks."""
+    notebooks, params, outputs = fake
+    root, run = outputs / "fake", {"outputs": outputs, "notebook_dir": notebooks, **QUIET}
+    run_pipeline(params, only=["01", "02", "03", "04"], **run)
+    new_rate = {"learning_rate": 1e-3}
+    run_pipeline(params, only=["02"], sets=new_rate, mode="resume", **run)
+    before = (root / "manifest.json").read_text()
+    with pytest.raises(PipelineError, match=r"--only 04: 04_eval_mteb_code reads merged from 03_merge_checkpoints, "
+                       r"which is not current \(its inputs changed since it ran: checkpoints.*\)\. Run "
+                       r"python -m c2llm_lib\.pipeline .*fake\.yaml --resume --only 03 04"):  # fmt: skip
+        run_pipeline(params, only=["04"], sets=new_rate, mode="resume", **run)
+    assert (root / "manifest.json").read_text() == before  # refused before anything ran or was recorded
+    assert json.loads((root / "metrics" / "eval.json").read_text()) == {"merged": "0.0001"}
+    lines = []
+    run_pipeline(params, only=["01", "02", "03", "04"], sets=new_rate, mode="resume", outputs=outputs,
+                 notebook_dir=notebooks, log=lines.append)  # fmt: skip
+    assert [line.split("]")[0][1:3] for line in lines if "running" in line] == ["03", "04"]
+    assert json.loads((root / "metrics" / "eval.json").read_text()) == {"merged": "0.001"}
+    # a notebook whose upstream went stale is stale too, though its own inputs did not change
+    run_pipeline(params, only=["01"], sets={**new_rate, "seed": 1}, mode="resume", **run)
+    statuses = {name: record["status"] for name, record in manifest(root)["notebooks"].items()}
+    assert statuses == {"01_data_prep": "finished", "02_train_lora_contrastive": "stale",
+                        "03_merge_checkpoints": "stale", "04_eval_mteb_code": "stale"}  # fmt: skip
+    assert "02_train_lora_contrastive" in manifest(root)["notebooks"]["03_merge_checkpoints"]["reason"]
+    # an upstream notebook whose parameters changed is not current either (data made with seed 1, asked for 2)
+    with pytest.raises(PipelineError, match=r"01_data_prep, which is not current \(its parameters changed: seed\)"):
+        run_pipeline(params, only=["02"], sets={**new_rate, "seed": 2}, mode="resume", **run)
+
+
+def test_where_an_upstream_notebook_ran_does_not_make_it_stale(fake):
+    """Two machines train through `c2llm_lib.launch` (notebook 02 with nnodes and rdzv_endpoint set), then the
+    pipeline merges with --only 03 and no launch keys: the training stands (README, several machines)."""
+    notebooks, params, outputs = fake
+    run = {"outputs": outputs, "notebook_dir": notebooks, **QUIET}
+    run_pipeline(params, only=["01"], **run)
+    launch = {"nnodes": 2, "node_rank": 0, "rdzv_endpoint": "node001:29500", "nproc": 1}
+    run_pipeline(params, only=["02"], sets=launch, mode="resume", **run)
+    run_pipeline(params, only=["03"], mode="resume", **run)
+    assert manifest(outputs / "fake")["notebooks"]["03_merge_checkpoints"]["status"] == "finished"
+
+
+def test_resume_reruns_a_notebook_whose_code_or_recipe_file_changed(fake, tmp_path, monkeypatch):
+    """A changed notebook, or a changed peer recipe file that notebook 06 reads, was kept by --resume (issue 23)."""
+    import c2llm_lib.comparison
+
+    notebooks, params, outputs = fake
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    recipe = recipes / "jina-code-0.5b.yaml"
+    recipe.write_text("learning_rate: 1.0e-4\n")
+    monkeypatch.setattr(c2llm_lib.comparison, "PARAMS_DIR", recipes)
+    chosen, sets = ["01", "02", "03", "06"], {"compare_recipes": ["jina-code-0.5b"]}
+    run_pipeline(params, only=chosen, sets=sets, outputs=outputs, notebook_dir=notebooks, **QUIET)
+    recipe.write_text("learning_rate: 2.0e-4\n")
+    merge = nbformat.read(notebooks / "03_merge_checkpoints.ipynb", as_version=4)
+    merge.cells.append(nbformat.v4.new_code_cell("print('merged, and checked')"))
+    nbformat.write(merge, notebooks / "03_merge_checkpoints.ipynb")
+    lines = []
+    run_pipeline(params, only=chosen, sets=sets, mode="resume", outputs=outputs, notebook_dir=notebooks,
+                 log=lines.append)  # fmt: skip
+    assert lines[0].endswith("kept") and lines[1].endswith("kept")
+    assert lines[2].startswith("[03_merge_checkpoints] running (its inputs changed since it ran: notebook code)")
+    assert lines[4].startswith("[06_recipe_comparison] running (its inputs changed since it ran: recipe "
+                               "params/jina-code-0.5b.yaml)")  # fmt: skip
+    markdown = nbformat.read(notebooks / "01_data_prep.ipynb", as_version=4)  # prose is not code: kept
+    markdown.cells.append(nbformat.v4.new_markdown_cell("A note for readers."))
+    nbformat.write(markdown, notebooks / "01_data_prep.ipynb")
+    lines.clear()
+    run_pipeline(params, only=chosen, sets=sets, mode="resume", outputs=outputs, notebook_dir=notebooks,
+                 log=lines.append)  # fmt: skip
+    assert all(line.endswith("kept") for line in lines) and len(lines) == 4
+
+
+def test_the_runner_prints_the_results_table_only_when_notebook_04_is_current(fake, monkeypatch, capsys):
+    """`--resume --only 01 02 03` after a new learning rate printed the previous model's results.md as the run's
+    table (issue 23); it says the table is stale, and why, instead."""
+    import c2llm_lib.pipeline
+
+    notebooks, params, outputs = fake
+    real = c2llm_lib.pipeline.run_pipeline
+    monkeypatch.setattr(c2llm_lib.pipeline, "run_pipeline", lambda *a, **k: real(*a, **k, notebook_dir=notebooks))
+    args = [str(params), "--outputs", str(outputs)]
+    assert main([*args, "--only", "01", "02", "03", "04"]) == 0
+    assert "scores of the model merged from 0.0001" in capsys.readouterr().out
+    assert main([*args, "--resume", "--only", "01", "02", "03", "--set", "learning_rate=1e-3"]) == 0
+    out = capsys.readouterr().out
+    assert "scores of the model merged from" not in out
+    assert "metrics/results.md is stale: 04_eval_mteb_code is stale (its inputs changed since it ran: merged" in out
+    assert "--resume" in out.splitlines()[-1]
+    assert main([*args, "--resume", "--set", "learning_rate=1e-3"]) == 0
+    assert "scores of the model merged from 0.001" in capsys.readouterr().out
 
 
 # two runners on one run directory ------------------------------------------------------------------------------

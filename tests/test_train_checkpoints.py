@@ -14,6 +14,7 @@ import yaml
 from c2llm_lib.config import ConfigError
 from c2llm_lib.files import CorruptFile
 from c2llm_lib.train import (
+    STATE_JSON,
     CheckpointMismatch,
     NonFiniteWeights,
     TrainConfig,
@@ -44,8 +45,11 @@ def names(folder):
 
 
 def record(trainer, path):
-    """The part of notebook 02's metrics/train.json that notebook 03 reads."""
-    path.write_text(json.dumps({"checkpoints": trainer.checkpoints}))
+    """The part of notebook 02's metrics/train.json that notebook 03 reads: the checkpoints, and what identifies the
+    training (the same fields as `launch.TrainRecord.summary`)."""
+    path.write_text(json.dumps({"checkpoints": trainer.checkpoints, "model_config": trainer.encoder.config.to_dict(),
+                                "train_config": trainer.cfg.to_dict(), "data_fingerprint": trainer.data_fingerprint,
+                                "processes": trainer.world_size}))  # fmt: skip
     return path
 
 
@@ -108,6 +112,35 @@ def test_notebook_03_merges_only_the_checkpoints_of_the_recorded_training(make_e
     assert names(root) == ["step-000002", "step-000003", "step-000004"]  # the folder mixes the two trainings
     chosen = checkpoints_to_merge(record(shorter, tmp_path / "train.json"), root, 2)
     assert [p.name for p in chosen] == ["step-000002", "step-000003"]
+
+
+def test_notebook_03_refuses_a_checkpoint_copied_in_from_another_training(make_encoder, tmp_path):
+    """A checkpoint of another learning rate, copied over one the record lists (names, sizes and times kept), is
+    named with what differs instead of being merged (issue 23)."""
+    import shutil
+
+    root, other = tmp_path / "checkpoints", tmp_path / "other"
+    cfg = TrainConfig(**CFG, max_steps=3, checkpoint_steps=[2, 3])
+    ours = Trainer(tiny(make_encoder), make_rows(), cfg, root)
+    ours.train()
+    Trainer(tiny(make_encoder), make_rows(), dataclasses.replace(cfg, learning_rate=7e-3), other).train()
+    train_json = record(ours, tmp_path / "train.json")
+    assert [p.name for p in checkpoints_to_merge(train_json, root, 2)] == ["step-000002", "step-000003"]
+    shutil.rmtree(root / "step-000003")
+    shutil.copytree(other / "step-000003", root / "step-000003")  # copy2: sizes and modification times kept
+    with pytest.raises(
+        CheckpointMismatch,
+        match=r"step-000003 was written by another training than .*train.json "
+        r"records: learning_rate: 0.007 in the checkpoint, 0.005 in the record",
+    ):
+        checkpoints_to_merge(train_json, root, 2)
+    (root / "step-000003" / STATE_JSON).unlink()  # no identity at all: refused too
+    with pytest.raises(FileNotFoundError, match="step-000003/trainer_state.json: the trainer state file is missing"):
+        checkpoints_to_merge(train_json, root, 2)
+    lacking = tmp_path / "lacking.json"  # a record that does not say which training it describes
+    lacking.write_text(json.dumps({"checkpoints": ours.checkpoints}))
+    with pytest.raises(CorruptFile, match=r"lacking.json: the training record lacks \['model_config'"):
+        checkpoints_to_merge(lacking, root, 1)
 
 
 # restarting notebook 02 --------------------------------------------------------------------------------

@@ -8,15 +8,26 @@ multi-language sets; one folder per language for CodeEditSearch) holding `<split
 `configs:` header declares them, as a dataset card on the hub does (`write_dataset_card`).
 
 - Training (`sources.iter_records(local_root=mirror)`) reads the config folders directly.
+- A dataset's folder may be a symlink (to a download kept elsewhere), but not to another dataset's folder of the
+  mirror, nor may a file in it resolve into one (`check_own_folder`): the other dataset's rows would train, or be
+  evaluated, under this one's name.
 - Evaluation and decontamination (`mteb_tasks(names, mirror)`) use mteb's own task classes and loaders unchanged;
   only each task's dataset path points into the mirror. So a mirrored task gives exactly what mteb gives from the
   hub: for a CoIR task, the whole corpus (train and valid documents included) for the test split, and for
   CodeEditSearch the first 1,000 rows per language of its train split.
+
+What a mirrored task holds is its folder's content, not its name: `datasets` files a local folder's tables under
+the folder's name and configs, whatever its path and bytes, so a second mirror (or one rewritten in place) would
+be read from the first one's Arrow cache. A mirrored task therefore loads into a `datasets` cache of its own
+content (`<datasets cache>/c2llm-mirror/<content_digest>/`), and its dataset revision carries the same digest, so
+mteb's results are filed under it too (`mteb_code.run_mteb` recomputes a result of another revision).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from .records import DataError
@@ -45,9 +56,80 @@ def write_dataset_card(repo: str | Path) -> Path:
     return card
 
 
+def check_own_folder(mirror: str | Path, hub_id: str, files: Iterable[str | Path], what: str) -> None:
+    """Refuses (naming `what`, e.g. "source CosQA", and the other dataset) a mirror folder of `hub_id` that is really
+    another dataset's: it resolves to the same place as another dataset folder of the mirror (one links to the
+    other), or one of `files` resolves into another dataset's folder. A link out of the mirror is the dataset's own."""
+    root = Path(mirror)
+    own = repo_dir(root, hub_id)
+    real_own = own.resolve()
+    others = [(o, o.resolve()) for o in sorted(root.iterdir()) if o.name != own.name and "__" in o.name and o.is_dir()]
+    for other, real in others:
+        if real == real_own:
+            raise DataError(
+                f"{what}: the mirror folders {own.name}/ and {other.name}/ (dataset {other.name.replace('__', '/', 1)})"
+                f" are one folder ({real}): one is a link to the other, so {what} would read another dataset's rows. "
+                "Give each dataset a folder of its own"
+            )
+    for file in files:
+        real_file = Path(file).resolve()
+        for other, real in others:
+            if real_file.is_relative_to(real):
+                raise DataError(
+                    f"{what}: {file} resolves to {real_file}, in {other.name}/ (dataset "
+                    f"{other.name.replace('__', '/', 1)}): {what} would read another dataset's rows. Give each dataset "
+                    "files of its own"
+                )
+
+
+def dataset_files(folder: str | Path) -> list[Path]:
+    """Every file under `folder`, in path order, through symlinked subfolders too (a config folder kept elsewhere is
+    part of the dataset; `Path.rglob` skips it), each real folder walked once (a loop of links ends)."""
+    found, seen, todo = [], set(), [Path(folder)]
+    while todo:
+        current = todo.pop()
+        if current.resolve() in seen:
+            continue
+        seen.add(current.resolve())
+        for entry in current.iterdir():
+            if entry.is_dir():
+                todo.append(entry)
+            elif entry.is_file():
+                found.append(entry)
+    return sorted(found)
+
+
+def content_digest(folder: str | Path) -> str:
+    """A short hash of everything under `folder` (`dataset_files`): each file's path relative to it, its size and its
+    bytes."""
+    folder = Path(folder)
+    digest = hashlib.blake2b(digest_size=8)
+    for path in dataset_files(folder):
+        digest.update(f"{path.relative_to(folder).as_posix()}\0{path.stat().st_size}\0".encode())
+        with open(path, "rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+@contextmanager
+def content_cache(digest: str) -> Iterator[Path]:
+    """`datasets` caches what it loads under `<its cache>/c2llm-mirror/<digest>/` while inside the block."""
+    import datasets
+
+    before = datasets.config.HF_DATASETS_CACHE
+    datasets.config.HF_DATASETS_CACHE = Path(before) / "c2llm-mirror" / digest
+    try:
+        yield datasets.config.HF_DATASETS_CACHE
+    finally:
+        datasets.config.HF_DATASETS_CACHE = before
+
+
 def mirrored_task(task, mirror: str | Path):
-    """`task` (an mteb task object) reading its data from the mirror instead of the hub; same class, metadata and
-    loader, only `metadata.dataset["path"]` changes (on a subclass, so mteb's registry is untouched)."""
+    """`task` (an mteb task object) reading its data from the mirror instead of the hub; same class and loader, on a
+    subclass (mteb's registry is untouched) whose metadata points `dataset["path"]` at the mirror's folder and adds
+    the folder's `content_digest` to its revision, and whose `load_data` reads through a `datasets` cache of that
+    content (`content_cache`)."""
     cls = type(task)
     source = cls.metadata.dataset["path"]
     local = repo_dir(mirror, source)
@@ -56,8 +138,18 @@ def mirrored_task(task, mirror: str | Path):
             f"MTEB task {cls.metadata.name}: the mirror {mirror} has no {local.name}/ "
             f"(the dataset {source} at revision {cls.metadata.dataset.get('revision', '?')[:8]})"
         )
-    metadata = cls.metadata.model_copy(update={"dataset": {**cls.metadata.dataset, "path": str(local.resolve())}})
-    return type(cls.__name__, (cls,), {"metadata": metadata, "__module__": cls.__module__})()
+    check_own_folder(mirror, source, dataset_files(local), f"MTEB task {cls.metadata.name}")
+    digest = content_digest(local)
+    dataset = {**cls.metadata.dataset, "path": str(local.resolve()),
+               "revision": f"{cls.metadata.dataset.get('revision')}+mirror-{digest}"}  # fmt: skip
+    metadata = cls.metadata.model_copy(update={"dataset": dataset})
+
+    def load_data(self, *args, **kwargs):
+        with content_cache(digest):
+            return cls.load_data(self, *args, **kwargs)
+
+    namespace = {"metadata": metadata, "load_data": load_data, "__module__": cls.__module__}
+    return type(cls.__name__, (cls,), namespace)()
 
 
 def mteb_tasks(names: Sequence[str], mirror: str | Path | None = None) -> list:

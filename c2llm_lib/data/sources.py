@@ -14,7 +14,8 @@ query instruction of table 1. Layouts:
 `swap=True` reads a source backwards: CodeSearchNet's text-to-code pairs are CoIR's code-to-text
 pairs with query and document exchanged. `iter_records(source, local_root=...)` reads local files
 laid out like the hub (`<root>/<hub id with / as __>/<config>/<split>.jsonl`) instead of the hub:
-that is how the fixtures test every mapping offline.
+that is how the fixtures test every mapping offline. A source's folder there that is really another
+source's (a symlink to it, or a file resolving into it) is refused, naming both (`mirror.check_own_folder`).
 
 Local files are read line by line (`JsonlTable`), not through the json loader of `datasets`, so one
 bad line (invalid UTF-8, malformed JSON, not an object) is a counted skip naming the file and line
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from .mirror import check_own_folder
 from .records import DataError, RowChecker, SkipReport, require_columns
 
 CSN_LANGUAGES = ("go", "java", "javascript", "php", "python", "ruby")
@@ -248,6 +250,7 @@ def open_table(
         where = Path(local_root) / shown
         if not where.is_file():
             raise DataError(f"source {source.name}: no local file {where} (config {config!r}, split {split!r})")
+        check_own_folder(local_root, source.hub_id, [where], f"source {source.name}")
         return JsonlTable(source.name, label, where, f"config {config!r}, split {split!r}", shown.as_posix(), report)
     import datasets
 

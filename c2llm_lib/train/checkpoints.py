@@ -6,7 +6,7 @@ safetensors, the model config, and the trainer state with no pickle in it (`stat
 RNG state, and the training's identity (`training_identity`: model and training configs, a fingerprint of the rows,
 the world size). Resuming refuses a checkpoint of another training, naming what differs, and a corrupt file is
 named with what is wrong. `checkpoints_to_merge` is what notebook 03 merges: the checkpoints `metrics/train.json`
-lists.
+lists, each refused unless the identity it records is the training that record describes.
 """
 
 from __future__ import annotations
@@ -200,10 +200,35 @@ def move_aside(folder: Path, label: str) -> Path:
     return target
 
 
+def recorded_identity(record: dict[str, Any], source: str | Path) -> dict[str, Any]:
+    """The `training_identity` that notebook 02's record (`metrics/train.json`) describes: its model and training
+    configs, rows fingerprint and number of processes. A record lacking one of them is an error naming it."""
+    missing = [k for k in ("model_config", "train_config", "data_fingerprint", "processes") if k not in record]
+    if missing:
+        raise CorruptFile(f"{source}: the training record lacks {missing}; rerun 02_train_lora_contrastive")
+    model = from_dict(ModelConfig, record["model_config"], str(source))
+    train = from_dict(TrainConfig, record["train_config"], str(source))
+    return training_identity(model, train, record["data_fingerprint"], record["processes"])
+
+
+def check_written_by(checkpoint: Path, identity: dict[str, Any], source: str | Path) -> None:
+    """Refuses a checkpoint whose trainer state records another training than `identity` (or none), naming what
+    differs: a checkpoint copied in from another training keeps its name, size and times, never its identity."""
+    saved = load_json(checkpoint / STATE_JSON, "trainer state").get("training")
+    differ = identity_differences(saved, identity) if isinstance(saved, dict) else ["it records no training identity"]
+    if differ:
+        described = "; ".join(d.removesuffix(" here") + " in the record" if d.endswith(" here") else d for d in differ)
+        raise CheckpointMismatch(
+            f"{checkpoint} was written by another training than {source} records: {described}. Rerun "
+            "02_train_lora_contrastive, which writes this training's checkpoints"
+        )
+
+
 def checkpoints_to_merge(train_record: str | Path, checkpoints_dir: str | Path, last: int) -> list[Path]:
     """The last `last` checkpoints of the training that notebook 02's `metrics/train.json` describes (its
     "checkpoints", in step order), found by name in `checkpoints_dir`. Only that training's checkpoints are
-    merged, whatever else the folder holds; too few, or a listed one missing, is an error naming them."""
+    merged, whatever else the folder holds; too few, or a listed one missing, is an error naming them, and so is
+    one whose recorded identity is not the record's (`check_written_by`)."""
     record = load_json(train_record, "training record")
     listed = record.get("checkpoints")
     if not isinstance(listed, list) or not all(isinstance(c, str) for c in listed):
@@ -218,4 +243,7 @@ def checkpoints_to_merge(train_record: str | Path, checkpoints_dir: str | Path, 
     missing = [str(p) for p in chosen if not p.is_dir()]
     if missing:
         raise FileNotFoundError(f"{train_record} lists {missing}, which are missing: rerun 02_train_lora_contrastive")
+    identity = recorded_identity(record, train_record)
+    for checkpoint in chosen:
+        check_written_by(checkpoint, identity, train_record)
     return chosen
