@@ -316,7 +316,7 @@ class DataStage:
     rows_per_group: int | None = None  # cap per (dataset, language) group; None keeps every row
     num_negatives: int = 7  # K, mined per query
     mining: Literal["bm25"] = "bm25"
-    decontaminate_mteb: bool = False  # drop rows whose query is a test query or positive a relevant test doc
+    decontaminate_mteb: bool = False  # drop rows holding a test query or relevant test doc (either direction)
     hub_mirror: str | None = None  # a local folder laid out as the hub datasets (data/mirror.py) instead of the hub
     seed: int = 0
 

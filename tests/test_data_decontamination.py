@@ -11,7 +11,16 @@ from mteb.mocks.mock_tasks.retrieval import MockRetrievalTask, general_args
 from c2llm_lib.config import DataStage
 from c2llm_lib.data import DataError, prepare_rows
 from c2llm_lib.data.build import build_training_data
-from c2llm_lib.data.mix import OFFLINE_EVAL_TEXT, POSITIVE_IS_RELEVANT, QUERY_IS_TEST_QUERY, EvalKeys, mteb_test_keys
+from c2llm_lib.data.mix import (
+    OFFLINE_EVAL_TEXT,
+    POSITIVE_IS_RELEVANT,
+    POSITIVE_IS_TEST_QUERY,
+    QUERY_IS_RELEVANT,
+    QUERY_IS_TEST_QUERY,
+    EvalKeys,
+    mteb_test_keys,
+    prepare_sources,
+)
 from c2llm_lib.data.records import text_key
 
 from source_fixtures import write_fixtures
@@ -87,7 +96,13 @@ def test_only_test_queries_relevant_documents_and_offline_texts_are_dropped():
     kept = sorted(prepared.rows["query"])
     assert kept == ["training question 0", "training question 2", "training question 6", "training question 7"]
     assert prepared.decontamination() == {
-        "CoirLike": {QUERY_IS_TEST_QUERY: 1, POSITIVE_IS_RELEVANT: 2, OFFLINE_EVAL_TEXT: 1}
+        "CoirLike": {
+            QUERY_IS_TEST_QUERY: 1,
+            POSITIVE_IS_RELEVANT: 2,
+            QUERY_IS_RELEVANT: 0,
+            POSITIVE_IS_TEST_QUERY: 0,
+            OFFLINE_EVAL_TEXT: 1,
+        }
     }
     assert prepared.summary()["decontaminated"] == prepared.decontamination()
 
@@ -112,6 +127,8 @@ def test_mteb_mock_task():
     assert prepared.decontamination()["CoirLike"] == {
         QUERY_IS_TEST_QUERY: 1,
         POSITIVE_IS_RELEVANT: 2,
+        QUERY_IS_RELEVANT: 0,
+        POSITIVE_IS_TEST_QUERY: 0,
         OFFLINE_EVAL_TEXT: 0,
     }
 
@@ -184,6 +201,38 @@ def test_build_keeps_the_training_set_against_a_coir_like_corpus(fixture_root):
     assert prepared.fingerprint != plain.fingerprint
     lone = ("AppsRetrieval/python", "CodeSearchNetCCRetrieval/python", "CosQA/python", "SyntheticText2SQL/sql")
     assert short == dict.fromkeys(lone, 1)  # each group that lost a row has one row left: no negative to mine
+
+
+def test_a_test_pair_read_backwards_is_dropped_too():
+    """CodeSearchNet trains code -> docstring and docstring -> code: a test pair (code X, docstring Y) must not
+    train as (Y, X) either, nor may a test query be trained as an answer."""
+    keys = EvalKeys.of(mteb_keys=({text_key("def x(): pass")}, {text_key("Y: the docstring")}))
+    assert keys.rule("def x():  pass", "Y: the docstring") == QUERY_IS_TEST_QUERY
+    assert keys.rule("Y: the  docstring", "def x(): pass") == QUERY_IS_RELEVANT  # was None: it trained
+    assert keys.rule("another docstring", "def x(): pass") == POSITIVE_IS_TEST_QUERY  # was None
+    assert keys.rule("Y: the docstring", "other code") == QUERY_IS_RELEVANT
+    assert keys.rule("other text", "other code") is None
+
+
+def test_codesearchnet_read_both_ways_trains_no_test_pair(fixture_root):
+    """Both sources read the same CoIR pairs (text, code); CodeSearchNetRetrieval reads them swapped. A test
+    split holding the pair (text, code) must drop it from both sources, in either direction."""
+    text, code = "compute the area of a circle", "def area(r):\n    return 3.14159 * r * r"
+    task = CoirLikeTask({"t0": text}, {"d0": ("", code)}, {"t0": {"d0": 1}})
+    names = ["CodeSearchNetRetrieval", "COIRCodeSearchNetRetrieval"]
+    prepared = prepare_sources(names, local_root=fixture_root, mteb_keys=mteb_test_keys([task]))
+    pairs = {(r["query"], r["positive"]) for r in prepared.rows}
+    assert (text, code) not in pairs and (code, text) not in pairs
+    assert text not in prepared.rows["query"] and text not in prepared.rows["positive"]
+    dropped = prepared.decontamination()  # the fixture asks the same text in each of the 6 languages
+    assert dropped["COIRCodeSearchNetRetrieval"] == dict.fromkeys(dropped["COIRCodeSearchNetRetrieval"], 0) | {
+        QUERY_IS_TEST_QUERY: 6
+    }
+    # was: every swapped row trained, the test pair (code, text) among them
+    assert dropped["CodeSearchNetRetrieval"] == dict.fromkeys(dropped["CodeSearchNetRetrieval"], 0) | {
+        QUERY_IS_RELEVANT: 1,  # (code, text): the test pair backwards
+        POSITIVE_IS_TEST_QUERY: 5,  # the test query trained as the answer to other code
+    }
 
 
 def test_build_refuses_options_it_would_ignore(fixture_root):

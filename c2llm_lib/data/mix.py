@@ -9,9 +9,15 @@ by the shard, not the mix.
 Decontamination compares `records.text_key`s (normalised text) and drops a training row when
   (a) its query is a test query of an evaluated split ("query is a test query"),
   (b) its positive is a document that a test qrel marks relevant, score > 0 ("positive is a relevant
-      test document"), or
+      test document"),
+  (a', b') the same pair read backwards: its query is a relevant test document ("query is a relevant test
+      document") or its positive a test query ("positive is a test query"), or
   (c) its query or positive is an offline evaluation text ("offline evaluation text"),
 counting each dropped row once, under the first rule that hits, per source (`Prepared.summary()`).
+Why both directions: CoIR's CodeSearchNet pairs train both ways (code -> docstring, and docstring -> code
+through `swap=True` in `sources.py`), and mteb evaluates both (COIRCodeSearchNetRetrieval asks with the code,
+CodeSearchNetRetrieval with the docstring). For a test pair (code X, docstring Y), (a) and (b) drop the copy
+(X, Y), and only (a') and (b') drop (Y, X): without them the test answer trains as a query.
 The MTEB(Code, v1) keys come from `mteb_test_keys`. A test document is compared both as the model
 sees it (`title + " " + text`, as mteb builds it) and as its bare text.
 
@@ -52,7 +58,7 @@ from .negatives import mine_negatives
 from .records import DataError, RowChecker, SkipReport, text_key
 from .sources import SOURCES, iter_records
 
-DATA_FORMAT_VERSION = 2  # 2: decontamination by rule (test queries, relevant documents, offline)
+DATA_FORMAT_VERSION = 3  # 2: decontamination by rule (test queries, relevant documents, offline); 3: both directions
 MTEB_CODE_TASKS = (
     "AppsRetrieval", "CodeEditSearchRetrieval", "CodeFeedbackMT", "CodeFeedbackST", "CodeSearchNetCCRetrieval",
     "CodeSearchNetRetrieval", "CodeTransOceanContest", "CodeTransOceanDL", "COIRCodeSearchNetRetrieval", "CosQA",
@@ -83,8 +89,11 @@ def fingerprint_of(*parts: Any) -> str:
 
 QUERY_IS_TEST_QUERY = "query is a test query"
 POSITIVE_IS_RELEVANT = "positive is a relevant test document"
+QUERY_IS_RELEVANT = "query is a relevant test document"  # a test pair read backwards (a swap=True source)
+POSITIVE_IS_TEST_QUERY = "positive is a test query"
 OFFLINE_EVAL_TEXT = "offline evaluation text"
-RULES = (QUERY_IS_TEST_QUERY, POSITIVE_IS_RELEVANT, OFFLINE_EVAL_TEXT)  # checked in this order
+# checked in this order
+RULES = (QUERY_IS_TEST_QUERY, POSITIVE_IS_RELEVANT, QUERY_IS_RELEVANT, POSITIVE_IS_TEST_QUERY, OFFLINE_EVAL_TEXT)
 
 
 @dataclass(frozen=True)
@@ -110,6 +119,10 @@ class EvalKeys:
             return QUERY_IS_TEST_QUERY
         if p in self.relevant_documents:
             return POSITIVE_IS_RELEVANT
+        if q in self.relevant_documents:
+            return QUERY_IS_RELEVANT
+        if p in self.test_queries:
+            return POSITIVE_IS_TEST_QUERY
         if q in self.offline or p in self.offline:
             return OFFLINE_EVAL_TEXT
         return None
