@@ -22,6 +22,7 @@ from c2llm_lib.data.mix import (
     prepare_sources,
 )
 from c2llm_lib.data.records import text_key
+from c2llm_lib.export import _data_section
 
 from source_fixtures import write_fixtures
 
@@ -105,6 +106,38 @@ def test_only_test_queries_relevant_documents_and_offline_texts_are_dropped():
         }
     }
     assert prepared.summary()["decontaminated"] == prepared.decontamination()
+
+
+def test_kept_counts_the_rows_that_train_not_the_rows_that_passed_the_checks():
+    task = CoirLikeTask(TEST_QUERIES, CORPUS, QRELS)
+    prepared = prepare_rows(training_rows(TRAIN), "fp-coir-like", OFFLINE, mteb_keys=mteb_test_keys([task]))
+    counts = prepared.summary()["sources"]["CoirLike"]
+    assert len(prepared.rows) == 4 and counts["kept"] == 4  # was 8: counted when checked, before decontamination
+    assert counts["passed_checks"] == 8 == counts["kept"] + sum(prepared.decontamination()["CoirLike"].values())
+    assert prepared.lines()[0] == (
+        "CoirLike: kept 4 of 8 that passed the checks; decontamination removed 4 (1 query is a test query, "
+        "2 positive is a relevant test document, 1 offline evaluation text)"
+    )
+    card = _data_section(prepared.summary())
+    assert "| source | passed the checks | rows kept (trained on) |" in card and "| CoirLike | 8 | 4 |" in card
+    assert "| CoirLike | 8 | not recorded |" in _data_section({"sources": {"CoirLike": {"kept": 8}}})  # an old record
+
+
+def test_when_decontamination_removes_every_row_the_error_says_so_per_source_and_rule():
+    pairs = [("a test question", f"def f{i}(): pass") for i in range(3)] + [("q", "another test question")]
+    with pytest.raises(DataError) as caught:
+        prepare_rows(
+            training_rows(pairs),
+            "fp-all-dropped",
+            mteb_keys=mteb_test_keys([CoirLikeTask(TEST_QUERIES, CORPUS, QRELS)]),
+        )
+    message = str(caught.value)
+    assert message.startswith("no training rows are left after checks and decontamination:")
+    # was: "CoirLike: kept 4", the rows that passed the checks, and nothing about why none trains
+    assert (
+        "CoirLike: kept 0 of 4 that passed the checks; decontamination removed 4 (3 query is a test query, "
+        "1 positive is a test query)" in message
+    )
 
 
 def test_keys_of_an_mteb_split_only_relevant_documents_as_seen_and_bare():
@@ -233,6 +266,18 @@ def test_codesearchnet_read_both_ways_trains_no_test_pair(fixture_root):
         QUERY_IS_RELEVANT: 1,  # (code, text): the test pair backwards
         POSITIVE_IS_TEST_QUERY: 5,  # the test query trained as the answer to other code
     }
+
+
+def test_a_cap_per_group_after_decontamination_is_counted_apart(fixture_root):
+    stage = DataStage(data_source="hub", hub_sources=NAMES, num_negatives=0, rows_per_group=1)
+    prepared, _ = build_training_data(stage, fixture_root)
+    sources = prepared.summary()["sources"]
+    assert sum(s["kept"] for s in sources.values()) == len(prepared.rows) == 9  # was 18: the rows before the cap
+    for name, counts in sources.items():
+        groups = len(set(prepared.rows.filter(lambda r, n=name: r["dataset"] == n)["language"]))
+        assert counts["kept"] == groups and counts["capped"] == counts["passed_checks"] - groups, name
+    uncapped, _ = build_training_data(DataStage(data_source="hub", hub_sources=NAMES, num_negatives=0), fixture_root)
+    assert prepared.fingerprint != uncapped.fingerprint  # the cap is part of what was prepared
 
 
 def test_build_refuses_options_it_would_ignore(fixture_root):

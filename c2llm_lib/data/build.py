@@ -90,7 +90,8 @@ def build_training_data(
         prepared = prepare_rows(rows, fingerprint, eval_texts, mteb_keys=mteb_keys)
     else:
         prepared = prepare_sources(stage.hub_sources, local_root, eval_texts, mteb_keys=mteb_keys)
-        if stage.rows_per_group is not None:
+        if stage.rows_per_group is not None:  # after decontamination: the counts say what each step removed
             groups = group_indices(prepared.rows).values()
-            prepared.rows = prepared.rows.select(_kept_indices(groups, stage.rows_per_group, stage.seed))
+            kept = _kept_indices(groups, stage.rows_per_group, stage.seed)
+            prepared = prepared.selected(kept, f"rows_per_group {stage.rows_per_group}, seed {stage.seed}")
     return add_hard_negatives(prepared, k=stage.num_negatives, method=stage.mining)

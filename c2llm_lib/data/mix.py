@@ -34,6 +34,11 @@ source and also every other row whose instruction equals one of theirs (short co
 tasks, evaluated rows of this one included, so its published CodeEditSearch score is not clean: the
 reference's "clean" mean leaves CodeEditSearch out, and a comparison with the paper should too.
 
+What the report counts per source (`Prepared.summary()`, `metrics/data.json`): `passed_checks`, the rows that
+passed the record checks; `decontaminated`, per rule; `capped`, the rows a cap per (dataset, language) group left
+out after decontamination (hub sources; the offline snapshot is capped before the checks); and `kept`, the rows of
+the prepared table, the ones that train: passed_checks = kept + decontaminated + capped.
+
 A prepared mix is cached under `cache_dir/<fingerprint>/` (the Arrow table and its report), where
 the fingerprint hashes the sources, their revisions, every option, the data format version and the
 decontamination keys and rules; the same request is read back instead of being rebuilt.
@@ -42,6 +47,7 @@ decontamination keys and rules; the same request is read back instead of being r
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -135,6 +141,16 @@ class EvalKeys:
         return h.hexdigest()
 
 
+def rows_per_source(table) -> Counter:
+    """Rows of each source (the `dataset` column) of a table, counted in Arrow batches (no text is read)."""
+    import pyarrow.compute as pc
+
+    counts: Counter = Counter()
+    for batch in table.select_columns(["dataset"]).with_format("arrow").iter(batch_size=65_536):
+        counts.update({e["values"]: e["counts"] for e in pc.value_counts(batch["dataset"]).to_pylist()})
+    return counts
+
+
 @dataclass
 class Prepared:
     """A prepared table and what happened on the way."""
@@ -144,20 +160,55 @@ class Prepared:
     report: SkipReport = field(default_factory=SkipReport)
     decontaminated: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))  # source -> rule -> n
     unreachable: dict[str, str] = field(default_factory=dict)
+    kept: Counter = field(default_factory=Counter)  # source -> rows in `rows`: the rows that train
+    capped: Counter = field(default_factory=Counter)  # source -> rows left out by `selected` (a cap per group)
+
+    def selected(self, indices: Sequence[int], why: str) -> Prepared:
+        """These rows only (e.g. a cap per group, `why` saying which); the fingerprint and the counts follow."""
+        rows = self.rows.select(indices)
+        kept = rows_per_source(rows)
+        capped = self.capped + Counter({s: n - kept[s] for s, n in self.kept.items() if n > kept[s]})
+        fingerprint = fingerprint_of(self.fingerprint, "selected", why)
+        return dataclasses.replace(self, rows=rows, fingerprint=fingerprint, kept=kept, capped=capped)
+
+    def sources(self) -> list[str]:
+        return sorted(set(self.report.sources()) | set(self.decontaminated) | set(self.kept))
 
     def decontamination(self) -> dict[str, dict[str, int]]:
         """Rows dropped per source and rule, every rule listed (0 included) for every source seen."""
-        sources = sorted(set(self.report.kept) | set(self.report.skipped) | set(self.decontaminated))
-        return {s: {rule: self.decontaminated.get(s, Counter())[rule] for rule in RULES} for s in sources}
+        return {s: {rule: self.decontaminated.get(s, Counter())[rule] for rule in RULES} for s in self.sources()}
 
     def summary(self) -> dict[str, Any]:
+        checks = self.report.as_dict()
+        sources = {
+            s: {"kept": self.kept[s], "passed_checks": self.report.passed[s], "capped": self.capped[s],
+                "skipped": checks.get(s, {}).get("skipped", {}), "examples": checks.get(s, {}).get("examples", {})}
+            for s in self.sources()
+        }  # fmt: skip
         return {
             "fingerprint": self.fingerprint,
-            "rows": len(self.rows),
-            "sources": self.report.as_dict(),
+            "rows": len(self.rows) if self.rows is not None else 0,
+            "sources": sources,
             "decontaminated": self.decontamination(),
             "unreachable": self.unreachable,
         }
+
+    def lines(self) -> list[str]:
+        """Per source, one line from the checks to the rows that train ("CosQA: kept 8 of 10 that passed the checks;
+        decontamination removed 2 (1 query is a test query, 1 ...); skipped 1 empty text"), then one indented line of
+        example row ids per reason a row was skipped."""
+        out = []
+        for source in self.sources():
+            removed = self.decontaminated.get(source, Counter())
+            line = f"{source}: kept {self.kept[source]} of {self.report.passed[source]} that passed the checks"
+            if sum(removed.values()):
+                rules = ", ".join(f"{removed[rule]} {rule}" for rule in RULES if removed[rule])
+                line += f"; decontamination removed {sum(removed.values())} ({rules})"
+            if self.capped[source]:
+                line += f"; {self.capped[source]} over the cap per group"
+            skipped = self.report.skipped_counts(source)
+            out += [line + (f"; {skipped}" if skipped else ""), *self.report.example_lines(source)]
+        return out
 
 
 def _text(value: Any, what: str) -> str:
@@ -237,9 +288,9 @@ def _cached(cache_dir: Path | None, fingerprint: str) -> Prepared | None:
     from datasets import load_from_disk
 
     summary = json.loads((cache_dir / fingerprint / "summary.json").read_text())
-    report = SkipReport()
+    report, kept = SkipReport(), Counter()
     for source, entry in summary["sources"].items():
-        report.kept[source] = entry["kept"]
+        report.passed[source], kept[source] = entry["passed_checks"], entry["kept"]
         for reason, n in entry["skipped"].items():
             report.skipped[source][reason] = n
             report.examples[source, reason] = entry["examples"].get(reason, [])
@@ -247,7 +298,7 @@ def _cached(cache_dir: Path | None, fingerprint: str) -> Prepared | None:
     for source, by_rule in summary["decontaminated"].items():
         decontaminated[source].update({rule: n for rule, n in by_rule.items() if n})
     rows = load_from_disk(str(cache_dir / fingerprint / "rows"))
-    return Prepared(rows, fingerprint, report, decontaminated, summary["unreachable"])
+    return Prepared(rows, fingerprint, report, decontaminated, summary["unreachable"], kept)
 
 
 def _store(prepared: Prepared, cache_dir: Path | None) -> Prepared:
@@ -324,8 +375,9 @@ def prepare_rows(
     if table is None or len(table) == 0:
         raise DataError(
             "no training rows are left after checks and decontamination:\n  "
-            + "\n  ".join(prepared.report.lines() or ["(no source produced any row)"])
+            + "\n  ".join(prepared.lines() or ["(no source produced any row)"])
         )
+    prepared.kept = rows_per_source(table)
     return _store(prepared, cache)
 
 
@@ -396,4 +448,4 @@ def add_hard_negatives(
         for name, language, negs in zip(batch["dataset"], batch["language"], batch["negatives"], strict=True):
             if len(negs) < k:
                 short[f"{name}/{language}"] += 1
-    return Prepared(table, fp, prepared.report, prepared.decontaminated, prepared.unreachable), dict(short)
+    return dataclasses.replace(prepared, rows=table, fingerprint=fp), dict(short)  # the same rows: the same counts
