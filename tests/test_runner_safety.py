@@ -262,9 +262,15 @@ def test_a_killed_runner_leaves_no_lock_behind(tmp_path):
 REFUSED = [
     (TrainConfig, {"max_grad_norm": -1.0}, "'max_grad_norm' must be positive"),
     (TrainConfig, {"max_grad_norm": 0.0}, "'max_grad_norm' must be positive"),
-    (TrainConfig, {"learning_rate": -1e-4}, "'learning_rate' must be >= 0"),
-    (TrainConfig, {"pma_learning_rate": -1e-4}, "'pma_learning_rate' must be >= 0"),
-    (TrainConfig, {"pma_attention_learning_rate": -1e-4}, "'pma_attention_learning_rate' must be >= 0"),
+    (TrainConfig, {"learning_rate": -1e-4}, r"'learning_rate' must be in \[0, 0.1\]"),
+    (TrainConfig, {"learning_rate": 1e30}, r"'learning_rate' must be in \[0, 0.1\] .*got 1e\+30"),  # was accepted
+    (TrainConfig, {"pma_learning_rate": -1e-4}, r"'pma_learning_rate' must be in \[0, 0.1\]"),
+    (TrainConfig, {"pma_learning_rate": 0.5}, r"'pma_learning_rate' must be in \[0, 0.1\] \(0 freezes"),
+    (TrainConfig, {"pma_attention_learning_rate": -1e-4}, r"'pma_attention_learning_rate' must be in \[0, 0.1\]"),
+    (TrainConfig, {"pma_attention_learning_rate": 3.0}, r"'pma_attention_learning_rate' must be in \[0, 0.1\]"),
+    (TrainConfig, {"tau": 1e308}, r"'tau' must be in \[0.001, 10.0\] .*nothing trains.*got 1e\+308"),  # was silent
+    (TrainConfig, {"tau": 1e-300}, r"'tau' must be in \[0.001, 10.0\]"),  # was a NaN loss that named no key
+    (TrainConfig, {"tau": 0.0}, r"'tau' must be in"),
     (
         TrainConfig,
         {"pma_learning_rate": 0.0, "pma_attention_learning_rate": 3e-3},
@@ -320,6 +326,9 @@ def test_a_value_out_of_range_is_refused_naming_the_key(cls, values, message):
     "cls,values",
     [
         (TrainConfig, {"pma_learning_rate": 0.0}),  # a frozen head
+        (TrainConfig, {"learning_rate": 0.1, "pma_learning_rate": 0.1, "pma_attention_learning_rate": 0.1}),
+        (TrainConfig, {"tau": 1e-3}),
+        (TrainConfig, {"tau": 10}),
         (TrainConfig, {"max_steps": 20, "checkpoint_steps": [5, 10, 15, 20]}),
         (ModelConfig, {"device": "cuda:1"}),
         (ModelConfig, {"device": "mps"}),

@@ -79,7 +79,8 @@ def test_a_nan_loss_stops_and_keeps_the_last_checkpoint(make_encoder, tmp_path, 
     monkeypatch.setattr(train_mod, "contrastive_loss", nan_on_second_step)
     enc = tiny(make_encoder)
     trainer = Trainer(enc, rows, TrainConfig(**CFG, max_steps=4, checkpoint_steps=[1]), tmp_path)
-    with pytest.raises(NonFiniteLoss, match=r"loss is nan at step 2 \(dataset Set\d\).*step-000001"):
+    with pytest.raises(NonFiniteLoss, match=r"loss is nan at step 2 \(dataset Set\d\).*Last checkpoint written, with "
+                       r"finite weights \(finite, not necessarily good: check its loss\): .*step-000001"):  # fmt: skip
         trainer.train()
     assert trainer.step == 1
     reloaded = encoder_from_checkpoint(tmp_path / "step-000001", device="cpu")
