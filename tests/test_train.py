@@ -105,6 +105,16 @@ def test_bad_training_config():
         TrainConfig(loss_weights={"CodeEditSearchRetrieval": -1.0})
 
 
+def test_loss_weights_must_name_a_dataset_of_the_rows(make_encoder):
+    from c2llm_lib.config import ConfigError
+
+    cfg = TrainConfig(**CFG, loss_weights={"Set1": 2.0, "Sett0": 0.5})  # a typo was weighed nowhere, silently
+    with pytest.raises(ConfigError, match=r"'loss_weights' names no dataset of the training rows: 'Sett0' \(did you "
+                       r"mean 'Set0'\?\); the rows hold \['Set0', 'Set1'\]"):  # fmt: skip
+        Trainer(tiny(make_encoder), make_rows(), cfg)
+    Trainer(tiny(make_encoder), make_rows(), TrainConfig(**CFG, loss_weights={"Set1": 2.0}))  # a real name trains
+
+
 def _train_worker(rank, world, init_file, out):
     import torch.distributed as dist
 

@@ -5,7 +5,8 @@ Checkpoints are written at `checkpoint_steps` and at `checkpoint_fractions` of t
 (`schedule.checkpoint_schedule`). A killed run resumed from its last checkpoint ends with the same weights as an
 uninterrupted one (tested). `Trainer.resume_latest` is what notebook 02 does (in its kernel, or on every rank
 through `--resume-latest`): it resumes the same training from its last complete checkpoint, and moves another
-training's checkpoints aside (never deleting them).
+training's checkpoints aside (never deleting them). A `loss_weights` key that names no dataset of the rows (a typo,
+or a source the data left out) is refused with a did-you-mean: it would weigh nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..config import TrainConfig
+from ..config import ConfigError, TrainConfig, unknown_keys
 from ..data.records import text_key
 from ..distributed import all_gather_json, barrier
 from ..files import CorruptFile, load_json
@@ -81,8 +82,14 @@ class Trainer(TrainStep):
         self.k = min(cfg.num_negatives, most_negatives(rows))  # K: what the run asks, at most what any row holds
         self.checkpoint_root = Path(checkpoint_root) if checkpoint_root is not None else None
         torch.manual_seed(cfg.seed)
+        groups = list(zip(rows["dataset"], rows["language"], strict=True))
+        datasets = {name for name, _ in groups}
+        unknown = sorted(set(cfg.loss_weights) - datasets)
+        if unknown:  # a typo would silently weigh nothing
+            raise ConfigError(f"parameter 'loss_weights' names no dataset of the training rows: "
+                              f"{unknown_keys(unknown, datasets)}; the rows hold {sorted(datasets)}")  # fmt: skip
         self.sampler = GroupedBatchSampler(
-            list(zip(rows["dataset"], rows["language"], strict=True)),
+            groups,
             [text_key(t) for t in rows["query"]],
             [text_key(t) for t in rows["positive"]],
             cfg.global_batch_size,
