@@ -31,6 +31,8 @@ import argparse
 import re
 import sys
 import time
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -102,10 +104,21 @@ def load_params(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _takes_a_list(key: str) -> bool:
+    """Whether a stage dataclass declares `key` as a list (or an optional list)."""
+    for cls in (c for classes in STAGES.values() for c in classes):
+        hint = typing.get_type_hints(cls).get(key)
+        if hint is not None:
+            options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+            return any(option is list or typing.get_origin(option) is list for option in options)
+    return False
+
+
 def apply_overlay(params: dict[str, Any], path: str | Path, notebook_dir: Path = NOTEBOOK_DIR) -> dict[str, Any]:
     """`params` with an overlay file laid over it (e.g. params/overlays/rehearsal.yaml): its keys replace the file's,
     and the keys under `where_nonempty:` replace only a list the run has non-empty (in the file or as the notebook's
-    default), so that an overlay scales what a recipe asks for without switching on what it does not."""
+    default), so that an overlay scales what a recipe asks for without switching on what it does not. A key there
+    must be a list parameter and be given a list: anything else would be ignored, so it is refused."""
     overlay = load_params(path)
     conditional = overlay.pop("where_nonempty", {})
     if not isinstance(conditional, dict):
@@ -116,7 +129,13 @@ def apply_overlay(params: dict[str, Any], path: str | Path, notebook_dir: Path =
         current = [v[key] for v in resolved.values() if key in v]
         if not current:
             raise ConfigError(f"{path}: where_nonempty names {key!r}, which no notebook declares")
-        if any(isinstance(v, list) and v for v in current):
+        if not _takes_a_list(key):  # it is never a non-empty list: the condition would never hold
+            raise ConfigError(f"{path}: where_nonempty names {key!r}, which is not a list parameter (here it is "
+                              f"{current[0]!r}); put it at the top level of the overlay to replace it")  # fmt: skip
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: where_nonempty gives {key!r} the value {value!r}; it replaces a list, so give "
+                              "a list (e.g. [32, 16])")  # fmt: skip
+        if any(v for v in current):
             merged[key] = value
     return merged
 

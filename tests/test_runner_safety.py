@@ -30,7 +30,7 @@ from c2llm_lib.config import (
     from_dict,
 )
 from c2llm_lib.notebook import NOTEBOOK_DIR, STAGES, parameters_cell
-from c2llm_lib.pipeline import PipelineError, load_params, main, parse_sets, run_pipeline
+from c2llm_lib.pipeline import PipelineError, apply_overlay, load_params, main, parse_sets, run_pipeline
 from c2llm_lib.runs import RunDir, RunInUse, check_run_name
 
 REPO = Path(__file__).resolve().parent.parent
@@ -376,6 +376,28 @@ def test_exponent_numbers_read_as_floats_in_files_and_sets(tmp_path, text, value
     path.write_text(f"learning_rate: {text}\n")
     for got in (load_params(path)["learning_rate"], parse_sets([f"learning_rate={text}"])["learning_rate"]):
         assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize(
+    "params,conditional,message",
+    [
+        ({}, "max_length: 64", r"where_nonempty names 'max_length', which is not a list parameter \(here it is 1024\)"),
+        ({}, "merge_last: 2", r"where_nonempty names 'merge_last', which is not a list parameter"),
+        ({"mrl_dims": [64]}, "mrl_dims: 32", r"where_nonempty gives 'mrl_dims' the value 32; .* give a list"),
+        ({}, "mrl_dims: 32", r"where_nonempty gives 'mrl_dims' the value 32"),  # refused even where nothing asks
+    ],
+)
+def test_an_overlay_condition_that_would_be_ignored_is_refused(tmp_path, params, conditional, message):
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(f"seed: 1\nwhere_nonempty:\n  {conditional}\n")
+    with pytest.raises(ConfigError, match=f"overlay.yaml: {message}"):  # was: ignored, or blamed on the params file
+        apply_overlay(params, overlay)
+
+
+def test_an_overlay_condition_on_a_list_applies_where_the_run_has_one(tmp_path):
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("seed: 1\nwhere_nonempty:\n  mrl_dims: [32]\n  merge_weights: [1.0]\n")
+    assert apply_overlay({"mrl_dims": [64]}, overlay) == {"mrl_dims": [32], "seed": 1}  # merge_weights: None here
 
 
 def test_a_key_set_twice_is_refused(tmp_path, capsys):
