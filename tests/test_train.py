@@ -115,6 +115,30 @@ def test_loss_weights_must_name_a_dataset_of_the_rows(make_encoder):
     Trainer(tiny(make_encoder), make_rows(), TrainConfig(**CFG, loss_weights={"Set1": 2.0}))  # a real name trains
 
 
+def test_a_max_length_with_no_room_after_the_prompt_is_refused(make_encoder):
+    """max_length 2 once cut every query inside its instruction, silently. The longest prompt of the rows counts:
+    CodeFeedbackMT's instruction (table 1) is 29 tokens with its newline."""
+    from c2llm_lib.config import ConfigError
+    from c2llm_lib.data.sources import TABLE_1
+
+    with pytest.raises(ConfigError, match=r"'max_length' \(2 tokens\) leaves no room for text: the run's longest "
+                       r"prompt, '(Find the code:\\n|Retrieved Answer:)', takes 4; give at least 20"):  # fmt: skip
+        Trainer(tiny(make_encoder), make_rows(), TrainConfig(**{**CFG, "max_length": 2}))
+    rows = make_rows().map(lambda r, i: {"instruction": TABLE_1["CodeFeedbackMT"] if i == 3 else r["instruction"]},
+                           with_indices=True)  # fmt: skip
+    with pytest.raises(
+        ConfigError, match=r"'max_length' \(44 tokens\).*'Given a multi-turn.*takes 29; give at least 45"
+    ):
+        Trainer(tiny(make_encoder), rows, TrainConfig(**{**CFG, "max_length": 44}))
+    Trainer(tiny(make_encoder), rows, TrainConfig(**{**CFG, "max_length": 45}))
+    codex = make_encoder(**TINY_LORA, prompt_style="codexembed", pooling="last_token")  # EOS appended: one more
+    named = make_rows().map(lambda r: {"dataset": "CosQA"})
+    with pytest.raises(
+        ConfigError, match=r"'Instruct: Given Code or Text, retrieve relevant content. Query: ', takes 16"
+    ):
+        Trainer(codex, named, TrainConfig(**{**CFG, "max_length": 31}))
+
+
 def _train_worker(rank, world, init_file, out):
     import torch.distributed as dist
 
