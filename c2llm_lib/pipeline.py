@@ -7,6 +7,8 @@ A params file holds flat overrides; the run is named after the file, and the nam
 directory name. Before anything runs, the file must hold at least one key and no key twice, every
 override must be declared by some notebook's parameters cell (papermill itself only warns), must not be a
 derived key (run, outputs_dir), and must validate in the stage dataclasses of every notebook declaring it.
+Values that must agree across notebooks are checked too (`check_ablation_dims`: notebook 04's ablation widths
+against notebook 02's heads and backbone).
 Numbers such as `1e-3` read as floats (plain YAML 1.1 reads them as strings). Each notebook receives
 exactly the keys it declares.
 
@@ -28,6 +30,7 @@ ipykernel's "running over TCP without encryption" warning out of the runner's ou
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import time
@@ -124,7 +127,7 @@ def apply_overlay(params: dict[str, Any], path: str | Path, notebook_dir: Path =
     if not isinstance(conditional, dict):
         raise ConfigError(f"{path}: where_nonempty must be a mapping of parameter names to lists")
     merged = {**params, **overlay}
-    resolved = resolve(merged, str(path), notebook_dir)
+    resolved = resolve(merged, str(path), notebook_dir, across=False)  # the run resolves the result again, whole
     for key, value in conditional.items():
         current = [v[key] for v in resolved.values() if key in v]
         if not current:
@@ -158,8 +161,12 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
     return values
 
 
-def resolve(overrides: dict[str, Any], source: str, notebook_dir: Path = NOTEBOOK_DIR) -> dict[str, dict[str, Any]]:
-    """{notebook: {key: value}} for every notebook, overrides validated; errors name source and key."""
+def resolve(
+    overrides: dict[str, Any], source: str, notebook_dir: Path = NOTEBOOK_DIR, across: bool = True
+) -> dict[str, dict[str, Any]]:
+    """{notebook: {key: value}} for every notebook, overrides validated; errors name source and key. `across`: also
+    the values that must agree across notebooks (off for an overlay's first pass: its where_nonempty values come
+    after it)."""
     forbidden = sorted(set(overrides) & set(RUN_KEYS))
     if forbidden:
         raise ConfigError(f"{source}: {forbidden} are set by the runner (the run is named after the params file)")
@@ -184,7 +191,49 @@ def resolve(overrides: dict[str, Any], source: str, notebook_dir: Path = NOTEBOO
             fields = cls.__dataclass_fields__
             from_dict(cls, {k: v for k, v in values.items() if k in fields}, f"{source} (notebook {name})")
         resolved[name] = values
+    if across:
+        check_ablation_dims(resolved, source, notebook_dir)
     return resolved
+
+
+# hidden sizes of the backbones the params files name (their published configs), and of the tiny test model
+HIDDEN_SIZES = {
+    "Qwen/Qwen2.5-Coder-0.5B-Instruct": 896, "Qwen/Qwen2.5-Coder-0.5B": 896,
+    "pypi-gguf:Qwen2.5-Coder-0.5B-Instruct": 896, "Qwen/Qwen2.5-Coder-7B-Instruct": 3584, "Qwen/Qwen2.5-Coder-7B": 3584,
+    "tiny-random-qwen2": 64,
+}  # fmt: skip
+
+
+def hidden_size(backbone: str, notebook_dir: Path = NOTEBOOK_DIR) -> int | None:
+    """The backbone's hidden size where it is known without loading it: a backbone above, or a local directory
+    (relative to notebooks/, where the notebooks run) whose config.json states it; else None."""
+    if backbone in HIDDEN_SIZES:
+        return HIDDEN_SIZES[backbone]
+    config = notebook_dir / Path(backbone).expanduser() / "config.json"
+    try:
+        size = json.loads(config.read_text()).get("hidden_size") if config.is_file() else None
+    except (OSError, ValueError, AttributeError):  # unreadable, not JSON, not an object: the backbone loader says
+        return None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
+def check_ablation_dims(resolved: dict[str, dict[str, Any]], source: str, notebook_dir: Path = NOTEBOOK_DIR) -> None:
+    """Notebook 04 trains PMA at each of `ablation_dims` with notebook 02's model: each d must split into its
+    `pma_heads` and be no wider than the backbone's hidden size (the full embedding it is truncated from). Checked
+    before anything runs, instead of failing in notebook 04 after the evaluation."""
+    evaluation, model = resolved.get("04_eval_mteb_code", {}), resolved.get("02_train_lora_contrastive", {})
+    if not evaluation.get("ablations") or "pma_heads" not in model:
+        return
+    dims, heads = evaluation["ablation_dims"], model["pma_heads"]
+    split = [d for d in dims if d % heads]
+    if split:
+        raise ConfigError(f"{source}: ablation_dims {split} (notebook 04) must be multiples of pma_heads = {heads} "
+                          "(notebook 02): PMA splits its output into pma_heads slices")  # fmt: skip
+    width = hidden_size(model["backbone"], notebook_dir)
+    wide = [d for d in dims if width is not None and d > width]
+    if wide:
+        raise ConfigError(f"{source}: ablation_dims {wide} (notebook 04) are wider than the backbone's hidden size "
+                          f"{width} ({model['backbone']}), the full embedding they are compared with")  # fmt: skip
 
 
 def executed_state(path: Path) -> tuple[bool, dict[str, Any] | None]:

@@ -29,8 +29,18 @@ from c2llm_lib.config import (
     TrainConfig,
     from_dict,
 )
+from c2llm_lib.model.backbone import tiny_qwen2_config
 from c2llm_lib.notebook import NOTEBOOK_DIR, STAGES, parameters_cell
-from c2llm_lib.pipeline import PipelineError, apply_overlay, load_params, main, parse_sets, run_pipeline
+from c2llm_lib.pipeline import (
+    HIDDEN_SIZES,
+    PipelineError,
+    apply_overlay,
+    load_params,
+    main,
+    parse_sets,
+    resolve,
+    run_pipeline,
+)
 from c2llm_lib.runs import RunDir, RunInUse, check_run_name
 
 REPO = Path(__file__).resolve().parent.parent
@@ -398,6 +408,39 @@ def test_an_overlay_condition_on_a_list_applies_where_the_run_has_one(tmp_path):
     overlay = tmp_path / "overlay.yaml"
     overlay.write_text("seed: 1\nwhere_nonempty:\n  mrl_dims: [32]\n  merge_weights: [1.0]\n")
     assert apply_overlay({"mrl_dims": [64]}, overlay) == {"mrl_dims": [32], "seed": 1}  # merge_weights: None here
+    # an overlay that swaps in a small backbone and scales the ablation widths down: only the result is checked
+    overlay.write_text("backbone: tiny-random-qwen2\nwhere_nonempty:\n  ablation_dims: [32]\n")
+    merged = apply_overlay({"ablations": True, "ablation_dims": [512, 256]}, overlay)
+    assert resolve(merged, "p.yaml")["04_eval_mteb_code"]["ablation_dims"] == [32]
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"ablation_dims": [3]}, r"ablation_dims \[3\] \(notebook 04\) must be multiples of pma_heads = 32"),
+        ({"backbone": "tiny-random-qwen2", "pma_heads": 4, "ablation_dims": [32, 128]},
+         r"ablation_dims \[128\] \(notebook 04\) are wider than the backbone's hidden size 64 \(tiny-random-qwen2\)"),
+        ({"backbone": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "ablation_dims": [1024, 512]},
+         r"ablation_dims \[1024\] .* 896"),
+    ],
+)  # fmt: skip
+def test_ablation_dims_that_notebook_04_cannot_train_are_refused_before_anything_runs(overrides, message):
+    """ablation_dims [3] failed inside notebook 04, after the whole evaluation."""
+    with pytest.raises(ConfigError, match=f"p.yaml: {message}"):
+        resolve({"ablations": True, **overrides}, "p.yaml")
+    resolve({"ablations": False, **overrides}, "p.yaml")  # not trained: not checked
+
+
+def test_ablation_dims_against_a_local_backbones_config(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"hidden_size": 48}')
+    base = {"ablations": True, "backbone": str(tmp_path / "model"), "pma_heads": 4}
+    with pytest.raises(ConfigError, match=r"ablation_dims \[64\] .* hidden size 48"):
+        resolve({**base, "ablation_dims": [64, 16]}, "p.yaml")
+    assert resolve({**base, "ablation_dims": [48, 16]}, "p.yaml")["04_eval_mteb_code"]["ablation_dims"] == [48, 16]
+    (tmp_path / "model" / "config.json").write_text("[1, 2]")  # unreadable here: the loader will say, not resolve
+    resolve({**base, "ablation_dims": [64]}, "p.yaml")
+    assert HIDDEN_SIZES["tiny-random-qwen2"] == tiny_qwen2_config().hidden_size
 
 
 def test_a_key_set_twice_is_refused(tmp_path, capsys):
