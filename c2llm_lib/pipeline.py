@@ -92,7 +92,11 @@ def load_params(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: no such params file")
     try:
-        data = read_yaml(path.read_text())
+        data = read_yaml(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        line = err.object[: err.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: is not UTF-8 text (byte {err.object[err.start]:#04x} on line {line}); save the "
+                          "params file as UTF-8") from None  # fmt: skip
     except _DuplicateKey as err:
         raise ConfigError(f"{path}: {err}") from None
     except yaml.YAMLError as err:
@@ -329,6 +333,14 @@ def reason_to_rerun(record: dict[str, Any], executed: Path, parameters: dict[str
     return f"its inputs changed since it ran: {', '.join(changed)}" if changed else ""
 
 
+def check_outputs(outputs: Path) -> None:
+    """The outputs folder (`--outputs`) must be a folder, or be creatable: no file where it or a parent should be."""
+    existing = next((p for p in (outputs, *outputs.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "is a file" if existing == outputs else f"lies under {existing}, which is a file"
+        raise ConfigError(f"--outputs {outputs}: {where}, not a folder for run directories; choose a folder")
+
+
 def run_pipeline(
     params_file: str | Path,
     only: list[str] | None = None,
@@ -341,6 +353,7 @@ def run_pipeline(
 ) -> RunDir:
     params_file = Path(params_file)
     name = check_run_name(params_file.stem, f"{params_file}: the run name (the file's stem)")
+    check_outputs(Path(outputs))
     given = load_params(params_file)
     if overlay is not None:
         given = apply_overlay(given, overlay, notebook_dir)

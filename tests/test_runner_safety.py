@@ -451,3 +451,24 @@ def test_a_key_set_twice_is_refused(tmp_path, capsys):
     assert main([str(params), "--set", "tau=0.1", "--set", "tau=0.2", "--outputs", str(tmp_path / "out")]) == 1
     assert "the key 'tau' is given twice" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_params_file_that_is_not_utf8_is_named(tmp_path, capsys):
+    params = tmp_path / "p.yaml"
+    params.write_bytes(b"seed: 0\n# caf\xe9 in Latin-1\n")  # was a raw UnicodeDecodeError with a traceback
+    with pytest.raises(ConfigError, match=r"p.yaml: is not UTF-8 text \(byte 0xe9 on line 2\)"):
+        load_params(params)
+    assert main([str(params), "--outputs", str(tmp_path / "out")]) == 1
+    assert capsys.readouterr().err.startswith(f"error: {params}: is not UTF-8 text")
+    assert not (tmp_path / "out").exists()
+
+
+def test_outputs_that_is_a_file_is_refused_and_left_alone(tmp_path, capsys):
+    params, notes = tmp_path / "p.yaml", tmp_path / "notes.txt"
+    params.write_text("seed: 0\n")
+    notes.write_text("mine\n")
+    for outputs, where in [(notes, "is a file"), (notes / "deeper", f"lies under {notes}, which is a file")]:
+        assert main([str(params), "--outputs", str(outputs)]) == 1  # was a raw NotADirectoryError with a traceback
+        assert capsys.readouterr().err == f"error: --outputs {outputs}: {where}, not a folder for run directories; " \
+            "choose a folder\n"  # fmt: skip
+    assert notes.read_text() == "mine\n"
