@@ -8,7 +8,9 @@ directory name. Before anything runs, the file must hold at least one key and no
 override must be declared by some notebook's parameters cell (papermill itself only warns), must not be a
 derived key (run, outputs_dir), and must validate in the stage dataclasses of every notebook declaring it.
 Values that must agree across notebooks are checked too (`check_ablation_dims`: notebook 04's ablation widths
-against notebook 02's heads and backbone).
+against notebook 02's heads and backbone), and the folders a run names (`check_paths`: `hub_mirror`, a local
+`backbone`) must exist as the notebooks see them: a relative path is resolved from notebooks/, their working
+directory, and the error says so.
 Numbers such as `1e-3` read as floats (plain YAML 1.1 reads them as strings). Each notebook receives
 exactly the keys it declares.
 
@@ -197,7 +199,38 @@ def resolve(
         resolved[name] = values
     if across:
         check_ablation_dims(resolved, source, notebook_dir)
+        check_paths(resolved, source, notebook_dir)
     return resolved
+
+
+def _looks_like_a_path(value: str) -> bool:
+    """A backbone that names a folder rather than a hub id ("owner/name"): it starts with '.', '/' or '~', or has
+    more than one '/'."""
+    return value.startswith((".", "/", "~")) or value.count("/") > 1
+
+
+def check_paths(resolved: dict[str, dict[str, Any]], source: str, notebook_dir: Path = NOTEBOOK_DIR) -> None:
+    """`hub_mirror` (notebooks 01, 04) must be a folder, and a `backbone` (02) that names a folder must exist, seen
+    from where the notebooks run: a relative path is resolved from notebooks/, not from where the runner started."""
+    wanted = [(n, "hub_mirror", v["hub_mirror"]) for n, v in resolved.items() if v.get("hub_mirror") is not None]
+    model = resolved.get("02_train_lora_contrastive", {})
+    backbone = model.get("backbone")
+    if isinstance(backbone, str) and (_looks_like_a_path(backbone) or Path(backbone).is_dir()):
+        wanted.append(("02_train_lora_contrastive", "backbone", backbone))
+    for name, key, value in wanted:
+        path = Path(value)  # the notebooks do not expand '~' either
+        seen = path if path.is_absolute() else notebook_dir / path
+        if seen.is_dir():
+            continue
+        if path.is_absolute():
+            raise ConfigError(f"{source} (notebook {name}): {key} {value!r} is not a folder")
+        here = (
+            ""
+            if not path.is_dir()
+            else f"; it exists from here ({Path.cwd()}): give its absolute path, {path.resolve()}"
+        )
+        raise ConfigError(f"{source} (notebook {name}): {key} {value!r} is relative, and the notebooks run in "
+                          f"notebooks/, where it names {seen}, which is not a folder{here}")  # fmt: skip
 
 
 # hidden sizes of the backbones the params files name (their published configs), and of the tiny test model

@@ -472,3 +472,28 @@ def test_outputs_that_is_a_file_is_refused_and_left_alone(tmp_path, capsys):
         assert capsys.readouterr().err == f"error: --outputs {outputs}: {where}, not a folder for run directories; " \
             "choose a folder\n"  # fmt: skip
     assert notes.read_text() == "mine\n"
+
+
+def test_a_relative_folder_is_checked_where_the_notebooks_run(tmp_path, monkeypatch):
+    """Notebooks run in notebooks/: a hub_mirror or backbone relative to where the runner started named another
+    folder, and failed inside a notebook without saying from where it was resolved."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mirror").mkdir()
+    (tmp_path / "models" / "mine").mkdir(parents=True)
+    with pytest.raises(
+        ConfigError,
+        match=rf"p.yaml \(notebook 01_data_prep\): hub_mirror 'mirror' is relative, and "
+        rf"the notebooks run in notebooks/, where it names {NOTEBOOK_DIR / 'mirror'}, which is not a "
+        rf"folder; it exists from here \({tmp_path}\): give its absolute path, {tmp_path / 'mirror'}",
+    ):
+        resolve({"hub_mirror": "mirror"}, "p.yaml")  # fmt: skip
+    with pytest.raises(
+        ConfigError, match=r"\(notebook 02_train_lora_contrastive\): backbone 'models/mine' is relative"
+    ):
+        resolve({"backbone": "models/mine"}, "p.yaml")
+    with pytest.raises(ConfigError, match=r"backbone './nowhere' is relative.* which is not a folder$"):
+        resolve({"backbone": "./nowhere"}, "p.yaml")
+    with pytest.raises(ConfigError, match=rf"hub_mirror '{tmp_path / 'gone'}' is not a folder"):
+        resolve({"hub_mirror": str(tmp_path / "gone")}, "p.yaml")
+    resolve({"hub_mirror": str(tmp_path / "mirror"), "backbone": str(tmp_path / "models" / "mine")}, "p.yaml")
+    resolve({"backbone": "Qwen/Qwen2.5-Coder-0.5B-Instruct"}, "p.yaml")  # a hub id, not a folder

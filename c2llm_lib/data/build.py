@@ -17,6 +17,7 @@ from typing import Any
 
 from ..config import DataStage
 from .mirror import mteb_tasks as mirrored_mteb_tasks
+from .mirror import relative_note
 from .mix import (
     MTEB_CODE_TASKS,
     Prepared,
@@ -63,6 +64,8 @@ def build_training_data(
     instead of the 12 MTEB(Code, v1) tasks fetched by name from the hub.
     `stage.hub_mirror` (a local folder laid out as the hub, `mirror.py`) supplies both when they are not given."""
     if stage.hub_mirror is not None:
+        if not Path(stage.hub_mirror).is_dir():
+            raise DataError(f"hub_mirror {stage.hub_mirror!r} is not a directory" + relative_note(stage.hub_mirror))
         if local_root is None and stage.data_source == "hub":
             local_root = stage.hub_mirror
         if mteb_tasks is None and stage.decontaminate_mteb:
