@@ -24,7 +24,10 @@ replaces only notebook NN's products.
 
 A run name is a plain directory name (no `.`, `..`, path separator or empty name), and a run directory
 only ever deletes inside itself: `create(..., "overwrite")` refuses a run directory that resolves (through
-symlinks) anywhere but `<outputs>/<run>`.
+symlinks) anywhere but `<outputs>/<run>`. A folder holds a run only when it holds `manifest.json` (the runner writes
+it before the first notebook): a folder at `<outputs>/<run>` that holds anything else and no manifest (a user's own
+folder that happens to bear the run's name) is neither deleted, nor resumed into, nor overwritten, and the error
+lists what it holds.
 """
 
 from __future__ import annotations
@@ -83,6 +86,27 @@ PRODUCTS = {
 }
 LOCK_FILE = ".lock"
 LIBRARIES = ("c2llm_lib", "torch", "transformers", "peft", "datasets", "accelerate", "mteb", "papermill", "bm25s")
+
+
+RUN_FOLDERS = ("notebooks", "data", "checkpoints", "metrics", "figures")  # what `create` makes in a run directory
+
+
+def contents(root: Path) -> list[str]:
+    """What a run directory holds besides its lock and the empty folders `create` makes (a runner stopped before
+    its manifest leaves only those): names, folders with a trailing '/'."""
+
+    def made_empty(p: Path) -> bool:
+        return p.name in RUN_FOLDERS and p.is_dir() and not p.is_symlink() and not any(p.iterdir())
+
+    return sorted(
+        p.name + ("/" if p.is_dir() else "") for p in root.iterdir() if p.name != LOCK_FILE and not made_empty(p)
+    )
+
+
+def listing(names: list[str], most: int = 6) -> str:
+    """'a, b/ and 3 more' for an error message."""
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def _delete_inside(path: Path, real_root: Path) -> None:
@@ -175,26 +199,34 @@ class RunDir:
     def create(cls, root: str | Path, mode: str = "new", replace: Iterable[str] | None = None) -> RunDir:
         """A run directory for a pipeline run, locked against a second runner until `release()`.
 
-        mode: "new" (refuses an existing non-empty run), "resume" (continues in it), or "overwrite": deletes
-        its contents first, deliberately, or with `replace` (globs relative to the run, e.g. `PRODUCTS` of the
-        notebooks to rerun) only those. Deletion stays inside `<outputs>/<run>`: a run directory that is a
-        symlink, or resolves anywhere else, is refused."""
+        mode: "new" (refuses an existing run), "resume" (continues in it), or "overwrite": deletes its contents
+        first, deliberately, or with `replace` (globs relative to the run, e.g. `PRODUCTS` of the notebooks to
+        rerun) only those. Deletion stays inside `<outputs>/<run>`: a run directory that is a symlink, or resolves
+        anywhere else, is refused. In every mode, a folder that holds anything but no `manifest.json` is not a run
+        and is refused, listing what it holds."""
         root = Path(root)
         if mode not in ("new", "resume", "overwrite"):
             raise ValueError(f"mode must be 'new', 'resume' or 'overwrite', got {mode!r}")
         check_run_name(root.name, str(root))
         root.mkdir(parents=True, exist_ok=True)
         run = cls(root)
+        fresh_lock = not (root / LOCK_FILE).exists()
         run._acquire()
         try:
-            exists = any(p.name != LOCK_FILE for p in root.iterdir())
-            if exists and mode == "new":
+            held = contents(root)
+            if held and mode == "overwrite":
+                real = run._real_root()  # a run directory that resolves elsewhere is refused first, whatever it holds
+            if held and not (root / "manifest.json").is_file():
                 raise FileExistsError(
-                    f"{root} already holds a run; resume it (--resume), overwrite it deliberately (--overwrite), "
-                    "or choose another run name"
+                    f"{root} holds {listing(held)} but no run (no manifest.json): the runner neither writes into nor "
+                    "deletes a folder it did not make; choose another run name (the params file's stem) or --outputs"
                 )
-            if exists and mode == "overwrite":
-                real = run._real_root()
+            if held and mode == "new":
+                raise FileExistsError(
+                    f"{root} already holds a run ({listing(held)}); resume it (--resume), overwrite it deliberately "
+                    "(--overwrite), or choose another run name"
+                )
+            if held and mode == "overwrite":
                 nested = [p.name for p in root.iterdir() if (p / "manifest.json").is_file()]
                 if nested:
                     raise FileExistsError(f"{root} holds other runs ({nested}), not a run of its own: not deleted")
@@ -202,10 +234,12 @@ class RunDir:
                     p for pattern in replace for p in sorted(root.glob(pattern))]  # fmt: skip
                 for path in doomed:
                     _delete_inside(path, real)
-            for sub in ("notebooks", "data", "checkpoints", "metrics", "figures"):
+            for sub in RUN_FOLDERS:
                 (root / sub).mkdir(parents=True, exist_ok=True)
         except BaseException:
             run.release()
+            if fresh_lock and contents(root):  # a folder that is not ours keeps no trace of the refusal
+                (root / LOCK_FILE).unlink(missing_ok=True)
             raise
         return run
 

@@ -142,10 +142,43 @@ def test_overwrite_only_deletes_nothing_through_a_symlinked_folder(tmp_path):
     (elsewhere / "attention_0.png").write_text("another project's figure")
     root = tmp_path / "outputs" / "run"
     (root / "metrics").mkdir(parents=True)
+    (root / "manifest.json").write_text("{}")  # a run, so that only the symlink stands in the way
     (root / "figures").symlink_to(elsewhere)
     with pytest.raises(FileExistsError, match="outside the run directory"):
         RunDir.create(root, "overwrite", replace=["figures/attention_*"])
     assert (elsewhere / "attention_0.png").is_file()
+
+
+def test_a_folder_that_never_held_a_run_is_neither_deleted_nor_run_into(fake):
+    """notes.yaml run with --outputs <parent>, where <parent>/notes/ is a user's folder: the plain run said it
+    "already holds a run", and --overwrite deleted notes/thesis.txt."""
+    notebooks, _, outputs = fake
+    params = fake[1].parent / "notes.yaml"
+    params.write_text("seed: 0\n")
+    (outputs / "notes" / "drafts").mkdir(parents=True)
+    (outputs / "notes" / "thesis.txt").write_text("years of work")
+    for mode in ("new", "overwrite", "resume"):
+        with pytest.raises(FileExistsError) as refused:
+            run_pipeline(params, mode=mode, outputs=outputs, notebook_dir=notebooks, **QUIET)
+        assert str(refused.value) == (
+            f"{outputs / 'notes'} holds drafts/, thesis.txt but no run (no manifest.json): the runner neither writes "
+            "into nor deletes a folder it did not make; choose another run name (the params file's stem) or --outputs"
+        )
+    assert sorted(p.name for p in (outputs / "notes").iterdir()) == ["drafts", "thesis.txt"]  # no lock left either
+    assert (outputs / "notes" / "thesis.txt").read_text() == "years of work"
+
+
+def test_what_a_run_directory_holds_is_named_and_a_runner_killed_before_its_manifest_left_no_run(fake):
+    notebooks, params, outputs = fake
+    run_pipeline(params, only=["01"], outputs=outputs, notebook_dir=notebooks, **QUIET)
+    with pytest.raises(FileExistsError, match=r"fake already holds a run \(data/, manifest.json, notebooks/, "
+                       r"params.yaml, resolved.yaml\); resume it"):  # fmt: skip
+        run_pipeline(params, only=["01"], outputs=outputs, notebook_dir=notebooks, **QUIET)
+    stopped = outputs / "stopped"  # created, locked, then killed before the manifest: its empty folders are no run
+    RunDir.create(stopped, "new").release()
+    assert sorted(p.name for p in stopped.iterdir()) == [".lock", "checkpoints", "data", "figures", "metrics",
+                                                         "notebooks"]  # fmt: skip
+    RunDir.create(stopped, "new").release()
 
 
 def test_overwrite_only_04_keeps_what_04_reads(fake):
@@ -178,6 +211,7 @@ def test_a_dead_kernel_fails_the_notebook_and_resume_reruns_it(fake):
     notebooks, params, outputs = fake
     root = outputs / "fake"
     root.mkdir()
+    (root / "manifest.json").write_text("{}")  # a run (a folder without a manifest is nobody's to run into)
     (root / "kill-me").write_text("")
     with pytest.raises(PipelineError, match=r"02_train_lora_contrastive failed: its kernel died in cell \[\d+\]"):
         run_pipeline(params, only=["01", "02", "03"], mode="resume", outputs=outputs, notebook_dir=notebooks, **QUIET)
@@ -204,6 +238,7 @@ def test_the_manifest_records_each_notebooks_peak_memory(fake):
     notebooks, params, outputs = fake
     root = outputs / "fake"
     root.mkdir()
+    (root / "manifest.json").write_text("{}")  # a run (a folder without a manifest is nobody's to run into)
     (root / "allocate-mib").write_text("400")
     lines = []
     run_pipeline(params, only=["01", "02", "03"], mode="resume", outputs=outputs, notebook_dir=notebooks,
