@@ -435,6 +435,7 @@ def _run_notebooks(
 
     save(status="running", drop=("failed_notebook", "error", "ended"))
     for name in selected:
+        run.check_lock()  # its lock file deleted meanwhile: take a new one, or stop if another runner did
         executed = run.root / "notebooks" / f"{name}.ipynb"
         inputs = run.input_fingerprints(name)
         reason = reason_to_rerun(earlier.get(name, {}), executed, resolved[name], inputs) if resume else ""

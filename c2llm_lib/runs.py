@@ -14,13 +14,18 @@ Layout:
     export/                the merged model for sentence-transformers and transformers, with its card (export.py)
     metrics/*.json         numbers each stage reports
     figures/*.png          figures each stage draws
-    .lock                  held (fcntl) by the pipeline runner working in the run; released when it exits
+    .lock                  held (fcntl) by the pipeline runner working in the run; released when it exits. It holds
+                           the runner's pid and a line saying what it is and not to delete it while a run is going
 
 Notebooks talk to each other only through these paths. `require` names the notebook that produces a
 missing input, so running notebook 03 before 02 says what to run instead of failing deep inside.
 `INPUTS` lists what each notebook reads and `PRODUCTS` what it writes: the runner fingerprints a
 notebook's inputs to know whether a finished notebook is still current, and `--overwrite --only NN`
 replaces only notebook NN's products.
+
+A deleted lock file would let a second runner in, so the manifest also names the runner working in the run (pid,
+its start time, host): a runner finding the lock free but the manifest "running" under a live runner on this host
+refuses, and the runner itself takes a new lock between notebooks when its lock file has gone (`check_lock`).
 
 A run name is a plain directory name (no `.`, `..`, path separator or empty name), and a run directory
 only ever deletes inside itself: `create(..., "overwrite")` refuses a run directory that resolves (through
@@ -85,6 +90,10 @@ PRODUCTS = {
     "06_recipe_comparison": ("comparison", "metrics/comparison.*", "figures/comparison.png"),
 }
 LOCK_FILE = ".lock"
+LOCK_NOTE = (
+    "This is the lock of the c2llm pipeline runner working in this run (its pid is the line above). Do not delete it "
+    "while a run is going: a second runner would be let in. It is released when the runner exits, even when killed."
+)
 LIBRARIES = ("c2llm_lib", "torch", "transformers", "peft", "datasets", "accelerate", "mteb", "papermill", "bm25s")
 
 
@@ -125,6 +134,39 @@ class MissingInput(FileNotFoundError):
 
 class RunInUse(RuntimeError):
     """Another runner holds the run directory's lock; the message names the run."""
+
+
+def process_start(pid: int) -> str | None:
+    """When a process started (clock ticks since boot, /proc/<pid>/stat field 22), to tell a runner from a later
+    process that reuses its pid; None without /proc or without the process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split()[19]
+
+
+def runner_record() -> dict[str, Any]:
+    """This process as the runner the manifest names."""
+    return {"pid": os.getpid(), "start": process_start(os.getpid()), "host": platform.node()}
+
+
+def runner_alive(runner: Any) -> bool:
+    """Whether the runner a manifest names is another process alive on this host (the same pid, started at the same
+    time); a runner on another host, or one that cannot be told, counts as gone."""
+    if not isinstance(runner, dict) or runner.get("host") != platform.node():
+        return False
+    pid = runner.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        pass
+    start = process_start(pid)
+    return runner.get("start") is None or start is None or start == runner.get("start")
 
 
 def check_run_name(name: str, source: str = "run name") -> str:
@@ -213,6 +255,7 @@ class RunDir:
         fresh_lock = not (root / LOCK_FILE).exists()
         run._acquire()
         try:
+            run._refuse_a_live_runner()
             held = contents(root)
             if held and mode == "overwrite":
                 real = run._real_root()  # a run directory that resolves elsewhere is refused first, whatever it holds
@@ -260,7 +303,7 @@ class RunDir:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
-            holder = handle.read().strip() or "unknown"
+            holder = (handle.read().strip().splitlines() or ["unknown"])[0]
             handle.close()
             raise RunInUse(
                 f"run {self.root.name!r} ({self.root}) is in use by another pipeline runner (pid {holder}); "
@@ -268,9 +311,41 @@ class RunDir:
             ) from None
         handle.seek(0)
         handle.truncate()
-        handle.write(f"{os.getpid()}\n")
+        handle.write(f"{os.getpid()}\n{LOCK_NOTE}\n")
         handle.flush()
         self.lock = handle
+
+    def _refuse_a_live_runner(self) -> None:
+        """The lock was free, but the manifest may say that a runner still alive here works in the run: its lock file
+        was deleted. Refused, naming it (an unreadable manifest names nobody)."""
+        try:
+            manifest = self.read_manifest()
+        except (OSError, ValueError):  # CorruptFile is a ValueError: --overwrite may replace it
+            return
+        runner = manifest.get("runner") if manifest.get("status") == "running" else None
+        if runner_alive(runner):
+            raise RunInUse(
+                f"run {self.root.name!r} ({self.root}) is in use by another pipeline runner (pid {runner['pid']}, "
+                f"running since {manifest.get('started', '?')}), whose lock file {LOCK_FILE} was deleted; wait for it "
+                "to finish or stop it"
+            )
+
+    def check_lock(self) -> None:
+        """Between notebooks: if this runner's lock file was deleted, takes a new one (so that a later runner is
+        refused again); if another runner already took it, raises RunInUse, since two runners now share the run."""
+        if self.lock is None:
+            return
+        try:
+            path, held = os.stat(self.root / LOCK_FILE), os.fstat(self.lock.fileno())
+            if (path.st_dev, path.st_ino) == (held.st_dev, held.st_ino):
+                return
+        except FileNotFoundError:
+            pass
+        self.release()
+        try:
+            self._acquire()
+        except RunInUse as err:
+            raise RunInUse(f"this runner's lock file {LOCK_FILE} was deleted while it ran, and {err}") from None
 
     def release(self) -> None:
         """Releases the runner's lock (closing the file drops the fcntl lock)."""
@@ -330,6 +405,8 @@ class RunDir:
         manifest = self.read_manifest()
         manifest.setdefault("started", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         manifest.update(git=git_state(repo), versions=versions(), device=device_description(), **extra)
+        if self.lock is not None:  # the runner working in the run, should its lock file be deleted
+            manifest["runner"] = runner_record()
         for key in drop:
             manifest.pop(key, None)
         tmp = path.with_suffix(".tmp")

@@ -303,6 +303,46 @@ def test_a_killed_runner_leaves_no_lock_behind(tmp_path):
     RunDir.create(tmp_path / "fresh", "new").release()  # a lock file alone is no run
 
 
+def test_a_deleted_lock_file_does_not_let_a_second_runner_in(tmp_path):
+    """The lock file held only a pid: deleted, it looked disposable and the next runner got a new lock at once."""
+    run_dir = tmp_path / "run"
+    script = ("import sys, time\nfrom pathlib import Path\nfrom c2llm_lib.runs import RunDir\n"
+              "run = RunDir.create(sys.argv[1], 'new')\nrun.write_manifest(Path(sys.argv[1]), status='running')\n"
+              "print('locked', flush=True)\ntime.sleep(60)\n")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen([sys.executable, "-c", script, str(run_dir)], stdout=subprocess.PIPE, env=env)
+    try:
+        assert child.stdout.readline().strip() == b"locked"
+        lines = (run_dir / ".lock").read_text().splitlines()
+        assert lines[0] == str(child.pid) and "pipeline runner" in lines[1] and "Do not delete it" in lines[1]
+        (run_dir / ".lock").unlink()
+        with pytest.raises(RunInUse, match=rf"in use by another pipeline runner \(pid {child.pid}, running since .*\), "
+                           r"whose lock file .lock was deleted"):  # fmt: skip
+            RunDir.create(run_dir, "resume")
+        assert not (run_dir / ".lock").exists()  # the refused runner leaves no lock of its own
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    RunDir.create(run_dir, "resume").release()  # its runner is gone: the manifest's "running" is a dead runner's
+
+
+def test_a_runner_whose_lock_file_is_deleted_takes_a_new_one(tmp_path):
+    run = RunDir.create(tmp_path / "run", "new")
+    try:
+        (tmp_path / "run" / ".lock").unlink()
+        run.check_lock()  # between notebooks
+        assert (tmp_path / "run" / ".lock").read_text().startswith(f"{os.getpid()}\n")
+        with pytest.raises(RunInUse, match="in use by another pipeline runner"):
+            RunDir.create(tmp_path / "run", "resume")  # the lock holds again
+        (tmp_path / "run" / ".lock").unlink()
+        second = RunDir.create(tmp_path / "run", "resume")  # let in while the first runs between two checks
+        with pytest.raises(RunInUse, match=r"this runner's lock file .lock was deleted while it ran, and run 'run'"):
+            run.check_lock()  # the first stops rather than share the run
+        second.release()
+    finally:
+        run.release()
+
+
 # parameters ----------------------------------------------------------------------------------------------------
 REFUSED = [
     (TrainConfig, {"max_grad_norm": -1.0}, "'max_grad_norm' must be positive"),
