@@ -347,6 +347,7 @@ class DataStage:
         require(not unknown, "hub_sources", f"names unknown sources {unknown}")
         require(len(set(self.hub_sources)) == len(self.hub_sources), "hub_sources", "repeats a source")
         require(bool(self.hub_sources) or self.data_source != "hub", "hub_sources", "must name a source for the hub")
+        require(self.hub_mirror is None or bool(self.hub_mirror.strip()), "hub_mirror", "must be None or a folder")
         seed_range(self.seed, "seed")
 
 
@@ -402,6 +403,7 @@ class EvalStage:
                 f"must be distinct mteb benchmark names such as 'MTEB(Code, v1)', got {self.benchmarks}")  # fmt: skip
         for key in ("eval_released", "eval_released_revision"):
             require(getattr(self, key) is None or bool(getattr(self, key).strip()), key, "must be None or non-empty")
+        require(self.hub_mirror is None or bool(self.hub_mirror.strip()), "hub_mirror", "must be None or a folder")
         require(self.eval_released_revision is None or self.eval_released is not None, "eval_released_revision",
                 "pins a released checkpoint: set eval_released too")  # fmt: skip
 

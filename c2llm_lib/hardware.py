@@ -114,9 +114,11 @@ def cpu_dtype(cache: Path | None = CACHE) -> tuple[torch.dtype, str]:
     if entry is None or problem:
         entry = {"float32": gemm_gflops(torch.float32), "bfloat16": gemm_gflops(torch.bfloat16)}
         if cache is not None:
-            try:
+            try:  # written beside and renamed: a symlink in its place is replaced, never written through
                 cache.parent.mkdir(parents=True, exist_ok=True)
-                cache.write_text(json.dumps({**cached, key: entry}, indent=1))
+                tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+                tmp.write_text(json.dumps({**cached, key: entry}, indent=1))
+                os.replace(tmp, cache)
             except OSError:  # a read-only home: probe again next time
                 pass
     fp32, bf16 = float(entry["float32"]), float(entry["bfloat16"])

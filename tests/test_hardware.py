@@ -72,6 +72,17 @@ def test_a_damaged_cache_file_is_named_and_probed_again(tmp_path, text):
     assert set(json.loads(cache.read_text())) == {_probe_key(cpu_info())}
 
 
+def test_a_cache_that_is_a_symlink_is_replaced_not_written_through(tmp_path):
+    mine = tmp_path / "notes.txt"
+    mine.write_text("my notes, not JSON")
+    cache = tmp_path / "cpu-dtype.json"
+    cache.symlink_to(mine)
+    with pytest.warns(UserWarning, match="cannot be read as JSON"):
+        cpu_dtype(cache)
+    assert mine.read_text() == "my notes, not JSON" and not cache.is_symlink()  # was: overwritten through the link
+    assert _probe_key(cpu_info()) in json.loads(cache.read_text())
+
+
 def test_auto_is_bf16_on_cuda_and_resolves_through_the_probe_on_cpu():
     assert auto_dtype(torch.device("cuda"))[0] == torch.bfloat16
     assert resolve_dtype("auto", torch.device("cpu")) == auto_dtype(torch.device("cpu"))[0]

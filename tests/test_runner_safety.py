@@ -387,6 +387,8 @@ REFUSED = [
     (DataStage, {"seed": 2**40}, "'seed' must be in"),
     (DataStage, {"hub_sources": ["CosQA", "CosQA"]}, "'hub_sources' repeats"),
     (DataStage, {"data_source": "hub", "hub_sources": []}, "'hub_sources' must name a source"),
+    (DataStage, {"hub_mirror": ""}, "'hub_mirror' must be None or a folder"),  # was: the working directory
+    (EvalStage, {"hub_mirror": "  "}, "'hub_mirror' must be None or a folder"),
     (MergeStage, {"merge_last": 2, "merge_weights": [math.nan, 1.0]}, "'merge_weights' must be finite"),
     (MergeStage, {"merge_last": 2, "merge_weights": [-1.0, 2.0]}, "'merge_weights' must be non-negative"),
     (MergeStage, {"merge_last": 2, "merge_weights": [0.0, 0.0]}, "not all zero"),
