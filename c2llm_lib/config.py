@@ -3,7 +3,8 @@
 Parameters are flat (one level of keys) so that a params file is a list of overrides and papermill can
 pass each notebook the keys it declares. `from_dict` refuses unknown keys (with a did-you-mean) and
 values of the wrong type or range, naming the source (a file, a notebook) and the key. Every numeric key
-has a range, and every float must be finite (`.inf` and `.nan` are refused).
+has a range, and every float must be finite (`.inf` and `.nan` are refused); learning rates lie in
+[0, `MAX_LEARNING_RATE`] and tau in `TAU_RANGE`, with the reasons beside them.
 
 `ModelConfig` holds the encoder of section 3 of the paper, `TrainConfig` the recipe of section 4.1,
 `LaunchConfig` how many processes and machines notebook 02 trains on, and the `*Stage` classes the remaining
@@ -26,6 +27,15 @@ from typing import Any, Literal, TypeVar
 C = TypeVar("C")
 
 MAX_TOKENS = 131_072  # the longest context a Qwen2.5-Coder backbone takes (with YaRN); a longer length is a typo
+# AdamW moves each weight by about the learning rate per step, whatever the gradient's scale: the recipes use 5e-5 to
+# 3e-3 and the head's sweep reaches 3e-2, while at 0.1 one step moves a LoRA or PMA weight (initialised below 0.1)
+# by more than its own size. A larger rate is a typo (1e30 trained to 1e30-scale weights, all of them finite).
+MAX_LEARNING_RATE = 0.1
+# The logits are cosines / tau, so they lie within +-1/tau. Above 10 they lie within +-0.1: the softmax is near
+# uniform and the gradient (scaled by 1/tau) near 0, so nothing trains (1e308 trained nothing, silently). Below 1e-3
+# they span over 2,000: float32's exp underflows past ~100 units, the softmax is a hard maximum, and at 1e-300 the
+# logits overflow. The recipes use 0.05 (C2LLM, jina, CodeXEmbed); CLIP's learned temperature stops at 0.01.
+TAU_RANGE = (1e-3, 10.0)
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -126,6 +136,13 @@ def seed_range(seed: int, key: str) -> None:
 
 def length_range(length: int, key: str) -> None:
     require(2 <= length <= MAX_TOKENS, key, f"must be at least 2 tokens and at most {MAX_TOKENS}, got {length}")
+
+
+def learning_rate_range(rate: float | None, key: str, note: str = "") -> None:
+    """A learning rate in [0, MAX_LEARNING_RATE] (None passes: the key then takes another rate)."""
+    require(rate is None or 0 <= rate <= MAX_LEARNING_RATE, key,
+            f"must be in [0, {MAX_LEARNING_RATE}]{note} (AdamW moves a weight by about the rate per step; the recipes "
+            f"use 5e-5 to 3e-3), got {rate}")  # fmt: skip
 
 
 def require(condition: bool, key: str, message: str) -> None:
@@ -233,13 +250,15 @@ class TrainConfig:
         require(self.max_steps is None or self.max_steps >= 1, "max_steps", "must be at least 1")
         require(self.global_batch_size >= 2, "global_batch_size", "must be at least 2 (in-batch negatives)")
         require(self.num_negatives >= 0, "num_negatives", "must be >= 0")
-        require(self.tau > 0, "tau", f"must be positive, got {self.tau}")
-        require(self.learning_rate >= 0, "learning_rate", f"must be >= 0, got {self.learning_rate}")
-        require(self.pma_learning_rate is None or self.pma_learning_rate >= 0, "pma_learning_rate",
-                f"must be >= 0 (0 freezes the PMA head) or None, got {self.pma_learning_rate}")  # fmt: skip
+        low, high = TAU_RANGE
+        require(low <= self.tau <= high, "tau",
+                f"must be in [{low}, {high}] (the logits are cosines / tau: above {high} the softmax is near uniform "
+                f"and nothing trains, below {low} it is a hard maximum and overflows; the recipes use 0.05), "
+                f"got {self.tau}")  # fmt: skip
+        learning_rate_range(self.learning_rate, "learning_rate")
+        learning_rate_range(self.pma_learning_rate, "pma_learning_rate", " (0 freezes the PMA head) or None")
         attention_lr = self.pma_attention_learning_rate
-        require(attention_lr is None or attention_lr >= 0, "pma_attention_learning_rate",
-                f"must be >= 0 or None, got {attention_lr}")  # fmt: skip
+        learning_rate_range(attention_lr, "pma_attention_learning_rate", " or None")
         head_lr = self.learning_rate if self.pma_learning_rate is None else self.pma_learning_rate
         require(attention_lr is None or head_lr != 0, "pma_attention_learning_rate",
                 "is set, but a head learning rate of 0 (pma_learning_rate, or learning_rate when it is None) freezes "
@@ -319,7 +338,7 @@ class DataStage:
     rows_per_group: int | None = None  # cap per (dataset, language) group; None keeps every row
     num_negatives: int = 7  # K, mined per query
     mining: Literal["bm25"] = "bm25"
-    decontaminate_mteb: bool = False  # drop rows whose query is a test query or positive a relevant test doc
+    decontaminate_mteb: bool = False  # drop rows holding a test query or relevant test doc (either direction)
     hub_mirror: str | None = None  # a local folder laid out as the hub datasets (data/mirror.py) instead of the hub
     seed: int = 0
     # data_source "files" (data/files.py): paths (relative ones from notebooks/), or mappings
@@ -347,6 +366,7 @@ class DataStage:
         require(not unknown, "hub_sources", f"names unknown sources {unknown}")
         require(len(set(self.hub_sources)) == len(self.hub_sources), "hub_sources", "repeats a source")
         require(bool(self.hub_sources) or self.data_source != "hub", "hub_sources", "must name a source for the hub")
+        require(self.hub_mirror is None or bool(self.hub_mirror.strip()), "hub_mirror", "must be None or a folder")
         seed_range(self.seed, "seed")
 
     def file_entries(self) -> list[Any]:
@@ -424,6 +444,7 @@ class EvalStage:
                 f"must be distinct mteb benchmark names such as 'MTEB(Code, v1)', got {self.benchmarks}")  # fmt: skip
         for key in ("eval_released", "eval_released_revision"):
             require(getattr(self, key) is None or bool(getattr(self, key).strip()), key, "must be None or non-empty")
+        require(self.hub_mirror is None or bool(self.hub_mirror.strip()), "hub_mirror", "must be None or a folder")
         require(self.eval_released_revision is None or self.eval_released is not None, "eval_released_revision",
                 "pins a released checkpoint: set eval_released too")  # fmt: skip
 

@@ -203,18 +203,27 @@ def _table(rows: dict[str, Any]) -> str:
 def _data_section(data: dict | None) -> str:
     if not data:
         return "No data record (`metrics/data.json`) was found for this run.\n"
-    kept = "".join(f"| {name} | {s.get('kept', '')} |\n" for name, s in sorted(data.get("sources", {}).items()))
+    # per source, the rows that passed the checks and the rows that train; a record written before `passed_checks`
+    # existed counted under `kept` the rows that passed the checks, before decontamination
+    kept = "".join(
+        f"| {name} | {s['passed_checks']} | {s.get('kept', '')} |\n"
+        if "passed_checks" in s
+        else f"| {name} | {s.get('kept', '')} | not recorded |\n"
+        for name, s in sorted(data.get("sources", {}).items())
+    )
     removed = "".join(
         f"| {name} | {reason} | {n} |\n"
         for name, reasons in sorted(data.get("decontaminated", {}).items())
         for reason, n in reasons.items()
+        if n
     )
     text = f"{data.get('rows', '?')} training rows (data fingerprint `{data.get('fingerprint', '?')}`).\n\n"
     if kept:
-        text += "| source | rows kept |\n|---|---|\n" + kept + "\n"
+        text += "| source | passed the checks | rows kept (trained on) |\n|---|---|---|\n" + kept + "\n"
     text += (
-        "Decontamination: training rows whose query is a test query of the evaluated tasks, whose positive is a "
-        "relevant test document, or which hold an offline evaluation text are removed (notebook 01).\n\n"
+        "Decontamination: training rows whose query is a test query of the evaluated tasks or whose positive is a "
+        "relevant test document, the same pair read backwards, or rows holding an offline evaluation text are "
+        "removed (notebook 01).\n\n"
     )
     if removed:
         text += "| source | removed because | rows |\n|---|---|---|\n" + removed

@@ -4,7 +4,10 @@ Training and inference time on a CPU is matrix multiplication, and whether bf16 
 or avx512_bf16 a bf16 GEMM runs several times faster than fp32, while on a CPU with AVX2 alone PyTorch emulates bf16
 and it runs about 9x *slower*. So `dtype: auto` gives bf16 on CUDA and, on a CPU, whichever of bf16 and fp32 a short
 probe measures faster on this machine. The probe (about a second) is cached per machine (CPU model, flags, thread
-count, torch version) in `~/.cache/c2llm/cpu-dtype.json`, and its figures are the reason the manifest records.
+count, torch version) in `~/.cache/c2llm/cpu-dtype.json` (under `C2LLM_CACHE` when set), and its figures are the
+reason the manifest records. A cache entry is trusted only when it names exactly the two probed dtypes with finite
+positive GFLOP/s; a damaged file or entry (edited, truncated, crafted) is named in a warning and probed again, so it
+can neither crash a run nor choose the dtype.
 
 A machine can rehearse a lesser CPU: `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2`
 keeps oneDNN, ATen's vector kernels and MKL to AVX2, as on a CPU without avx512_bf16 or AMX (bf16 GEMMs then run at
@@ -14,9 +17,11 @@ about 1 GFLOP/s). `cpu_info` reports such limits beside the flags, and the probe
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -69,23 +74,51 @@ def _probe_key(info: dict[str, Any]) -> str:
     return key + (f"|{info['isa_limit']}" if info.get("isa_limit") else "")
 
 
+PROBED = ("bfloat16", "float32")  # the dtypes a cache entry holds GFLOP/s for
+
+
+def entry_problem(entry: Any) -> str:
+    """Why a cached probe entry cannot be trusted ('' when it can): it must map exactly the probed dtypes to finite
+    positive GFLOP/s."""
+    if not isinstance(entry, dict):
+        return f"the entry is a {type(entry).__name__}, not a mapping of dtype names to GFLOP/s"
+    if sorted(entry) != sorted(PROBED):
+        return f"the entry names the dtypes {sorted(map(str, entry))}, not {list(PROBED)}"
+    bad = {k: v for k, v in entry.items() if isinstance(v, bool) or not isinstance(v, (int, float))
+           or not math.isfinite(v) or v <= 0}  # fmt: skip
+    return f"its figures {bad} are not finite positive GFLOP/s" if bad else ""
+
+
+def read_cache(cache: Path | None) -> tuple[dict[str, Any], str]:
+    """(the cache's entries, why the file cannot be used or ''); a missing file is an empty cache."""
+    if cache is None or not cache.exists():
+        return {}, ""
+    try:
+        cached = json.loads(cache.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:  # unreadable, not UTF-8, not JSON
+        return {}, f"the file cannot be read as JSON ({type(err).__name__}: {str(err)[:100]})"
+    if not isinstance(cached, dict):
+        return {}, f"the file holds a {type(cached).__name__}, not a mapping of CPUs to probe figures"
+    return cached, ""
+
+
 def cpu_dtype(cache: Path | None = CACHE) -> tuple[torch.dtype, str]:
     """(bf16 or fp32, why) for this CPU: whichever GEMM runs faster here, probed once per machine and cached."""
     info = cpu_info()
     key = _probe_key(info)
-    cached = {}
-    if cache is not None and cache.is_file():
-        try:
-            cached = json.loads(cache.read_text())
-        except (OSError, ValueError):
-            cached = {}
-    entry = cached.get(key) if isinstance(cached, dict) else None
-    if not (isinstance(entry, dict) and {"float32", "bfloat16"} <= set(entry)):
+    cached, problem = read_cache(cache)
+    entry = cached.get(key)
+    problem = problem or (entry_problem(entry) if entry is not None else "")
+    if problem:
+        warnings.warn(f"{cache}: {problem}; probing this CPU's GEMM speed again", stacklevel=2)
+    if entry is None or problem:
         entry = {"float32": gemm_gflops(torch.float32), "bfloat16": gemm_gflops(torch.bfloat16)}
         if cache is not None:
-            try:
+            try:  # written beside and renamed: a symlink in its place is replaced, never written through
                 cache.parent.mkdir(parents=True, exist_ok=True)
-                cache.write_text(json.dumps({**(cached if isinstance(cached, dict) else {}), key: entry}, indent=1))
+                tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+                tmp.write_text(json.dumps({**cached, key: entry}, indent=1))
+                os.replace(tmp, cache)
             except OSError:  # a read-only home: probe again next time
                 pass
     fp32, bf16 = float(entry["float32"]), float(entry["bfloat16"])

@@ -47,20 +47,27 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+MAX_INTERVAL = 60.0  # seconds: a peak reached in a process's last interval is missed, so a longer one misses more
+
+
 class PeakMemory:
     """`with PeakMemory() as peak: ...` then `peak.kib`: the largest peak resident memory of one process started below
     this one during the block (0 when it started none that /proc showed), or None off Linux. Processes already below
-    this one when the block began (another test's child, say) are not counted."""
+    this one when the block began (another test's child, say) are not counted. One object may measure several blocks
+    one after the other (each `with` starts afresh), not two at once."""
 
     def __init__(self, interval: float = 0.2) -> None:
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
-            raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 < interval <= MAX_INTERVAL:
+            raise ValueError(
+                f"PeakMemory(interval=...) must be a positive number of seconds, at most {MAX_INTERVAL:g} (how often "
+                f"the processes are sampled), got {interval!r}"
+            )
         self.interval = interval
         self.kib: int | None = None
         self._stop = threading.Event()
         self._seen = 0
         self._before: set[int] = set()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread: threading.Thread | None = None
 
     def _sample(self) -> None:
         for pid in descendants(os.getpid()):
@@ -72,12 +79,18 @@ class PeakMemory:
             self._sample()
 
     def __enter__(self) -> PeakMemory:
+        if self._thread is not None:
+            raise RuntimeError("this PeakMemory is already measuring a block; use one PeakMemory per concurrent block")
+        self.kib, self._seen = None, 0
+        self._stop.clear()
         self._before = set(descendants(os.getpid()))
+        self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        self._thread = None
         self._sample()
         self.kib = self._seen if PROC.joinpath("self", "status").is_file() else None

@@ -7,6 +7,10 @@ A params file holds flat overrides; the run is named after the file, and the nam
 directory name. Before anything runs, the file must hold at least one key and no key twice, every
 override must be declared by some notebook's parameters cell (papermill itself only warns), must not be a
 derived key (run, outputs_dir), and must validate in the stage dataclasses of every notebook declaring it.
+Values that must agree across notebooks are checked too (`check_ablation_dims`: notebook 04's ablation widths
+against notebook 02's heads and backbone), and the folders a run names (`check_paths`: `hub_mirror`, a local
+`backbone`) must exist as the notebooks see them: a relative path is resolved from notebooks/, their working
+directory, and the error says so.
 Numbers such as `1e-3` read as floats (plain YAML 1.1 reads them as strings). Each notebook receives
 exactly the keys it declares.
 
@@ -43,11 +47,14 @@ import argparse
 import contextlib
 import dataclasses
 import hashlib
+import json
 import re
 import signal
 import sys
 import threading
 import time
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +140,11 @@ def load_params(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: no such params file")
     try:
-        data = read_yaml(path.read_text())
+        data = read_yaml(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        line = err.object[: err.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: is not UTF-8 text (byte {err.object[err.start]:#04x} on line {line}); save the "
+                          "params file as UTF-8") from None  # fmt: skip
     except _DuplicateKey as err:
         raise ConfigError(f"{path}: {err}") from None
     except yaml.YAMLError as err:
@@ -148,21 +159,38 @@ def load_params(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _takes_a_list(key: str) -> bool:
+    """Whether a stage dataclass declares `key` as a list (or an optional list)."""
+    for cls in (c for classes in STAGES.values() for c in classes):
+        hint = typing.get_type_hints(cls).get(key)
+        if hint is not None:
+            options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+            return any(option is list or typing.get_origin(option) is list for option in options)
+    return False
+
+
 def apply_overlay(params: dict[str, Any], path: str | Path, notebook_dir: Path = NOTEBOOK_DIR) -> dict[str, Any]:
     """`params` with an overlay file laid over it (e.g. params/overlays/rehearsal.yaml): its keys replace the file's,
     and the keys under `where_nonempty:` replace only a list the run has non-empty (in the file or as the notebook's
-    default), so that an overlay scales what a recipe asks for without switching on what it does not."""
+    default), so that an overlay scales what a recipe asks for without switching on what it does not. A key there
+    must be a list parameter and be given a list: anything else would be ignored, so it is refused."""
     overlay = load_params(path)
     conditional = overlay.pop("where_nonempty", {})
     if not isinstance(conditional, dict):
         raise ConfigError(f"{path}: where_nonempty must be a mapping of parameter names to lists")
     merged = {**params, **overlay}
-    resolved = resolve(merged, str(path), notebook_dir)
+    resolved = resolve(merged, str(path), notebook_dir, across=False)  # the run resolves the result again, whole
     for key, value in conditional.items():
         current = [v[key] for v in resolved.values() if key in v]
         if not current:
             raise ConfigError(f"{path}: where_nonempty names {key!r}, which no notebook declares")
-        if any(isinstance(v, list) and v for v in current):
+        if not _takes_a_list(key):  # it is never a non-empty list: the condition would never hold
+            raise ConfigError(f"{path}: where_nonempty names {key!r}, which is not a list parameter (here it is "
+                              f"{current[0]!r}); put it at the top level of the overlay to replace it")  # fmt: skip
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: where_nonempty gives {key!r} the value {value!r}; it replaces a list, so give "
+                              "a list (e.g. [32, 16])")  # fmt: skip
+        if any(v for v in current):
             merged[key] = value
     return merged
 
@@ -185,8 +213,12 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
     return values
 
 
-def resolve(overrides: dict[str, Any], source: str, notebook_dir: Path = NOTEBOOK_DIR) -> dict[str, dict[str, Any]]:
-    """{notebook: {key: value}} for every notebook, overrides validated; errors name source and key."""
+def resolve(
+    overrides: dict[str, Any], source: str, notebook_dir: Path = NOTEBOOK_DIR, across: bool = True
+) -> dict[str, dict[str, Any]]:
+    """{notebook: {key: value}} for every notebook, overrides validated; errors name source and key. `across`: also
+    the values that must agree across notebooks (off for an overlay's first pass: its where_nonempty values come
+    after it)."""
     forbidden = sorted(set(overrides) & set(RUN_KEYS))
     if forbidden:
         raise ConfigError(f"{source}: {forbidden} are set by the runner (the run is named after the params file)")
@@ -211,7 +243,80 @@ def resolve(overrides: dict[str, Any], source: str, notebook_dir: Path = NOTEBOO
             fields = cls.__dataclass_fields__
             from_dict(cls, {k: v for k, v in values.items() if k in fields}, f"{source} (notebook {name})")
         resolved[name] = values
+    if across:
+        check_ablation_dims(resolved, source, notebook_dir)
+        check_paths(resolved, source, notebook_dir)
     return resolved
+
+
+def _looks_like_a_path(value: str) -> bool:
+    """A backbone that names a folder rather than a hub id ("owner/name"): it starts with '.', '/' or '~', or has
+    more than one '/'."""
+    return value.startswith((".", "/", "~")) or value.count("/") > 1
+
+
+def check_paths(resolved: dict[str, dict[str, Any]], source: str, notebook_dir: Path = NOTEBOOK_DIR) -> None:
+    """`hub_mirror` (notebooks 01, 04) must be a folder, and a `backbone` (02) that names a folder must exist, seen
+    from where the notebooks run: a relative path is resolved from notebooks/, not from where the runner started."""
+    wanted = [(n, "hub_mirror", v["hub_mirror"]) for n, v in resolved.items() if v.get("hub_mirror") is not None]
+    model = resolved.get("02_train_lora_contrastive", {})
+    backbone = model.get("backbone")
+    if isinstance(backbone, str) and (_looks_like_a_path(backbone) or Path(backbone).is_dir()):
+        wanted.append(("02_train_lora_contrastive", "backbone", backbone))
+    for name, key, value in wanted:
+        path = Path(value)  # the notebooks do not expand '~' either
+        seen = path if path.is_absolute() else notebook_dir / path
+        if seen.is_dir():
+            continue
+        if path.is_absolute():
+            raise ConfigError(f"{source} (notebook {name}): {key} {value!r} is not a folder")
+        here = (
+            ""
+            if not path.is_dir()
+            else f"; it exists from here ({Path.cwd()}): give its absolute path, {path.resolve()}"
+        )
+        raise ConfigError(f"{source} (notebook {name}): {key} {value!r} is relative, and the notebooks run in "
+                          f"notebooks/, where it names {seen}, which is not a folder{here}")  # fmt: skip
+
+
+# hidden sizes of the backbones the params files name (their published configs), and of the tiny test model
+HIDDEN_SIZES = {
+    "Qwen/Qwen2.5-Coder-0.5B-Instruct": 896, "Qwen/Qwen2.5-Coder-0.5B": 896,
+    "pypi-gguf:Qwen2.5-Coder-0.5B-Instruct": 896, "Qwen/Qwen2.5-Coder-7B-Instruct": 3584, "Qwen/Qwen2.5-Coder-7B": 3584,
+    "tiny-random-qwen2": 64,
+}  # fmt: skip
+
+
+def hidden_size(backbone: str, notebook_dir: Path = NOTEBOOK_DIR) -> int | None:
+    """The backbone's hidden size where it is known without loading it: a backbone above, or a local directory
+    (relative to notebooks/, where the notebooks run) whose config.json states it; else None."""
+    if backbone in HIDDEN_SIZES:
+        return HIDDEN_SIZES[backbone]
+    config = notebook_dir / Path(backbone).expanduser() / "config.json"
+    try:
+        size = json.loads(config.read_text()).get("hidden_size") if config.is_file() else None
+    except (OSError, ValueError, AttributeError):  # unreadable, not JSON, not an object: the backbone loader says
+        return None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
+def check_ablation_dims(resolved: dict[str, dict[str, Any]], source: str, notebook_dir: Path = NOTEBOOK_DIR) -> None:
+    """Notebook 04 trains PMA at each of `ablation_dims` with notebook 02's model: each d must split into its
+    `pma_heads` and be no wider than the backbone's hidden size (the full embedding it is truncated from). Checked
+    before anything runs, instead of failing in notebook 04 after the evaluation."""
+    evaluation, model = resolved.get("04_eval_mteb_code", {}), resolved.get("02_train_lora_contrastive", {})
+    if not evaluation.get("ablations") or "pma_heads" not in model:
+        return
+    dims, heads = evaluation["ablation_dims"], model["pma_heads"]
+    split = [d for d in dims if d % heads]
+    if split:
+        raise ConfigError(f"{source}: ablation_dims {split} (notebook 04) must be multiples of pma_heads = {heads} "
+                          "(notebook 02): PMA splits its output into pma_heads slices")  # fmt: skip
+    width = hidden_size(model["backbone"], notebook_dir)
+    wide = [d for d in dims if width is not None and d > width]
+    if wide:
+        raise ConfigError(f"{source}: ablation_dims {wide} (notebook 04) are wider than the backbone's hidden size "
+                          f"{width} ({model['backbone']}), the full embedding they are compared with")  # fmt: skip
 
 
 def executed_state(path: Path) -> tuple[bool, dict[str, Any] | None]:
@@ -396,6 +501,14 @@ def check_upstream(
                 )
 
 
+def check_outputs(outputs: Path) -> None:
+    """The outputs folder (`--outputs`) must be a folder, or be creatable: no file where it or a parent should be."""
+    existing = next((p for p in (outputs, *outputs.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "is a file" if existing == outputs else f"lies under {existing}, which is a file"
+        raise ConfigError(f"--outputs {outputs}: {where}, not a folder for run directories; choose a folder")
+
+
 def run_pipeline(
     params_file: str | Path,
     only: list[str] | None = None,
@@ -408,6 +521,7 @@ def run_pipeline(
 ) -> RunDir:
     params_file = Path(params_file)
     name = check_run_name(params_file.stem, f"{params_file}: the run name (the file's stem)")
+    check_outputs(Path(outputs))
     given = load_params(params_file)
     if overlay is not None:
         given = apply_overlay(given, overlay, notebook_dir)
@@ -467,6 +581,7 @@ def _run_notebooks(
 
     save(status="running", drop=("failed_notebook", "error", "ended"))
     for name in selected:
+        run.check_lock()  # its lock file deleted meanwhile: take a new one, or stop if another runner did
         executed = run.root / "notebooks" / f"{name}.ipynb"
         inputs = input_fingerprints(run, name, resolved[name], notebook_dir)
         reason = reason_to_rerun(earlier.get(name, {}), executed, resolved[name], inputs) if resume else ""

@@ -14,7 +14,8 @@ Layout:
     export/                the merged model for sentence-transformers and transformers, with its card (export.py)
     metrics/*.json         numbers each stage reports
     figures/*.png          figures each stage draws
-    .lock                  held (fcntl) by the pipeline runner working in the run; released when it exits
+    .lock                  held (fcntl) by the pipeline runner working in the run; released when it exits. It holds
+                           the runner's pid and a line saying what it is and not to delete it while a run is going
 
 Notebooks talk to each other only through these paths. `require` names the notebook that produces a
 missing input, so running notebook 03 before 02 says what to run instead of failing deep inside.
@@ -24,9 +25,16 @@ input comes from), `--overwrite --only NN` replaces only notebook NN's products,
 first loses its earlier products (`remove_products`), but for the caches it reads back (`KEPT_ON_RERUN`),
 so that no table of an earlier run stays beside the new ones.
 
+A deleted lock file would let a second runner in, so the manifest also names the runner working in the run (pid,
+its start time, host): a runner finding the lock free but the manifest "running" under a live runner on this host
+refuses, and the runner itself takes a new lock between notebooks when its lock file has gone (`check_lock`).
+
 A run name is a plain directory name (no `.`, `..`, path separator or empty name), and a run directory
 only ever deletes inside itself: `create(..., "overwrite")` refuses a run directory that resolves (through
-symlinks) anywhere but `<outputs>/<run>`.
+symlinks) anywhere but `<outputs>/<run>`. A folder holds a run only when it holds `manifest.json` (the runner writes
+it before the first notebook): a folder at `<outputs>/<run>` that holds anything else and no manifest (a user's own
+folder that happens to bear the run's name) is neither deleted, nor resumed into, nor overwritten, and the error
+lists what it holds.
 """
 
 from __future__ import annotations
@@ -94,7 +102,32 @@ KEPT_ON_RERUN = {
     "06_recipe_comparison": ("comparison",),
 }
 LOCK_FILE = ".lock"
+LOCK_NOTE = (
+    "This is the lock of the c2llm pipeline runner working in this run (its pid is the line above). Do not delete it "
+    "while a run is going: a second runner would be let in. It is released when the runner exits, even when killed."
+)
 LIBRARIES = ("c2llm_lib", "torch", "transformers", "peft", "datasets", "accelerate", "mteb", "papermill", "bm25s")
+
+
+RUN_FOLDERS = ("notebooks", "data", "checkpoints", "metrics", "figures")  # what `create` makes in a run directory
+
+
+def contents(root: Path) -> list[str]:
+    """What a run directory holds besides its lock and the empty folders `create` makes (a runner stopped before
+    its manifest leaves only those): names, folders with a trailing '/'."""
+
+    def made_empty(p: Path) -> bool:
+        return p.name in RUN_FOLDERS and p.is_dir() and not p.is_symlink() and not any(p.iterdir())
+
+    return sorted(
+        p.name + ("/" if p.is_dir() else "") for p in root.iterdir() if p.name != LOCK_FILE and not made_empty(p)
+    )
+
+
+def listing(names: list[str], most: int = 6) -> str:
+    """'a, b/ and 3 more' for an error message."""
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def _delete_inside(path: Path, real_root: Path) -> None:
@@ -113,6 +146,39 @@ class MissingInput(FileNotFoundError):
 
 class RunInUse(RuntimeError):
     """Another runner holds the run directory's lock; the message names the run."""
+
+
+def process_start(pid: int) -> str | None:
+    """When a process started (clock ticks since boot, /proc/<pid>/stat field 22), to tell a runner from a later
+    process that reuses its pid; None without /proc or without the process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split()[19]
+
+
+def runner_record() -> dict[str, Any]:
+    """This process as the runner the manifest names."""
+    return {"pid": os.getpid(), "start": process_start(os.getpid()), "host": platform.node()}
+
+
+def runner_alive(runner: Any) -> bool:
+    """Whether the runner a manifest names is another process alive on this host (the same pid, started at the same
+    time); a runner on another host, or one that cannot be told, counts as gone."""
+    if not isinstance(runner, dict) or runner.get("host") != platform.node():
+        return False
+    pid = runner.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        pass
+    start = process_start(pid)
+    return runner.get("start") is None or start is None or start == runner.get("start")
 
 
 def check_run_name(name: str, source: str = "run name") -> str:
@@ -201,26 +267,35 @@ class RunDir:
     def create(cls, root: str | Path, mode: str = "new", replace: Iterable[str] | None = None) -> RunDir:
         """A run directory for a pipeline run, locked against a second runner until `release()`.
 
-        mode: "new" (refuses an existing non-empty run), "resume" (continues in it), or "overwrite": deletes
-        its contents first, deliberately, or with `replace` (globs relative to the run, e.g. `PRODUCTS` of the
-        notebooks to rerun) only those. Deletion stays inside `<outputs>/<run>`: a run directory that is a
-        symlink, or resolves anywhere else, is refused."""
+        mode: "new" (refuses an existing run), "resume" (continues in it), or "overwrite": deletes its contents
+        first, deliberately, or with `replace` (globs relative to the run, e.g. `PRODUCTS` of the notebooks to
+        rerun) only those. Deletion stays inside `<outputs>/<run>`: a run directory that is a symlink, or resolves
+        anywhere else, is refused. In every mode, a folder that holds anything but no `manifest.json` is not a run
+        and is refused, listing what it holds."""
         root = Path(root)
         if mode not in ("new", "resume", "overwrite"):
             raise ValueError(f"mode must be 'new', 'resume' or 'overwrite', got {mode!r}")
         check_run_name(root.name, str(root))
         root.mkdir(parents=True, exist_ok=True)
         run = cls(root)
+        fresh_lock = not (root / LOCK_FILE).exists()
         run._acquire()
         try:
-            exists = any(p.name != LOCK_FILE for p in root.iterdir())
-            if exists and mode == "new":
+            run._refuse_a_live_runner()
+            held = contents(root)
+            if held and mode == "overwrite":
+                real = run._real_root()  # a run directory that resolves elsewhere is refused first, whatever it holds
+            if held and not (root / "manifest.json").is_file():
                 raise FileExistsError(
-                    f"{root} already holds a run; resume it (--resume), overwrite it deliberately (--overwrite), "
-                    "or choose another run name"
+                    f"{root} holds {listing(held)} but no run (no manifest.json): the runner neither writes into nor "
+                    "deletes a folder it did not make; choose another run name (the params file's stem) or --outputs"
                 )
-            if exists and mode == "overwrite":
-                real = run._real_root()
+            if held and mode == "new":
+                raise FileExistsError(
+                    f"{root} already holds a run ({listing(held)}); resume it (--resume), overwrite it deliberately "
+                    "(--overwrite), or choose another run name"
+                )
+            if held and mode == "overwrite":
                 nested = [p.name for p in root.iterdir() if (p / "manifest.json").is_file()]
                 if nested:
                     raise FileExistsError(f"{root} holds other runs ({nested}), not a run of its own: not deleted")
@@ -228,10 +303,12 @@ class RunDir:
                     p for pattern in replace for p in sorted(root.glob(pattern))]  # fmt: skip
                 for path in doomed:
                     _delete_inside(path, real)
-            for sub in ("notebooks", "data", "checkpoints", "metrics", "figures"):
+            for sub in RUN_FOLDERS:
                 (root / sub).mkdir(parents=True, exist_ok=True)
         except BaseException:
             run.release()
+            if fresh_lock and contents(root):  # a folder that is not ours keeps no trace of the refusal
+                (root / LOCK_FILE).unlink(missing_ok=True)
             raise
         return run
 
@@ -252,7 +329,7 @@ class RunDir:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
-            holder = handle.read().strip() or "unknown"
+            holder = (handle.read().strip().splitlines() or ["unknown"])[0]
             handle.close()
             raise RunInUse(
                 f"run {self.root.name!r} ({self.root}) is in use by another pipeline runner (pid {holder}); "
@@ -260,9 +337,41 @@ class RunDir:
             ) from None
         handle.seek(0)
         handle.truncate()
-        handle.write(f"{os.getpid()}\n")
+        handle.write(f"{os.getpid()}\n{LOCK_NOTE}\n")
         handle.flush()
         self.lock = handle
+
+    def _refuse_a_live_runner(self) -> None:
+        """The lock was free, but the manifest may say that a runner still alive here works in the run: its lock file
+        was deleted. Refused, naming it (an unreadable manifest names nobody)."""
+        try:
+            manifest = self.read_manifest()
+        except (OSError, ValueError):  # CorruptFile is a ValueError: --overwrite may replace it
+            return
+        runner = manifest.get("runner") if manifest.get("status") == "running" else None
+        if runner_alive(runner):
+            raise RunInUse(
+                f"run {self.root.name!r} ({self.root}) is in use by another pipeline runner (pid {runner['pid']}, "
+                f"running since {manifest.get('started', '?')}), whose lock file {LOCK_FILE} was deleted; wait for it "
+                "to finish or stop it"
+            )
+
+    def check_lock(self) -> None:
+        """Between notebooks: if this runner's lock file was deleted, takes a new one (so that a later runner is
+        refused again); if another runner already took it, raises RunInUse, since two runners now share the run."""
+        if self.lock is None:
+            return
+        try:
+            path, held = os.stat(self.root / LOCK_FILE), os.fstat(self.lock.fileno())
+            if (path.st_dev, path.st_ino) == (held.st_dev, held.st_ino):
+                return
+        except FileNotFoundError:
+            pass
+        self.release()
+        try:
+            self._acquire()
+        except RunInUse as err:
+            raise RunInUse(f"this runner's lock file {LOCK_FILE} was deleted while it ran, and {err}") from None
 
     def release(self) -> None:
         """Releases the runner's lock (closing the file drops the fcntl lock)."""
@@ -322,6 +431,8 @@ class RunDir:
         manifest = self.read_manifest()
         manifest.setdefault("started", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         manifest.update(git=git_state(repo), versions=versions(), device=device_description(), **extra)
+        if self.lock is not None:  # the runner working in the run, should its lock file be deleted
+            manifest["runner"] = runner_record()
         for key in drop:
             manifest.pop(key, None)
         tmp = path.with_suffix(".tmp")

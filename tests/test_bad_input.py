@@ -85,7 +85,7 @@ SKIPPED = [
     ("corpus id repeated with the same text", "corpus/corpus.jsonl", 3, line(_id="d1", title="", text=CORPUS["d1"]),
      2, {"repeated corpus id with the same text": 1}, f"d1 at {BASE}/corpus/corpus.jsonl:3"),
     ("qrel score null means relevant", "default/train.jsonl", 1, qrel("q0", "d0", None),
-     2, {}, "AppsRetrieval: kept 2"),
+     2, {}, "AppsRetrieval: passed checks 2"),
 ]  # fmt: skip
 
 
@@ -94,7 +94,7 @@ SKIPPED = [
 def test_a_bad_row_is_skipped_counted_and_named(apps, file, number, raw, kept, skipped, shown):
     put_line(apps / BASE / file, number, raw)
     rows, report = read_apps(apps)
-    assert len(rows) == kept and report.kept[APPS.name] == kept  # the other rows survive
+    assert len(rows) == kept and report.passed[APPS.name] == kept  # the other rows survive
     assert dict(report.skipped[APPS.name]) == skipped
     assert shown in "\n".join(report.lines())
     for row in rows:  # kept rows are intact; a repeated id keeps its first text

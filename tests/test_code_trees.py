@@ -172,7 +172,7 @@ def test_every_skip_rule_is_counted_with_examples(mined):
         "own-code/go/mathutil_test.go", "own-code/java/src/test/", "own-code/javascript/strings.test.js",
         "own-code/python/tests/", "own-code/python/textkit/test_stats.py",
     ]  # fmt: skip
-    assert report.files.kept[ROOT] == 29
+    assert report.files.passed[ROOT] == 29
 
 
 def test_a_file_that_does_not_parse_is_named_with_its_first_error_line_and_skipped(mined):
@@ -428,7 +428,7 @@ def test_prepare_code_trains_on_the_train_split_and_returns_the_held_out_one():
     assert {"file", "function", "start_line", "end_line"} <= set(heldout.column_names)
     held_texts = {text_key(t) for t in list(heldout["query"]) + list(heldout["positive"])}
     assert not held_texts & {text_key(t) for t in list(prepared.rows["query"]) + list(prepared.rows["positive"])}
-    assert prepared.report.kept[T2C] + prepared.report.kept[C2C] == len(prepared.rows) == 137
+    assert prepared.kept[T2C] + prepared.kept[C2C] == len(prepared.rows) == 137
     assert prepared.report.skipped[ROOT][code_trees.NOT_PARSED] == 2  # the mining's file counts are in the report
     assert prepared.summary()["heldout_rows"] == 47
 

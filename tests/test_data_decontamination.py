@@ -11,8 +11,18 @@ from mteb.mocks.mock_tasks.retrieval import MockRetrievalTask, general_args
 from c2llm_lib.config import DataStage
 from c2llm_lib.data import DataError, prepare_rows
 from c2llm_lib.data.build import build_training_data
-from c2llm_lib.data.mix import OFFLINE_EVAL_TEXT, POSITIVE_IS_RELEVANT, QUERY_IS_TEST_QUERY, EvalKeys, mteb_test_keys
+from c2llm_lib.data.mix import (
+    OFFLINE_EVAL_TEXT,
+    POSITIVE_IS_RELEVANT,
+    POSITIVE_IS_TEST_QUERY,
+    QUERY_IS_RELEVANT,
+    QUERY_IS_TEST_QUERY,
+    EvalKeys,
+    mteb_test_keys,
+    prepare_sources,
+)
 from c2llm_lib.data.records import text_key
+from c2llm_lib.export import _data_section
 
 from source_fixtures import write_fixtures
 
@@ -87,9 +97,47 @@ def test_only_test_queries_relevant_documents_and_offline_texts_are_dropped():
     kept = sorted(prepared.rows["query"])
     assert kept == ["training question 0", "training question 2", "training question 6", "training question 7"]
     assert prepared.decontamination() == {
-        "CoirLike": {QUERY_IS_TEST_QUERY: 1, POSITIVE_IS_RELEVANT: 2, OFFLINE_EVAL_TEXT: 1}
+        "CoirLike": {
+            QUERY_IS_TEST_QUERY: 1,
+            POSITIVE_IS_RELEVANT: 2,
+            QUERY_IS_RELEVANT: 0,
+            POSITIVE_IS_TEST_QUERY: 0,
+            OFFLINE_EVAL_TEXT: 1,
+        }
     }
     assert prepared.summary()["decontaminated"] == prepared.decontamination()
+
+
+def test_kept_counts_the_rows_that_train_not_the_rows_that_passed_the_checks():
+    task = CoirLikeTask(TEST_QUERIES, CORPUS, QRELS)
+    prepared = prepare_rows(training_rows(TRAIN), "fp-coir-like", OFFLINE, mteb_keys=mteb_test_keys([task]))
+    counts = prepared.summary()["sources"]["CoirLike"]
+    assert len(prepared.rows) == 4 and counts["kept"] == 4  # was 8: counted when checked, before decontamination
+    assert counts["passed_checks"] == 8 == counts["kept"] + sum(prepared.decontamination()["CoirLike"].values())
+    assert prepared.lines()[0] == (
+        "CoirLike: kept 4 of 8 that passed the checks; decontamination removed 4 (1 query is a test query, "
+        "2 positive is a relevant test document, 1 offline evaluation text)"
+    )
+    card = _data_section(prepared.summary())
+    assert "| source | passed the checks | rows kept (trained on) |" in card and "| CoirLike | 8 | 4 |" in card
+    assert "| CoirLike | 8 | not recorded |" in _data_section({"sources": {"CoirLike": {"kept": 8}}})  # an old record
+
+
+def test_when_decontamination_removes_every_row_the_error_says_so_per_source_and_rule():
+    pairs = [("a test question", f"def f{i}(): pass") for i in range(3)] + [("q", "another test question")]
+    with pytest.raises(DataError) as caught:
+        prepare_rows(
+            training_rows(pairs),
+            "fp-all-dropped",
+            mteb_keys=mteb_test_keys([CoirLikeTask(TEST_QUERIES, CORPUS, QRELS)]),
+        )
+    message = str(caught.value)
+    assert message.startswith("no training rows are left after checks and decontamination:")
+    # was: "CoirLike: kept 4", the rows that passed the checks, and nothing about why none trains
+    assert (
+        "CoirLike: kept 0 of 4 that passed the checks; decontamination removed 4 (3 query is a test query, "
+        "1 positive is a test query)" in message
+    )
 
 
 def test_keys_of_an_mteb_split_only_relevant_documents_as_seen_and_bare():
@@ -112,6 +160,8 @@ def test_mteb_mock_task():
     assert prepared.decontamination()["CoirLike"] == {
         QUERY_IS_TEST_QUERY: 1,
         POSITIVE_IS_RELEVANT: 2,
+        QUERY_IS_RELEVANT: 0,
+        POSITIVE_IS_TEST_QUERY: 0,
         OFFLINE_EVAL_TEXT: 0,
     }
 
@@ -184,6 +234,50 @@ def test_build_keeps_the_training_set_against_a_coir_like_corpus(fixture_root):
     assert prepared.fingerprint != plain.fingerprint
     lone = ("AppsRetrieval/python", "CodeSearchNetCCRetrieval/python", "CosQA/python", "SyntheticText2SQL/sql")
     assert short == dict.fromkeys(lone, 1)  # each group that lost a row has one row left: no negative to mine
+
+
+def test_a_test_pair_read_backwards_is_dropped_too():
+    """CodeSearchNet trains code -> docstring and docstring -> code: a test pair (code X, docstring Y) must not
+    train as (Y, X) either, nor may a test query be trained as an answer."""
+    keys = EvalKeys.of(mteb_keys=({text_key("def x(): pass")}, {text_key("Y: the docstring")}))
+    assert keys.rule("def x():  pass", "Y: the docstring") == QUERY_IS_TEST_QUERY
+    assert keys.rule("Y: the  docstring", "def x(): pass") == QUERY_IS_RELEVANT  # was None: it trained
+    assert keys.rule("another docstring", "def x(): pass") == POSITIVE_IS_TEST_QUERY  # was None
+    assert keys.rule("Y: the docstring", "other code") == QUERY_IS_RELEVANT
+    assert keys.rule("other text", "other code") is None
+
+
+def test_codesearchnet_read_both_ways_trains_no_test_pair(fixture_root):
+    """Both sources read the same CoIR pairs (text, code); CodeSearchNetRetrieval reads them swapped. A test
+    split holding the pair (text, code) must drop it from both sources, in either direction."""
+    text, code = "compute the area of a circle", "def area(r):\n    return 3.14159 * r * r"
+    task = CoirLikeTask({"t0": text}, {"d0": ("", code)}, {"t0": {"d0": 1}})
+    names = ["CodeSearchNetRetrieval", "COIRCodeSearchNetRetrieval"]
+    prepared = prepare_sources(names, local_root=fixture_root, mteb_keys=mteb_test_keys([task]))
+    pairs = {(r["query"], r["positive"]) for r in prepared.rows}
+    assert (text, code) not in pairs and (code, text) not in pairs
+    assert text not in prepared.rows["query"] and text not in prepared.rows["positive"]
+    dropped = prepared.decontamination()  # the fixture asks the same text in each of the 6 languages
+    assert dropped["COIRCodeSearchNetRetrieval"] == dict.fromkeys(dropped["COIRCodeSearchNetRetrieval"], 0) | {
+        QUERY_IS_TEST_QUERY: 6
+    }
+    # was: every swapped row trained, the test pair (code, text) among them
+    assert dropped["CodeSearchNetRetrieval"] == dict.fromkeys(dropped["CodeSearchNetRetrieval"], 0) | {
+        QUERY_IS_RELEVANT: 1,  # (code, text): the test pair backwards
+        POSITIVE_IS_TEST_QUERY: 5,  # the test query trained as the answer to other code
+    }
+
+
+def test_a_cap_per_group_after_decontamination_is_counted_apart(fixture_root):
+    stage = DataStage(data_source="hub", hub_sources=NAMES, num_negatives=0, rows_per_group=1)
+    prepared, _ = build_training_data(stage, fixture_root)
+    sources = prepared.summary()["sources"]
+    assert sum(s["kept"] for s in sources.values()) == len(prepared.rows) == 9  # was 18: the rows before the cap
+    for name, counts in sources.items():
+        groups = len(set(prepared.rows.filter(lambda r, n=name: r["dataset"] == n)["language"]))
+        assert counts["kept"] == groups and counts["capped"] == counts["passed_checks"] - groups, name
+    uncapped, _ = build_training_data(DataStage(data_source="hub", hub_sources=NAMES, num_negatives=0), fixture_root)
+    assert prepared.fingerprint != uncapped.fingerprint  # the cap is part of what was prepared
 
 
 def test_build_refuses_options_it_would_ignore(fixture_root):

@@ -84,7 +84,9 @@ def test_an_empty_result_is_an_error_not_an_empty_dataset():
             if row is not None:
                 yield row
 
-    with pytest.raises(DataError, match=r"(?s)no training rows.*Empty: kept 0; skipped 3 empty text"):
+    with pytest.raises(
+        DataError, match=r"(?s)no training rows.*Empty: kept 0 of 0 that passed the checks; skipped 3 empty text"
+    ):
         prepare_rows(nothing_valid, "fp-empty-test")
 
 

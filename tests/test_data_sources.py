@@ -27,7 +27,7 @@ def test_each_loader_maps_its_schema(fixture_root, name):
     rows = list(iter_records(source, RowChecker(report), fixture_root))
     subsets = len(source.languages)
     assert len(rows) == 2 * subsets  # two good pairs per subset, the score-0 qrel is not a pair
-    assert report.kept[name] == len(rows)
+    assert report.passed[name] == len(rows)
     for row in rows:
         assert set(row) == {"dataset", "language", "query", "positive", "negatives", "instruction"}
         assert row["dataset"] == name and row["instruction"] == TABLE_1[name] and row["negatives"] == []
@@ -45,25 +45,25 @@ def test_planted_problems_are_counted_with_row_ids(fixture_root):
     report = SkipReport()
     list(iter_records(SOURCES["CosQA"], RowChecker(report), fixture_root))
     skipped = report.as_dict()["CosQA"]
-    assert skipped["kept"] == 2
+    assert skipped["passed_checks"] == 2
     assert skipped["skipped"] == {"empty text": 1, "duplicate row": 1, "qrel names a missing query or document": 1}
     assert skipped["examples"]["empty text"] == ["train:q0->d_empty"]
-    assert any("CosQA: kept 2; skipped" in line for line in report.lines())
+    assert any("CosQA: passed checks 2; skipped" in line for line in report.lines())
     assert "  empty text, e.g. train:q0->d_empty" in report.lines()
 
 
 def test_the_report_reads_as_counts_then_examples():
     report = SkipReport()
-    report.kept["S"] = 4
+    report.passed["S"] = 4
     report.skip("S", "line with invalid UTF-8", "S__hub/corpus/corpus.jsonl:2 (byte 0xff at column 9)")
     for i in range(7):  # the most frequent reason comes first; five examples at most
         report.skip("S", "empty text", f"train:q{i}->d{i}")
-    report.kept["T"] = 1
+    report.passed["T"] = 1
     assert report.lines() == [
-        "S: kept 4; skipped 7 empty text, 1 line with invalid UTF-8",
+        "S: passed checks 4; skipped 7 empty text, 1 line with invalid UTF-8",
         "  empty text, e.g. train:q0->d0; train:q1->d1; train:q2->d2; train:q3->d3; train:q4->d4",
         "  line with invalid UTF-8, e.g. S__hub/corpus/corpus.jsonl:2 (byte 0xff at column 9)",
-        "T: kept 1",
+        "T: passed checks 1",
     ]
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -32,7 +33,54 @@ def test_the_probe_runs_once_and_is_cached(tmp_path):
     assert entry["float32"] > 0 and entry["bfloat16"] > 0
     assert cpu_dtype(cache) == (dtype, why)  # read back, not measured again
     cache.write_text("not json")  # a damaged cache is measured again, never an error
-    assert cpu_dtype(cache)[0] in (torch.float32, torch.bfloat16)
+    with pytest.warns(UserWarning, match="cannot be read as JSON"):
+        assert cpu_dtype(cache)[0] in (torch.float32, torch.bfloat16)
+
+
+CRAFTED = [  # a well-formed JSON entry that must not be trusted, and what the warning says about it
+    ({"float32": "fast", "bfloat16": 90.0}, r"figures \{'float32': 'fast'\} are not finite positive"),  # was ValueError
+    ({"float32": -1.0, "bfloat16": 90.0}, r"figures \{'float32': -1.0\}"),  # was: bf16 chosen from a crafted figure
+    ({"float32": 1.0, "bfloat16": float("inf")}, r"figures \{'bfloat16': inf\}"),
+    ({"float32": 1.0, "bfloat16": float("nan")}, r"figures \{'bfloat16': nan\}"),
+    ({"float32": True, "bfloat16": 90.0}, r"figures \{'float32': True\}"),
+    ({"float32": 1.0, "bfloat16": 90.0, "float8": 900.0}, r"names the dtypes \['bfloat16', 'float32', 'float8'\]"),
+    ([1.0, 90.0], r"the entry is a list"),
+]
+
+
+@pytest.mark.parametrize("entry,message", CRAFTED, ids=lambda v: str(v)[:30])
+def test_a_cache_entry_that_cannot_be_trusted_is_named_and_probed_again(tmp_path, entry, message):
+    cache = tmp_path / "cpu-dtype.json"
+    other = {"another CPU|avx2|2|torch 2.13": {"float32": 60.0, "bfloat16": 7.0}}
+    cache.write_text(json.dumps({**other, _probe_key(cpu_info()): entry}))
+    with pytest.warns(UserWarning, match=f"{re.escape(str(cache))}: .*{message}.*probing this CPU's GEMM speed again"):
+        dtype, why = cpu_dtype(cache)
+    probed = json.loads(cache.read_text())
+    fresh = probed[_probe_key(cpu_info())]
+    assert fresh["float32"] > 0 and fresh["bfloat16"] > 0 and set(fresh) == {"float32", "bfloat16"}
+    assert f"GEMM {fresh['bfloat16']:.0f} GFLOP/s in bf16 vs {fresh['float32']:.0f} in fp32" in why  # the new figures
+    assert probed["another CPU|avx2|2|torch 2.13"] == other["another CPU|avx2|2|torch 2.13"]  # other machines kept
+    assert cpu_dtype(cache) == (dtype, why)  # and trusted from then on
+
+
+@pytest.mark.parametrize("text", ["not json", "[1, 2]", "\udcff".encode("utf-8", "surrogatepass").decode("latin-1")])
+def test_a_damaged_cache_file_is_named_and_probed_again(tmp_path, text):
+    cache = tmp_path / "cpu-dtype.json"
+    cache.write_text(text, encoding="latin-1")
+    with pytest.warns(UserWarning, match=f"{re.escape(str(cache))}: the file (cannot be read as JSON|holds a list)"):
+        assert cpu_dtype(cache)[0] in (torch.float32, torch.bfloat16)
+    assert set(json.loads(cache.read_text())) == {_probe_key(cpu_info())}
+
+
+def test_a_cache_that_is_a_symlink_is_replaced_not_written_through(tmp_path):
+    mine = tmp_path / "notes.txt"
+    mine.write_text("my notes, not JSON")
+    cache = tmp_path / "cpu-dtype.json"
+    cache.symlink_to(mine)
+    with pytest.warns(UserWarning, match="cannot be read as JSON"):
+        cpu_dtype(cache)
+    assert mine.read_text() == "my notes, not JSON" and not cache.is_symlink()  # was: overwritten through the link
+    assert _probe_key(cpu_info()) in json.loads(cache.read_text())
 
 
 def test_auto_is_bf16_on_cuda_and_resolves_through_the_probe_on_cpu():

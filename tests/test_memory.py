@@ -88,8 +88,24 @@ def test_no_child_no_peak():
 
 
 def test_interval_must_be_positive():
-    with pytest.raises(ValueError, match="interval must be a positive number of seconds, got 0"):
+    with pytest.raises(ValueError, match=r"PeakMemory\(interval=...\) must be a positive number of seconds, at most 60 "
+                       r"\(how often the processes are sampled\), got 0"):  # fmt: skip
         PeakMemory(0)
-    for bad in ("1", None, True, float("nan"), -1.0):
-        with pytest.raises(ValueError, match="interval must be a positive number of seconds"):
+    for bad in ("1", None, True, float("nan"), -1.0, float("inf"), 1e300, 61):  # inf, 1e300: OverflowError in a thread
+        with pytest.raises(ValueError, match=r"PeakMemory\(interval=...\) must be a positive number of seconds"):
             PeakMemory(bad)
+    assert PeakMemory(60).interval == 60
+
+
+def test_one_peak_memory_measures_blocks_one_after_the_other():
+    """A second `with` on the same object was a raw RuntimeError ("threads can only be started once")."""
+    small = f"subprocess.run([sys.executable, '-c', {TOUCH!r}, '1', '0.3'])"
+    big = f"subprocess.run([sys.executable, '-c', {TOUCH!r}, '200', '0.3'])"
+    script = f"peak = PeakMemory(0.05)\nwith peak:\n    {big}\nfirst = peak.kib\nwith peak:\n    {small}"
+    second = measure(script)  # the same object's second block
+    first = measure(f"peak = PeakMemory(0.05)\nwith peak:\n    {big}")
+    assert first > 200 * 1024 and 0 < second < 150 * 1024  # each block its own peak
+    with pytest.raises(RuntimeError, match="already measuring a block"):
+        with PeakMemory(0.05) as peak:
+            with peak:
+                pass

@@ -92,6 +92,7 @@ def test_overwrite_and_a_missing_upstream_product(tmp_path):
     (tmp_path / "smoke" / "merged").mkdir(parents=True)
     (tmp_path / "smoke" / "merged" / "old.safetensors").write_text("an earlier merge")
     (tmp_path / "smoke" / "mine.txt").write_text("mine")
+    (tmp_path / "smoke" / "manifest.json").write_text("{}")  # a run: --overwrite deletes only in a run's folder
     with pytest.raises(PipelineError, match=r"03_merge_checkpoints failed.*run 02_train_lora_contrastive"):
         run_pipeline(SMOKE, outputs=tmp_path, mode="overwrite", only=["03"], log=lambda *_: None)
     assert not (tmp_path / "smoke" / "merged" / "old.safetensors").exists()  # 03's product: replaced, as asked

@@ -30,8 +30,18 @@ from c2llm_lib.config import (
     TrainConfig,
     from_dict,
 )
+from c2llm_lib.model.backbone import tiny_qwen2_config
 from c2llm_lib.notebook import NOTEBOOK_DIR, STAGES, parameters_cell
-from c2llm_lib.pipeline import PipelineError, load_params, main, parse_sets, run_pipeline
+from c2llm_lib.pipeline import (
+    HIDDEN_SIZES,
+    PipelineError,
+    apply_overlay,
+    load_params,
+    main,
+    parse_sets,
+    resolve,
+    run_pipeline,
+)
 from c2llm_lib.runs import RunDir, RunInUse, check_run_name
 
 REPO = Path(__file__).resolve().parent.parent
@@ -136,10 +146,43 @@ def test_overwrite_only_deletes_nothing_through_a_symlinked_folder(tmp_path):
     (elsewhere / "attention_0.png").write_text("another project's figure")
     root = tmp_path / "outputs" / "run"
     (root / "metrics").mkdir(parents=True)
+    (root / "manifest.json").write_text("{}")  # a run, so that only the symlink stands in the way
     (root / "figures").symlink_to(elsewhere)
     with pytest.raises(FileExistsError, match="outside the run directory"):
         RunDir.create(root, "overwrite", replace=["figures/attention_*"])
     assert (elsewhere / "attention_0.png").is_file()
+
+
+def test_a_folder_that_never_held_a_run_is_neither_deleted_nor_run_into(fake):
+    """notes.yaml run with --outputs <parent>, where <parent>/notes/ is a user's folder: the plain run said it
+    "already holds a run", and --overwrite deleted notes/thesis.txt."""
+    notebooks, _, outputs = fake
+    params = fake[1].parent / "notes.yaml"
+    params.write_text("seed: 0\n")
+    (outputs / "notes" / "drafts").mkdir(parents=True)
+    (outputs / "notes" / "thesis.txt").write_text("years of work")
+    for mode in ("new", "overwrite", "resume"):
+        with pytest.raises(FileExistsError) as refused:
+            run_pipeline(params, mode=mode, outputs=outputs, notebook_dir=notebooks, **QUIET)
+        assert str(refused.value) == (
+            f"{outputs / 'notes'} holds drafts/, thesis.txt but no run (no manifest.json): the runner neither writes "
+            "into nor deletes a folder it did not make; choose another run name (the params file's stem) or --outputs"
+        )
+    assert sorted(p.name for p in (outputs / "notes").iterdir()) == ["drafts", "thesis.txt"]  # no lock left either
+    assert (outputs / "notes" / "thesis.txt").read_text() == "years of work"
+
+
+def test_what_a_run_directory_holds_is_named_and_a_runner_killed_before_its_manifest_left_no_run(fake):
+    notebooks, params, outputs = fake
+    run_pipeline(params, only=["01"], outputs=outputs, notebook_dir=notebooks, **QUIET)
+    with pytest.raises(FileExistsError, match=r"fake already holds a run \(data/, manifest.json, notebooks/, "
+                       r"params.yaml, resolved.yaml\); resume it"):  # fmt: skip
+        run_pipeline(params, only=["01"], outputs=outputs, notebook_dir=notebooks, **QUIET)
+    stopped = outputs / "stopped"  # created, locked, then killed before the manifest: its empty folders are no run
+    RunDir.create(stopped, "new").release()
+    assert sorted(p.name for p in stopped.iterdir()) == [".lock", "checkpoints", "data", "figures", "metrics",
+                                                         "notebooks"]  # fmt: skip
+    RunDir.create(stopped, "new").release()
 
 
 def test_overwrite_only_04_keeps_what_04_reads(fake):
@@ -172,6 +215,7 @@ def test_a_dead_kernel_fails_the_notebook_and_resume_reruns_it(fake):
     notebooks, params, outputs = fake
     root = outputs / "fake"
     root.mkdir()
+    (root / "manifest.json").write_text("{}")  # a run (a folder without a manifest is nobody's to run into)
     (root / "kill-me").write_text("")
     with pytest.raises(PipelineError, match=r"02_train_lora_contrastive failed: its kernel died in cell \[\d+\]"):
         run_pipeline(params, only=["01", "02", "03"], mode="resume", outputs=outputs, notebook_dir=notebooks, **QUIET)
@@ -198,6 +242,7 @@ def test_the_manifest_records_each_notebooks_peak_memory(fake):
     notebooks, params, outputs = fake
     root = outputs / "fake"
     root.mkdir()
+    (root / "manifest.json").write_text("{}")  # a run (a folder without a manifest is nobody's to run into)
     (root / "allocate-mib").write_text("400")
     lines = []
     run_pipeline(params, only=["01", "02", "03"], mode="resume", outputs=outputs, notebook_dir=notebooks,
@@ -390,13 +435,59 @@ def test_a_killed_runner_leaves_no_lock_behind(tmp_path):
     RunDir.create(tmp_path / "fresh", "new").release()  # a lock file alone is no run
 
 
+def test_a_deleted_lock_file_does_not_let_a_second_runner_in(tmp_path):
+    """The lock file held only a pid: deleted, it looked disposable and the next runner got a new lock at once."""
+    run_dir = tmp_path / "run"
+    script = ("import sys, time\nfrom pathlib import Path\nfrom c2llm_lib.runs import RunDir\n"
+              "run = RunDir.create(sys.argv[1], 'new')\nrun.write_manifest(Path(sys.argv[1]), status='running')\n"
+              "print('locked', flush=True)\ntime.sleep(60)\n")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen([sys.executable, "-c", script, str(run_dir)], stdout=subprocess.PIPE, env=env)
+    try:
+        assert child.stdout.readline().strip() == b"locked"
+        lines = (run_dir / ".lock").read_text().splitlines()
+        assert lines[0] == str(child.pid) and "pipeline runner" in lines[1] and "Do not delete it" in lines[1]
+        (run_dir / ".lock").unlink()
+        with pytest.raises(RunInUse, match=rf"in use by another pipeline runner \(pid {child.pid}, running since .*\), "
+                           r"whose lock file .lock was deleted"):  # fmt: skip
+            RunDir.create(run_dir, "resume")
+        assert not (run_dir / ".lock").exists()  # the refused runner leaves no lock of its own
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    RunDir.create(run_dir, "resume").release()  # its runner is gone: the manifest's "running" is a dead runner's
+
+
+def test_a_runner_whose_lock_file_is_deleted_takes_a_new_one(tmp_path):
+    run = RunDir.create(tmp_path / "run", "new")
+    try:
+        (tmp_path / "run" / ".lock").unlink()
+        run.check_lock()  # between notebooks
+        assert (tmp_path / "run" / ".lock").read_text().startswith(f"{os.getpid()}\n")
+        with pytest.raises(RunInUse, match="in use by another pipeline runner"):
+            RunDir.create(tmp_path / "run", "resume")  # the lock holds again
+        (tmp_path / "run" / ".lock").unlink()
+        second = RunDir.create(tmp_path / "run", "resume")  # let in while the first runs between two checks
+        with pytest.raises(RunInUse, match=r"this runner's lock file .lock was deleted while it ran, and run 'run'"):
+            run.check_lock()  # the first stops rather than share the run
+        second.release()
+    finally:
+        run.release()
+
+
 # parameters ----------------------------------------------------------------------------------------------------
 REFUSED = [
     (TrainConfig, {"max_grad_norm": -1.0}, "'max_grad_norm' must be positive"),
     (TrainConfig, {"max_grad_norm": 0.0}, "'max_grad_norm' must be positive"),
-    (TrainConfig, {"learning_rate": -1e-4}, "'learning_rate' must be >= 0"),
-    (TrainConfig, {"pma_learning_rate": -1e-4}, "'pma_learning_rate' must be >= 0"),
-    (TrainConfig, {"pma_attention_learning_rate": -1e-4}, "'pma_attention_learning_rate' must be >= 0"),
+    (TrainConfig, {"learning_rate": -1e-4}, r"'learning_rate' must be in \[0, 0.1\]"),
+    (TrainConfig, {"learning_rate": 1e30}, r"'learning_rate' must be in \[0, 0.1\] .*got 1e\+30"),  # was accepted
+    (TrainConfig, {"pma_learning_rate": -1e-4}, r"'pma_learning_rate' must be in \[0, 0.1\]"),
+    (TrainConfig, {"pma_learning_rate": 0.5}, r"'pma_learning_rate' must be in \[0, 0.1\] \(0 freezes"),
+    (TrainConfig, {"pma_attention_learning_rate": -1e-4}, r"'pma_attention_learning_rate' must be in \[0, 0.1\]"),
+    (TrainConfig, {"pma_attention_learning_rate": 3.0}, r"'pma_attention_learning_rate' must be in \[0, 0.1\]"),
+    (TrainConfig, {"tau": 1e308}, r"'tau' must be in \[0.001, 10.0\] .*nothing trains.*got 1e\+308"),  # was silent
+    (TrainConfig, {"tau": 1e-300}, r"'tau' must be in \[0.001, 10.0\]"),  # was a NaN loss that named no key
+    (TrainConfig, {"tau": 0.0}, r"'tau' must be in"),
     (
         TrainConfig,
         {"pma_learning_rate": 0.0, "pma_attention_learning_rate": 3e-3},
@@ -428,6 +519,8 @@ REFUSED = [
     (DataStage, {"seed": 2**40}, "'seed' must be in"),
     (DataStage, {"hub_sources": ["CosQA", "CosQA"]}, "'hub_sources' repeats"),
     (DataStage, {"data_source": "hub", "hub_sources": []}, "'hub_sources' must name a source"),
+    (DataStage, {"hub_mirror": ""}, "'hub_mirror' must be None or a folder"),  # was: the working directory
+    (EvalStage, {"hub_mirror": "  "}, "'hub_mirror' must be None or a folder"),
     (MergeStage, {"merge_last": 2, "merge_weights": [math.nan, 1.0]}, "'merge_weights' must be finite"),
     (MergeStage, {"merge_last": 2, "merge_weights": [-1.0, 2.0]}, "'merge_weights' must be non-negative"),
     (MergeStage, {"merge_last": 2, "merge_weights": [0.0, 0.0]}, "not all zero"),
@@ -452,6 +545,9 @@ def test_a_value_out_of_range_is_refused_naming_the_key(cls, values, message):
     "cls,values",
     [
         (TrainConfig, {"pma_learning_rate": 0.0}),  # a frozen head
+        (TrainConfig, {"learning_rate": 0.1, "pma_learning_rate": 0.1, "pma_attention_learning_rate": 0.1}),
+        (TrainConfig, {"tau": 1e-3}),
+        (TrainConfig, {"tau": 10}),
         (TrainConfig, {"max_steps": 20, "checkpoint_steps": [5, 10, 15, 20]}),
         (ModelConfig, {"device": "cuda:1"}),
         (ModelConfig, {"device": "mps"}),
@@ -501,6 +597,61 @@ def test_exponent_numbers_read_as_floats_in_files_and_sets(tmp_path, text, value
         assert got == value and type(got) is type(value)
 
 
+@pytest.mark.parametrize(
+    "params,conditional,message",
+    [
+        ({}, "max_length: 64", r"where_nonempty names 'max_length', which is not a list parameter \(here it is 1024\)"),
+        ({}, "merge_last: 2", r"where_nonempty names 'merge_last', which is not a list parameter"),
+        ({"mrl_dims": [64]}, "mrl_dims: 32", r"where_nonempty gives 'mrl_dims' the value 32; .* give a list"),
+        ({}, "mrl_dims: 32", r"where_nonempty gives 'mrl_dims' the value 32"),  # refused even where nothing asks
+    ],
+)
+def test_an_overlay_condition_that_would_be_ignored_is_refused(tmp_path, params, conditional, message):
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(f"seed: 1\nwhere_nonempty:\n  {conditional}\n")
+    with pytest.raises(ConfigError, match=f"overlay.yaml: {message}"):  # was: ignored, or blamed on the params file
+        apply_overlay(params, overlay)
+
+
+def test_an_overlay_condition_on_a_list_applies_where_the_run_has_one(tmp_path):
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("seed: 1\nwhere_nonempty:\n  mrl_dims: [32]\n  merge_weights: [1.0]\n")
+    assert apply_overlay({"mrl_dims": [64]}, overlay) == {"mrl_dims": [32], "seed": 1}  # merge_weights: None here
+    # an overlay that swaps in a small backbone and scales the ablation widths down: only the result is checked
+    overlay.write_text("backbone: tiny-random-qwen2\nwhere_nonempty:\n  ablation_dims: [32]\n")
+    merged = apply_overlay({"ablations": True, "ablation_dims": [512, 256]}, overlay)
+    assert resolve(merged, "p.yaml")["04_eval_mteb_code"]["ablation_dims"] == [32]
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"ablation_dims": [3]}, r"ablation_dims \[3\] \(notebook 04\) must be multiples of pma_heads = 32"),
+        ({"backbone": "tiny-random-qwen2", "pma_heads": 4, "ablation_dims": [32, 128]},
+         r"ablation_dims \[128\] \(notebook 04\) are wider than the backbone's hidden size 64 \(tiny-random-qwen2\)"),
+        ({"backbone": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "ablation_dims": [1024, 512]},
+         r"ablation_dims \[1024\] .* 896"),
+    ],
+)  # fmt: skip
+def test_ablation_dims_that_notebook_04_cannot_train_are_refused_before_anything_runs(overrides, message):
+    """ablation_dims [3] failed inside notebook 04, after the whole evaluation."""
+    with pytest.raises(ConfigError, match=f"p.yaml: {message}"):
+        resolve({"ablations": True, **overrides}, "p.yaml")
+    resolve({"ablations": False, **overrides}, "p.yaml")  # not trained: not checked
+
+
+def test_ablation_dims_against_a_local_backbones_config(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"hidden_size": 48}')
+    base = {"ablations": True, "backbone": str(tmp_path / "model"), "pma_heads": 4}
+    with pytest.raises(ConfigError, match=r"ablation_dims \[64\] .* hidden size 48"):
+        resolve({**base, "ablation_dims": [64, 16]}, "p.yaml")
+    assert resolve({**base, "ablation_dims": [48, 16]}, "p.yaml")["04_eval_mteb_code"]["ablation_dims"] == [48, 16]
+    (tmp_path / "model" / "config.json").write_text("[1, 2]")  # unreadable here: the loader will say, not resolve
+    resolve({**base, "ablation_dims": [64]}, "p.yaml")
+    assert HIDDEN_SIZES["tiny-random-qwen2"] == tiny_qwen2_config().hidden_size
+
+
 def test_a_key_set_twice_is_refused(tmp_path, capsys):
     with pytest.raises(ConfigError, match="--set: the key 'tau' is given twice"):
         parse_sets(["tau=0.1", "tau=0.2"])
@@ -509,3 +660,49 @@ def test_a_key_set_twice_is_refused(tmp_path, capsys):
     assert main([str(params), "--set", "tau=0.1", "--set", "tau=0.2", "--outputs", str(tmp_path / "out")]) == 1
     assert "the key 'tau' is given twice" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_params_file_that_is_not_utf8_is_named(tmp_path, capsys):
+    params = tmp_path / "p.yaml"
+    params.write_bytes(b"seed: 0\n# caf\xe9 in Latin-1\n")  # was a raw UnicodeDecodeError with a traceback
+    with pytest.raises(ConfigError, match=r"p.yaml: is not UTF-8 text \(byte 0xe9 on line 2\)"):
+        load_params(params)
+    assert main([str(params), "--outputs", str(tmp_path / "out")]) == 1
+    assert capsys.readouterr().err.startswith(f"error: {params}: is not UTF-8 text")
+    assert not (tmp_path / "out").exists()
+
+
+def test_outputs_that_is_a_file_is_refused_and_left_alone(tmp_path, capsys):
+    params, notes = tmp_path / "p.yaml", tmp_path / "notes.txt"
+    params.write_text("seed: 0\n")
+    notes.write_text("mine\n")
+    for outputs, where in [(notes, "is a file"), (notes / "deeper", f"lies under {notes}, which is a file")]:
+        assert main([str(params), "--outputs", str(outputs)]) == 1  # was a raw NotADirectoryError with a traceback
+        assert capsys.readouterr().err == f"error: --outputs {outputs}: {where}, not a folder for run directories; " \
+            "choose a folder\n"  # fmt: skip
+    assert notes.read_text() == "mine\n"
+
+
+def test_a_relative_folder_is_checked_where_the_notebooks_run(tmp_path, monkeypatch):
+    """Notebooks run in notebooks/: a hub_mirror or backbone relative to where the runner started named another
+    folder, and failed inside a notebook without saying from where it was resolved."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mirror").mkdir()
+    (tmp_path / "models" / "mine").mkdir(parents=True)
+    with pytest.raises(
+        ConfigError,
+        match=rf"p.yaml \(notebook 01_data_prep\): hub_mirror 'mirror' is relative, and "
+        rf"the notebooks run in notebooks/, where it names {NOTEBOOK_DIR / 'mirror'}, which is not a "
+        rf"folder; it exists from here \({tmp_path}\): give its absolute path, {tmp_path / 'mirror'}",
+    ):
+        resolve({"hub_mirror": "mirror"}, "p.yaml")  # fmt: skip
+    with pytest.raises(
+        ConfigError, match=r"\(notebook 02_train_lora_contrastive\): backbone 'models/mine' is relative"
+    ):
+        resolve({"backbone": "models/mine"}, "p.yaml")
+    with pytest.raises(ConfigError, match=r"backbone './nowhere' is relative.* which is not a folder$"):
+        resolve({"backbone": "./nowhere"}, "p.yaml")
+    with pytest.raises(ConfigError, match=rf"hub_mirror '{tmp_path / 'gone'}' is not a folder"):
+        resolve({"hub_mirror": str(tmp_path / "gone")}, "p.yaml")
+    resolve({"hub_mirror": str(tmp_path / "mirror"), "backbone": str(tmp_path / "models" / "mine")}, "p.yaml")
+    resolve({"backbone": "Qwen/Qwen2.5-Coder-0.5B-Instruct"}, "p.yaml")  # a hub id, not a folder

@@ -79,7 +79,8 @@ def test_a_nan_loss_stops_and_keeps_the_last_checkpoint(make_encoder, tmp_path, 
     monkeypatch.setattr(train_mod, "contrastive_loss", nan_on_second_step)
     enc = tiny(make_encoder)
     trainer = Trainer(enc, rows, TrainConfig(**CFG, max_steps=4, checkpoint_steps=[1]), tmp_path)
-    with pytest.raises(NonFiniteLoss, match=r"loss is nan at step 2 \(dataset Set\d\).*step-000001"):
+    with pytest.raises(NonFiniteLoss, match=r"loss is nan at step 2 \(dataset Set\d\).*Last checkpoint written, with "
+                       r"finite weights \(finite, not necessarily good: check its loss\): .*step-000001"):  # fmt: skip
         trainer.train()
     assert trainer.step == 1
     reloaded = encoder_from_checkpoint(tmp_path / "step-000001", device="cpu")
@@ -102,6 +103,40 @@ def test_bad_training_config():
         TrainConfig(global_batch_size=1)
     with pytest.raises(ConfigError, match="loss_weights"):
         TrainConfig(loss_weights={"CodeEditSearchRetrieval": -1.0})
+
+
+def test_loss_weights_must_name_a_dataset_of_the_rows(make_encoder):
+    from c2llm_lib.config import ConfigError
+
+    cfg = TrainConfig(**CFG, loss_weights={"Set1": 2.0, "Sett0": 0.5})  # a typo was weighed nowhere, silently
+    with pytest.raises(ConfigError, match=r"'loss_weights' names no dataset of the training rows: 'Sett0' \(did you "
+                       r"mean 'Set0'\?\); the rows hold \['Set0', 'Set1'\]"):  # fmt: skip
+        Trainer(tiny(make_encoder), make_rows(), cfg)
+    Trainer(tiny(make_encoder), make_rows(), TrainConfig(**CFG, loss_weights={"Set1": 2.0}))  # a real name trains
+
+
+def test_a_max_length_with_no_room_after_the_prompt_is_refused(make_encoder):
+    """max_length 2 once cut every query inside its instruction, silently. The longest prompt of the rows counts:
+    CodeFeedbackMT's instruction (table 1) is 29 tokens with its newline."""
+    from c2llm_lib.config import ConfigError
+    from c2llm_lib.data.sources import TABLE_1
+
+    with pytest.raises(ConfigError, match=r"'max_length' \(2 tokens\) leaves no room for text: the run's longest "
+                       r"prompt, '(Find the code:\\n|Retrieved Answer:)', takes 4; give at least 20"):  # fmt: skip
+        Trainer(tiny(make_encoder), make_rows(), TrainConfig(**{**CFG, "max_length": 2}))
+    rows = make_rows().map(lambda r, i: {"instruction": TABLE_1["CodeFeedbackMT"] if i == 3 else r["instruction"]},
+                           with_indices=True)  # fmt: skip
+    with pytest.raises(
+        ConfigError, match=r"'max_length' \(44 tokens\).*'Given a multi-turn.*takes 29; give at least 45"
+    ):
+        Trainer(tiny(make_encoder), rows, TrainConfig(**{**CFG, "max_length": 44}))
+    Trainer(tiny(make_encoder), rows, TrainConfig(**{**CFG, "max_length": 45}))
+    codex = make_encoder(**TINY_LORA, prompt_style="codexembed", pooling="last_token")  # EOS appended: one more
+    named = make_rows().map(lambda r: {"dataset": "CosQA"})
+    with pytest.raises(
+        ConfigError, match=r"'Instruct: Given Code or Text, retrieve relevant content. Query: ', takes 16"
+    ):
+        Trainer(codex, named, TrainConfig(**{**CFG, "max_length": 31}))
 
 
 def _train_worker(rank, world, init_file, out):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +67,58 @@ def test_ranks_that_resolve_dtype_auto_differently_are_refused_naming_the_dtype(
     assert "rank(s) [1] would train something else than rank 0" in proc.stderr
     assert "dtype:" in proc.stderr and "'float16' here" in proc.stderr
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").glob("step-*"))
+
+
+def cli_error(capsys, args: list[str]) -> str:
+    """The one line `python -m c2llm_lib.train` prints for a named error (exit status 1)."""
+    from c2llm_lib.train.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    err = capsys.readouterr().err
+    assert stop.value.code == 1 and err.count("\n") == 1 and err.startswith("error: "), err
+    return err.strip()
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(PARAMS))
+    make_rows().save_to_disk(str(tmp_path / "rows"))
+    return tmp_path
+
+
+def test_named_errors_print_one_line_and_exit_1(inputs, capsys):
+    """They printed a traceback first (a raw KeyError, FileNotFoundError, YAMLError or UnicodeDecodeError)."""
+    run = ["--params", str(inputs / "p.yaml"), "--rows", str(inputs / "rows"), "--out", str(inputs / "ckpt")]
+    bad = inputs / "bad.yaml"
+    for text, message in [
+        (b"max_steps: [1, 2\n", r"does not parse as YAML: expected ',' or ']', but got '<stream end>' at line 2"),
+        (b"learning_rat: 1.0e-4\n", r"unknown parameter\(s\) \['learning_rat'\]"),
+        (b"seed: \xff\n", r"not UTF-8 text \(byte 0xff at 6\)"),
+        (b"- 1\n- 2\n", "must be a flat mapping"),
+    ]:
+        bad.write_bytes(text)
+        assert re.search(message, cli_error(capsys, ["--params", str(bad), *run[2:]])), message
+    assert f"--params {inputs / 'nope.yaml'}: no such file" in cli_error(capsys, ["--params", str(inputs / "nope.yaml"),
+                                                                                 *run[2:]])  # fmt: skip
+    missing = cli_error(capsys, [*run[:2], "--rows", str(inputs / "no-rows"), *run[4:]])
+    assert missing.startswith(f"error: --rows {inputs / 'no-rows'}: no such folder")
+    (inputs / "empty").mkdir()
+    assert "not a prepared dataset" in cli_error(capsys, [*run[:2], "--rows", str(inputs / "empty"), *run[4:]])
+    (inputs / "p.yaml").write_text(yaml.safe_dump({**PARAMS, "loss_weights": {"Sett0": 2.0}}))  # from the trainer
+    assert "(did you mean 'Set0'?)" in cli_error(capsys, run)
+
+
+def test_a_real_crash_keeps_its_traceback(inputs):
+    make_rows().remove_columns("language").save_to_disk(str(inputs / "odd-rows"))
+    cmd = [sys.executable, "-m", "c2llm_lib.train", "--params", str(inputs / "p.yaml"), "--rows",
+           str(inputs / "odd-rows"), "--out", str(inputs / "ckpt")]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "ValueError: Column 'language'" in proc.stderr
+    cmd[cmd.index("--rows") + 1] = str(inputs / "no-rows")  # a named error, in the real entry point: one line only
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert (
+        proc.returncode == 1
+        and proc.stderr
+        == f"error: --rows {inputs / 'no-rows'}: no such folder (a prepared dataset, e.g. outputs/<run>/data/train)\n"
+    )

@@ -26,6 +26,7 @@ from ..config import DataStage
 from .code_trees import prepare_code
 from .files import prepare_files
 from .mirror import mteb_tasks as mirrored_mteb_tasks
+from .mirror import relative_note
 from .mix import (
     MTEB_CODE_TASKS,
     Prepared,
@@ -63,11 +64,13 @@ def _capped(rows: list[dict], cap: int | None, seed: int) -> list[dict]:
 
 
 def _capped_table(prepared: Prepared, stage: DataStage) -> Prepared:
-    """The prepared rows with at most `rows_per_group` per (dataset, language) group, if set."""
-    if stage.rows_per_group is not None:
-        groups = group_indices(prepared.rows).values()
-        prepared.rows = prepared.rows.select(_kept_indices(groups, stage.rows_per_group, stage.seed))
-    return prepared
+    """The prepared rows with at most `rows_per_group` per (dataset, language) group, if set: after decontamination,
+    so the counts say what each step removed (`Prepared.selected` records the rows left out as `capped`)."""
+    if stage.rows_per_group is None:
+        return prepared
+    groups = group_indices(prepared.rows).values()
+    kept = _kept_indices(groups, stage.rows_per_group, stage.seed)
+    return prepared.selected(kept, f"rows_per_group {stage.rows_per_group}, seed {stage.seed}")
 
 
 def build_training_data(
@@ -80,6 +83,8 @@ def build_training_data(
     instead of the 12 MTEB(Code, v1) tasks fetched by name from the hub.
     `stage.hub_mirror` (a local folder laid out as the hub, `mirror.py`) supplies both when they are not given."""
     if stage.hub_mirror is not None:
+        if not Path(stage.hub_mirror).is_dir():
+            raise DataError(f"hub_mirror {stage.hub_mirror!r} is not a directory" + relative_note(stage.hub_mirror))
         if local_root is None and stage.data_source == "hub":
             local_root = stage.hub_mirror
         if mteb_tasks is None and stage.decontaminate_mteb:

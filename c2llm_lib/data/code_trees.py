@@ -111,7 +111,7 @@ class MiningReport:
     """What mining saw: per root, files mined and files or folders skipped by reason (with example paths), and per
     language the functions found, those documented, and the records by split and dataset."""
 
-    files: SkipReport = field(default_factory=SkipReport)  # source "code root <name>": kept = files parsed
+    files: SkipReport = field(default_factory=SkipReport)  # source "code root <name>": passed = files parsed
     functions: Counter = field(default_factory=Counter)  # language -> function definitions found
     documented: Counter = field(default_factory=Counter)  # language -> with a documentation
     pairs: Counter = field(default_factory=Counter)  # "split/dataset/language" -> records
@@ -339,7 +339,7 @@ def _file_records(rel: str, name: str, data: bytes, grammar: Grammar, test_perce
     if tree.root_node.has_error:
         report.files.skip(where, NOT_PARSED, f"{name}/{rel}:{error_line(tree.root_node)}")
         return
-    report.files.kept[where] += 1
+    report.files.passed[where] += 1
     counts: Counter = Counter()
     for function in functions(tree, data, grammar, counts):
         summary = summary_of(function.doc, comment=not function.docstring)
@@ -363,7 +363,7 @@ def _root_records(name: str, root: Path, test_percent: int, report: MiningReport
         grammar = BY_EXTENSION[os.path.splitext(rel)[1].lower()]
         yield from _file_records(rel, name, data.removeprefix(b"\xef\xbb\xbf"), grammar, test_percent, report)
     skipped = ", ".join(f"{n} {reason}" for reason, n in report.files.skipped[where].most_common()) or "nothing"
-    if not report.files.kept[where] and not report.files.skipped[where][NOT_PARSED]:
+    if not report.files.passed[where] and not report.files.skipped[where][NOT_PARSED]:
         extensions = " ".join(sorted(BY_EXTENSION))
         raise DataError(f"code root {name!r} ({root}) has no source file to mine (extensions {extensions}); "
                         f"skipped: {skipped}")  # fmt: skip
@@ -426,8 +426,8 @@ def prepare_code(
     heldout, train = table.select(np.flatnonzero(is_test)), table.select(np.flatnonzero(~is_test))
     if len(heldout) == 0:
         raise DataError(f"code_roots {[str(r) for r in roots]}: no file fell in the held-out split "
-                        f"({mining.files.kept.total()} files mined, {test_percent} % held out by a hash of each path); "
-                        "raise code_test_percent or add files")  # fmt: skip
+                        f"({mining.files.passed.total()} files mined, {test_percent} % held out by a hash of each "
+                        "path); raise code_test_percent or add files")  # fmt: skip
 
     def rows(checker: RowChecker) -> Iterator[dict]:
         checker.report.update(mining.files)  # the files mined and skipped, beside the rows (and in any error)

@@ -21,16 +21,36 @@ the folder's name and configs, whatever its path and bytes, so a second mirror (
 be read from the first one's Arrow cache. A mirrored task therefore loads into a `datasets` cache of its own
 content (`<datasets cache>/c2llm-mirror/<content_digest>/`), and its dataset revision carries the same digest, so
 mteb's results are filed under it too (`mteb_code.run_mteb` recomputes a result of another revision).
+
+mteb reads a dataset by the config names its card declares, so a mirrored dataset whose `README.md` is missing or
+does not declare one of its `<config>/` folders is refused by name (`check_card`) before mteb runs; `datasets` itself
+would fail later with "BuilderConfig 'corpus' not found", naming neither the folder nor the card. CodeEditSearch is
+the exception: mteb reads it by language folder (`data_dir`), without a card.
+
+A relative `hub_mirror` is resolved from the working directory, which is `notebooks/` for a notebook; the error for
+a missing mirror says so.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import yaml
+
 from .records import DataError
+
+FRONT_MATTER = re.compile(r"\A---\r?\n(.*?)\r?\n---", re.DOTALL)
+
+
+def relative_note(path: str | Path) -> str:
+    """For a relative path: where it was looked for (a notebook runs in notebooks/, not where the runner started)."""
+    if Path(path).expanduser().is_absolute():
+        return ""
+    return f" (a relative path is resolved from the working directory, {Path.cwd()}; notebooks run in notebooks/)"
 
 
 def repo_dir(mirror: str | Path, hub_id: str) -> Path:
@@ -125,6 +145,35 @@ def content_cache(digest: str) -> Iterator[Path]:
         datasets.config.HF_DATASETS_CACHE = before
 
 
+def declared_configs(repo: Path) -> set[str] | None:
+    """The config names the `configs:` of `repo/README.md` declare; None when there is no README.md."""
+    card = repo / "README.md"
+    if not card.is_file():
+        return None
+    match = FRONT_MATTER.match(card.read_text(encoding="utf-8", errors="replace"))
+    try:
+        header = yaml.safe_load(match.group(1)) if match else None
+    except yaml.YAMLError:
+        header = None
+    configs = header.get("configs") if isinstance(header, dict) else None
+    return {str(c["config_name"]) for c in configs if isinstance(c, dict) and "config_name" in c} if isinstance(
+        configs, list) else set()  # fmt: skip
+
+
+def check_card(repo: Path, what: str) -> None:
+    """`repo`'s README.md must declare every `<config>/` folder of jsonl files (the card `write_dataset_card`
+    writes), or mteb cannot read it by config name; a DataError names the folder and the missing configs."""
+    folders = sorted(p.name for p in repo.iterdir() if p.is_dir() and any(p.glob("*.jsonl")))
+    declared = declared_configs(repo)
+    undeclared = [f for f in folders if declared is None or f not in declared]
+    if declared is None or undeclared:
+        problem = "has no README.md" if declared is None else "has a README.md whose configs: do not declare"
+        raise DataError(
+            f"{what}: the mirror's {repo} {problem} {undeclared or 'its configs'} (mteb reads a dataset by the configs "
+            f"its card declares); write the card with c2llm_lib.data.mirror.write_dataset_card({str(repo)!r})"
+        )
+
+
 def mirrored_task(task, mirror: str | Path):
     """`task` (an mteb task object) reading its data from the mirror instead of the hub; same class and loader, on a
     subclass (mteb's registry is untouched) whose metadata points `dataset["path"]` at the mirror's folder and adds
@@ -138,6 +187,10 @@ def mirrored_task(task, mirror: str | Path):
             f"MTEB task {cls.metadata.name}: the mirror {mirror} has no {local.name}/ "
             f"(the dataset {source} at revision {cls.metadata.dataset.get('revision', '?')[:8]})"
         )
+    from .sources import SOURCES  # (sources.py imports this module)
+
+    if not any(s.hub_id == source and s.layout == "pairs" for s in SOURCES.values()):  # read by config name
+        check_card(local, f"MTEB task {cls.metadata.name}")
     check_own_folder(mirror, source, dataset_files(local), f"MTEB task {cls.metadata.name}")
     digest = content_digest(local)
     dataset = {**cls.metadata.dataset, "path": str(local.resolve()),
@@ -160,5 +213,5 @@ def mteb_tasks(names: Sequence[str], mirror: str | Path | None = None) -> list:
     if mirror is None:
         return tasks
     if not Path(mirror).is_dir():
-        raise DataError(f"hub_mirror {mirror!r} is not a directory")
+        raise DataError(f"hub_mirror {str(mirror)!r} is not a directory" + relative_note(mirror))
     return [mirrored_task(t, mirror) for t in tasks]

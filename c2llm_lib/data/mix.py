@@ -9,11 +9,17 @@ by the shard, not the mix.
 Decontamination compares `records.text_key`s (normalised text) and drops a training row when
   (a) its query is a test query of an evaluated split ("query is a test query"),
   (b) its positive is a document that a test qrel marks relevant, score > 0 ("positive is a relevant
-      test document"), or
+      test document"),
+  (a', b') the same pair read backwards: its query is a relevant test document ("query is a relevant test
+      document") or its positive a test query ("positive is a test query"),
   (c) its query or positive is an offline evaluation text ("offline evaluation text"), or
   (d) its query or positive is a query or positive of the rows a run holds out to evaluate on ("held-out text",
-      `data_source: files` only, listed only where rows are held out: `Prepared.heldout`),
+      `data_source: files` and `code`, listed only where rows are held out: `Prepared.heldout`),
 counting each dropped row once, under the first rule that hits, per source (`Prepared.summary()`).
+Why both directions: CoIR's CodeSearchNet pairs train both ways (code -> docstring, and docstring -> code
+through `swap=True` in `sources.py`), and mteb evaluates both (COIRCodeSearchNetRetrieval asks with the code,
+CodeSearchNetRetrieval with the docstring). For a test pair (code X, docstring Y), (a) and (b) drop the copy
+(X, Y), and only (a') and (b') drop (Y, X): without them the test answer trains as a query.
 The MTEB(Code, v1) keys come from `mteb_test_keys`. A test document is compared both as the model
 sees it (`title + " " + text`, as mteb builds it) and as its bare text.
 
@@ -29,6 +35,11 @@ source and also every other row whose instruction equals one of theirs (short co
 "Fix typo" recur); the rest of the split trains. The paper trains on the train splits of all 12
 tasks, evaluated rows of this one included, so its published CodeEditSearch score is not clean: the
 reference's "clean" mean leaves CodeEditSearch out, and a comparison with the paper should too.
+
+What the report counts per source (`Prepared.summary()`, `metrics/data.json`): `passed_checks`, the rows that
+passed the record checks; `decontaminated`, per rule; `capped`, the rows a cap per (dataset, language) group left
+out after decontamination (hub sources; the offline snapshot is capped before the checks); and `kept`, the rows of
+the prepared table, the ones that train: passed_checks = kept + decontaminated + capped.
 
 Hard negatives (`add_hard_negatives`) are mined per group and replace a row's negatives, except with
 `keep_given` (a user's files), where a row's own negatives stay, at most K, and are topped up by mining.
@@ -59,7 +70,7 @@ from .negatives import mine_negatives, own_negatives, top_up_negatives
 from .records import DataError, RowChecker, SkipReport, text_key
 from .sources import SOURCES, iter_records
 
-DATA_FORMAT_VERSION = 2  # 2: decontamination by rule (test queries, relevant documents, offline)
+DATA_FORMAT_VERSION = 3  # 2: decontamination by rule (test queries, relevant documents, offline); 3: both directions
 MTEB_CODE_TASKS = (
     "AppsRetrieval", "CodeEditSearchRetrieval", "CodeFeedbackMT", "CodeFeedbackST", "CodeSearchNetCCRetrieval",
     "CodeSearchNetRetrieval", "CodeTransOceanContest", "CodeTransOceanDL", "COIRCodeSearchNetRetrieval", "CosQA",
@@ -90,9 +101,12 @@ def fingerprint_of(*parts: Any) -> str:
 
 QUERY_IS_TEST_QUERY = "query is a test query"
 POSITIVE_IS_RELEVANT = "positive is a relevant test document"
+QUERY_IS_RELEVANT = "query is a relevant test document"  # a test pair read backwards (a swap=True source)
+POSITIVE_IS_TEST_QUERY = "positive is a test query"
 OFFLINE_EVAL_TEXT = "offline evaluation text"
-RULES = (QUERY_IS_TEST_QUERY, POSITIVE_IS_RELEVANT, OFFLINE_EVAL_TEXT)  # checked in this order
-HELDOUT_TEXT = "held-out text"  # checked after RULES, only where a run holds rows out (data_source: files)
+# checked in this order
+RULES = (QUERY_IS_TEST_QUERY, POSITIVE_IS_RELEVANT, QUERY_IS_RELEVANT, POSITIVE_IS_TEST_QUERY, OFFLINE_EVAL_TEXT)
+HELDOUT_TEXT = "held-out text"  # checked after RULES, only where a run holds rows out (data_source: files, code)
 
 
 @dataclass(frozen=True)
@@ -124,6 +138,10 @@ class EvalKeys:
             return QUERY_IS_TEST_QUERY
         if p in self.relevant_documents:
             return POSITIVE_IS_RELEVANT
+        if q in self.relevant_documents:
+            return QUERY_IS_RELEVANT
+        if p in self.test_queries:
+            return POSITIVE_IS_TEST_QUERY
         if q in self.offline or p in self.offline:
             return OFFLINE_EVAL_TEXT
         if q in self.heldout or p in self.heldout:
@@ -141,6 +159,16 @@ class EvalKeys:
         return h.hexdigest()
 
 
+def rows_per_source(table) -> Counter:
+    """Rows of each source (the `dataset` column) of a table, counted in Arrow batches (no text is read)."""
+    import pyarrow.compute as pc
+
+    counts: Counter = Counter()
+    for batch in table.select_columns(["dataset"]).with_format("arrow").iter(batch_size=65_536):
+        counts.update({e["values"]: e["counts"] for e in pc.value_counts(batch["dataset"]).to_pylist()})
+    return counts
+
+
 @dataclass
 class Prepared:
     """A prepared table and what happened on the way."""
@@ -150,21 +178,41 @@ class Prepared:
     report: SkipReport = field(default_factory=SkipReport)
     decontaminated: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))  # source -> rule -> n
     unreachable: dict[str, str] = field(default_factory=dict)
-    heldout: Any = None  # datasets.Dataset of held-out rows (record schema + file, row); None: the source holds none
+    heldout: Any = None  # datasets.Dataset of held-out rows (record schema + provenance); None: the source holds none
     origin: dict[str, Any] = field(default_factory=dict)  # what the rows were read from (data_source: files)
+    kept: Counter = field(default_factory=Counter)  # source -> rows in `rows`: the rows that train
+    capped: Counter = field(default_factory=Counter)  # source -> rows left out by `selected` (a cap per group)
+
+    def selected(self, indices: Sequence[int], why: str) -> Prepared:
+        """These rows only (e.g. a cap per group, `why` saying which); the fingerprint and the counts follow."""
+        rows = self.rows.select(indices)
+        kept = rows_per_source(rows)
+        capped = self.capped + Counter({s: n - kept[s] for s, n in self.kept.items() if n > kept[s]})
+        fingerprint = fingerprint_of(self.fingerprint, "selected", why)
+        return dataclasses.replace(self, rows=rows, fingerprint=fingerprint, kept=kept, capped=capped)
+
+    def sources(self) -> list[str]:
+        return sorted(set(self.report.sources()) | set(self.decontaminated) | set(self.kept))
+
+    def rules(self) -> tuple[str, ...]:
+        """The decontamination rules of this table: `RULES`, and the held-out rule where rows are held out."""
+        return RULES + ((HELDOUT_TEXT,) if self.heldout is not None else ())
 
     def decontamination(self) -> dict[str, dict[str, int]]:
-        """Rows dropped per source and rule, every rule listed (0 included) for every source seen; the held-out
-        rule where rows are held out."""
-        sources = sorted(set(self.report.kept) | set(self.report.skipped) | set(self.decontaminated))
-        rules = RULES + ((HELDOUT_TEXT,) if self.heldout is not None else ())
-        return {s: {rule: self.decontaminated.get(s, Counter())[rule] for rule in rules} for s in sources}
+        """Rows dropped per source and rule, every rule listed (0 included) for every source seen."""
+        return {s: {rule: self.decontaminated.get(s, Counter())[rule] for rule in self.rules()} for s in self.sources()}
 
     def summary(self) -> dict[str, Any]:
+        checks = self.report.as_dict()
+        sources = {
+            s: {"kept": self.kept[s], "passed_checks": self.report.passed[s], "capped": self.capped[s],
+                "skipped": checks.get(s, {}).get("skipped", {}), "examples": checks.get(s, {}).get("examples", {})}
+            for s in self.sources()
+        }  # fmt: skip
         summary = {
             "fingerprint": self.fingerprint,
-            "rows": len(self.rows),
-            "sources": self.report.as_dict(),
+            "rows": len(self.rows) if self.rows is not None else 0,
+            "sources": sources,
             "decontaminated": self.decontamination(),
             "unreachable": self.unreachable,
         }
@@ -175,6 +223,23 @@ class Prepared:
         if self.report.notes:
             summary["notes"] = list(self.report.notes)
         return summary
+
+    def lines(self) -> list[str]:
+        """Per source, one line from the checks to the rows that train ("CosQA: kept 8 of 10 that passed the checks;
+        decontamination removed 2 (1 query is a test query, 1 ...); skipped 1 empty text"), then one indented line of
+        example row ids per reason a row was skipped."""
+        out = []
+        for source in self.sources():
+            removed = self.decontaminated.get(source, Counter())
+            line = f"{source}: kept {self.kept[source]} of {self.report.passed[source]} that passed the checks"
+            if sum(removed.values()):
+                rules = ", ".join(f"{removed[rule]} {rule}" for rule in self.rules() if removed[rule])
+                line += f"; decontamination removed {sum(removed.values())} ({rules})"
+            if self.capped[source]:
+                line += f"; {self.capped[source]} over the cap per group"
+            skipped = self.report.skipped_counts(source)
+            out += [line + (f"; {skipped}" if skipped else ""), *self.report.example_lines(source)]
+        return out
 
 
 def _text(value: Any, what: str) -> str:
@@ -254,9 +319,9 @@ def _cached(cache_dir: Path | None, fingerprint: str) -> Prepared | None:
     from datasets import load_from_disk
 
     summary = json.loads((cache_dir / fingerprint / "summary.json").read_text())
-    report = SkipReport()
+    report, kept = SkipReport(), Counter()
     for source, entry in summary["sources"].items():
-        report.kept[source] = entry["kept"]
+        report.passed[source], kept[source] = entry["passed_checks"], entry["kept"]
         for reason, n in entry["skipped"].items():
             report.skipped[source][reason] = n
             report.examples[source, reason] = entry["examples"].get(reason, [])
@@ -264,7 +329,7 @@ def _cached(cache_dir: Path | None, fingerprint: str) -> Prepared | None:
     for source, by_rule in summary["decontaminated"].items():
         decontaminated[source].update({rule: n for rule, n in by_rule.items() if n})
     rows = load_from_disk(str(cache_dir / fingerprint / "rows"))
-    return Prepared(rows, fingerprint, report, decontaminated, summary["unreachable"])
+    return Prepared(rows, fingerprint, report, decontaminated, summary["unreachable"], kept)
 
 
 def _store(prepared: Prepared, cache_dir: Path | None) -> Prepared:
@@ -345,8 +410,9 @@ def prepare_rows(
     if table is None or len(table) == 0:
         raise DataError(
             "no training rows are left after checks and decontamination:\n  "
-            + "\n  ".join(prepared.report.lines() or ["(no source produced any row)"])
+            + "\n  ".join(prepared.lines() or ["(no source produced any row)"])
         )
+    prepared.kept = rows_per_source(table)
     return _store(prepared, cache)
 
 
@@ -440,4 +506,6 @@ def add_hard_negatives(
         for name, language, negs in zip(batch["dataset"], batch["language"], batch["negatives"], strict=True):
             if len(negs) < k:
                 short[f"{name}/{language}"] += 1
-    return dataclasses.replace(prepared, rows=table, fingerprint=fp, report=report), dict(short)
+    return dataclasses.replace(prepared, rows=table, fingerprint=fp, report=report), dict(
+        short
+    )  # same rows, same counts

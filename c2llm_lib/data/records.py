@@ -13,6 +13,8 @@ few row ids per reason for the report, and the source readers (`sources.py`) cou
 `SkipReport` (an unreadable line by file and line number, a qrel with a non-numeric score, a corpus
 or query id repeated with a different text). A problem that makes the whole source unusable (a
 missing column, an empty or unreadable file, no rows left) raises `DataError` naming the source.
+`SkipReport.passed` counts the rows that passed the checks; decontamination and the cap per group come
+after, so the rows that train are counted on the prepared table (`mix.Prepared.kept`).
 """
 
 from __future__ import annotations
@@ -66,10 +68,11 @@ def as_text(value: Any) -> str | None:
 
 @dataclass
 class SkipReport:
-    """Rows kept and skipped per source, with the reason and a few example row ids, and notes (sentences on what a
-    reader chose for rows that did not say: a default instruction, a renamed group) shown after the counts."""
+    """Rows that passed the checks and rows skipped per source, with the reason and a few example row ids, and notes
+    (sentences on what a reader chose for rows that did not say: a default instruction, a renamed group) shown after
+    the counts."""
 
-    kept: Counter = field(default_factory=Counter)
+    passed: Counter = field(default_factory=Counter)  # rows that passed the checks (before decontamination)
     skipped: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
     examples: dict[tuple[str, str], list[str]] = field(default_factory=lambda: defaultdict(list))
     notes: list[str] = field(default_factory=list)
@@ -80,34 +83,45 @@ class SkipReport:
             self.examples[source, reason].append(row_id)
 
     def update(self, other: SkipReport) -> None:
-        """Adds another report's counts and examples (up to 5 per source and reason)."""
-        self.kept.update(other.kept)
+        """Adds another report's counts, examples (up to 5 per source and reason) and notes."""
+        self.passed.update(other.passed)
         for source, reasons in other.skipped.items():
             self.skipped[source].update(reasons)
             for reason in reasons:
                 examples = self.examples[source, reason]
                 examples += other.examples[source, reason][: 5 - len(examples)]
+        self.notes += [note for note in other.notes if note not in self.notes]
+
+    def sources(self) -> list[str]:
+        return sorted(set(self.passed) | set(self.skipped))
 
     def as_dict(self) -> dict[str, Any]:
-        sources = sorted(set(self.kept) | set(self.skipped))
         return {
             s: {
-                "kept": self.kept[s],
+                "passed_checks": self.passed[s],
                 "skipped": dict(self.skipped[s]),
                 "examples": {r: self.examples[s, r] for r in self.skipped[s]},
             }
-            for s in sources
+            for s in self.sources()
         }
 
+    def skipped_counts(self, source: str) -> str:
+        """ "skipped 1 empty text, 1 duplicate row" (most frequent reason first), or "" when none was skipped."""
+        counts = ", ".join(f"{n} {reason}" for reason, n in self.skipped[source].most_common())
+        return f"skipped {counts}" if counts else ""
+
+    def example_lines(self, source: str) -> list[str]:
+        """One indented line of example row ids per reason, most frequent reason first."""
+        return [f"  {r}, e.g. {'; '.join(self.examples[source, r])}" for r, _ in self.skipped[source].most_common()]
+
     def lines(self) -> list[str]:
-        """Per source, one line of counts ("CosQA: kept 2; skipped 1 empty text, 1 duplicate row"), most
-        frequent reason first, then one indented line of example row ids per reason; then one line per note."""
+        """Per source, one line of counts ("CosQA: passed checks 2; skipped 1 empty text, 1 duplicate row"),
+        then one indented line of example row ids per reason; then one line per note."""
         out = []
-        for source in sorted(set(self.kept) | set(self.skipped)):
-            reasons = self.skipped[source].most_common()
-            counts = ", ".join(f"{n} {reason}" for reason, n in reasons)
-            out.append(f"{source}: kept {self.kept[source]}" + (f"; skipped {counts}" if counts else ""))
-            out += [f"  {reason}, e.g. {'; '.join(self.examples[source, reason])}" for reason, _ in reasons]
+        for source in self.sources():
+            skipped = self.skipped_counts(source)
+            out.append(f"{source}: passed checks {self.passed[source]}" + (f"; {skipped}" if skipped else ""))
+            out += self.example_lines(source)
         return out + [f"note: {note}" for note in self.notes]
 
 
@@ -146,7 +160,7 @@ class RowChecker:
                 self.report.skip(source, "duplicate row", row_id)
                 return None
             self._seen[source].add(pair)
-        self.report.kept[source] += 1
+        self.report.passed[source] += 1
         return {
             "dataset": source,
             "language": lang,

@@ -249,7 +249,10 @@ def open_table(
         shown = Path(source.hub_id.replace("/", "__")) / (data_dir or config or "default") / f"{split}.jsonl"
         where = Path(local_root) / shown
         if not where.is_file():
-            raise DataError(f"source {source.name}: no local file {where} (config {config!r}, split {split!r})")
+            relative = "" if where.is_absolute() else f"; a relative path is resolved from {Path.cwd()}"
+            raise DataError(
+                f"source {source.name}: no local file {where} (config {config!r}, split {split!r}{relative})"
+            )
         check_own_folder(local_root, source.hub_id, [where], f"source {source.name}")
         return JsonlTable(source.name, label, where, f"config {config!r}, split {split!r}", shown.as_posix(), report)
     import datasets

@@ -1,11 +1,16 @@
 """`python -m c2llm_lib.train`: the entry point torchrun starts on every rank (notebook 02 with several processes,
 `launch.py`; notebook 06's trainings, `comparison.py`), and what it reports: throughput and peak memory.
+
+A named error (a bad parameter, an unreadable or malformed params file, a missing rows folder) prints one line,
+`error: ...`, and exits with status 1 (`one_line_errors`); anything else is a real crash and keeps its traceback.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +101,62 @@ def agree_with_rank_0(identity: dict[str, Any]) -> None:
                          "needs the same params, the same prepared rows and the same resolved dtype")  # fmt: skip
 
 
+def read_params(path: str) -> dict[str, Any]:
+    """The flat YAML mapping of a params file; a missing, unreadable, non-UTF-8 or malformed file, or one that is not
+    a mapping, is a ConfigError naming it."""
+    import yaml
+
+    try:
+        params = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"--params {path}: no such file") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"--params {path}: not UTF-8 text (byte {err.object[err.start]:#04x} at {err.start})"
+        ) from None
+    except OSError as err:
+        raise ConfigError(f"--params {path}: cannot be read ({type(err).__name__}: {err.strerror})") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(
+            f"--params {path}: does not parse as YAML: {getattr(err, 'problem', None) or err}{where}"
+        ) from None
+    if not isinstance(params, dict) or not all(isinstance(k, str) for k in params):
+        raise ConfigError(f"--params {path}: must be a flat mapping of parameter names to values")
+    return params
+
+
+def read_rows(path: str):
+    """The prepared rows (a `datasets.save_to_disk` folder); a missing folder or one that holds no dataset is a
+    ConfigError naming it."""
+    from datasets import load_from_disk
+
+    if not Path(path).is_dir():
+        raise ConfigError(f"--rows {path}: no such folder (a prepared dataset, e.g. outputs/<run>/data/train)")
+    try:
+        return load_from_disk(path)
+    except FileNotFoundError as err:  # datasets: "... is neither a `Dataset` directory nor a `DatasetDict` directory"
+        raise ConfigError(f"--rows {path}: not a prepared dataset ({err})") from None
+
+
+def one_line_errors(main):
+    """`main` printing a named error as one line, `error: ...`, and exiting with status 1; any other exception keeps
+    its traceback."""
+
+    @functools.wraps(main)
+    def wrapped(argv: list[str] | None = None) -> None:
+        try:
+            return main(argv)
+        except ConfigError as err:
+            one_line = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+            print(f"error: {one_line}", file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
+
+    return wrapped
+
+
+@one_line_errors
 def main(argv: list[str] | None = None) -> None:
     """torchrun [--nproc_per_node N] -m c2llm_lib.train --params P --rows DATA --out CKPTS
                 [--resume CKPT | --resume-latest] [--record-dir DIR]
@@ -107,9 +168,6 @@ def main(argv: list[str] | None = None) -> None:
     (`Trainer.resume_latest`). Every rank must train the same thing (configs, rows): a rank that differs from rank
     0 is an error naming it."""
     import argparse
-
-    import yaml
-    from datasets import load_from_disk
 
     from ..distributed import die_with_parent, init_distributed
 
@@ -128,15 +186,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--record-dir", default=None,
                         help="where rank 0 writes its step log and summary (default: --out)")  # fmt: skip
     args = parser.parse_args(argv)
-    with open(args.params) as fh:
-        params = yaml.safe_load(fh) or {}
+    params = read_params(args.params)
     model_cfg, train_cfg = split_params(params, args.params)
     out = Path(args.out)
     logs = Path(args.record_dir) if args.record_dir else out
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: is a file, not a folder for the checkpoints")
     if out.exists() and any(out.iterdir()) and args.resume is None and not args.resume_latest:
-        raise SystemExit(f"{out} already holds checkpoints; pass --resume CHECKPOINT or choose a new --out")
+        raise ConfigError(f"--out {out} already holds checkpoints; pass --resume CHECKPOINT or choose a new --out")
     if not model_cfg.use_lora:
-        raise SystemExit(f"{args.params}: training needs use_lora: true")
+        raise ConfigError(f"{args.params}: training needs use_lora: true")
+    rows = read_rows(args.rows)
     rank, world_size = init_distributed()
     if model_cfg.device in ("auto", "cuda") and torch.cuda.is_available():  # each process on its own GPU
         model_cfg.device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
@@ -147,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     # before DDP's constructor (which broadcasts rank 0's weights: it needs equal dtypes), the configs; after it,
     # with the rows' fingerprint, the whole identity
     agree_with_rank_0(training_identity(encoder.config, train_cfg, "", world_size, dtype))
-    trainer = Trainer(encoder, load_from_disk(args.rows), train_cfg, out)
+    trainer = Trainer(encoder, rows, train_cfg, out)
     agree_with_rank_0(trainer.identity())
     note = f"Resuming from {args.resume}" if args.resume else "training from step 0"
     if args.resume:

@@ -5,7 +5,10 @@ Checkpoints are written at `checkpoint_steps` and at `checkpoint_fractions` of t
 (`schedule.checkpoint_schedule`). A killed run resumed from its last checkpoint ends with the same weights as an
 uninterrupted one (tested). `Trainer.resume_latest` is what notebook 02 does (in its kernel, or on every rank
 through `--resume-latest`): it resumes the same training from its last complete checkpoint, and moves another
-training's checkpoints aside (never deleting them).
+training's checkpoints aside (never deleting them). A `loss_weights` key that names no dataset of the rows (a typo,
+or a source the data left out) is refused with a did-you-mean: it would weigh nothing. So is a `max_length` that
+leaves fewer than `MIN_TEXT_TOKENS` tokens of text after the longest prompt the rows train with (`longest_prompt`):
+every query would be cut inside or just after its instruction.
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..config import TrainConfig
+from ..config import ConfigError, TrainConfig, unknown_keys
 from ..data.records import text_key
 from ..distributed import all_gather_json, barrier
 from ..files import CorruptFile, load_json
 from ..model import C2LLMEncoder
+from ..prompts import prompts
 from ..samplers import GroupedBatchSampler
 from .checkpoints import (
     STATE_JSON,
@@ -63,6 +67,39 @@ def most_negatives(rows) -> int:
     return most
 
 
+MIN_TEXT_TOKENS = 16  # the least room for text a training length must leave after the longest prompt
+
+
+def unique_values(rows, column: str) -> list[str]:
+    """The distinct values of a string column, from Arrow batches (a mix of millions of rows costs seconds)."""
+    import pyarrow.compute as pc
+
+    found: set[str] = set()
+    for table in rows.select_columns([column]).with_format("arrow").iter(batch_size=65_536):
+        found.update(pc.unique(table[column]).to_pylist())
+    return sorted(found)
+
+
+def longest_prompt(encoder: C2LLMEncoder, rows) -> tuple[int, str]:
+    """(tokens, prompt) of the longest query instruction or document prefix the rows train with, EOS included when
+    it is appended: every text of the run spends these tokens of `max_length` before its own text."""
+    style = encoder.config.prompt_style
+    if style == "c2llm":  # each row's own instruction, the encoder's document prefix
+        prefixes = [*encoder.format_texts([""], "query", None), *encoder.format_texts([""], "document")]
+        prefixes += [encoder.format_texts([""], "query", ins)[0] for ins in unique_values(rows, "instruction")]
+    else:  # a peer's prompt set, by dataset; a dataset it has no prompt for fails when its batch is formatted
+        prefixes = []
+        for dataset in unique_values(rows, "dataset"):
+            try:
+                query, document = prompts(style, dataset)
+            except ValueError:
+                continue
+            prefixes += [*encoder.format_texts([""], "query", query), *encoder.format_texts([""], "document", document)]
+    eos = 1 if encoder.config.eos_appended else 0
+    counted = [(len(encoder.tokenizer(p, add_special_tokens=False)["input_ids"]) + eos, p) for p in prefixes]
+    return max(counted, default=(eos, ""))
+
+
 @dataclass
 class TrainResult:
     steps: int
@@ -81,8 +118,19 @@ class Trainer(TrainStep):
         self.k = min(cfg.num_negatives, most_negatives(rows))  # K: what the run asks, at most what any row holds
         self.checkpoint_root = Path(checkpoint_root) if checkpoint_root is not None else None
         torch.manual_seed(cfg.seed)
+        groups = list(zip(rows["dataset"], rows["language"], strict=True))
+        datasets = {name for name, _ in groups}
+        unknown = sorted(set(cfg.loss_weights) - datasets)
+        if unknown:  # a typo would silently weigh nothing
+            raise ConfigError(f"parameter 'loss_weights' names no dataset of the training rows: "
+                              f"{unknown_keys(unknown, datasets)}; the rows hold {sorted(datasets)}")  # fmt: skip
+        tokens, prompt = longest_prompt(encoder, rows)
+        if cfg.max_length < tokens + MIN_TEXT_TOKENS:  # every query would be cut inside or just after its prompt
+            raise ConfigError(f"parameter 'max_length' ({cfg.max_length} tokens) leaves no room for text: the run's "
+                              f"longest prompt, {prompt!r}, takes {tokens}; give at least {tokens + MIN_TEXT_TOKENS} "
+                              f"({MIN_TEXT_TOKENS} tokens of text)")  # fmt: skip
         self.sampler = GroupedBatchSampler(
-            list(zip(rows["dataset"], rows["language"], strict=True)),
+            groups,
             [text_key(t) for t in rows["query"]],
             [text_key(t) for t in rows["positive"]],
             cfg.global_batch_size,

@@ -250,7 +250,8 @@ class TrainStep:
             where = f" on rank {', '.join(map(str, bad))} of {self.world_size}" if self.world_size > 1 else ""
             raise NonFiniteLoss(
                 f"the loss is {every[bad[0], 0].item()} at step {self.step + 1} (dataset {dataset}){where}; stopping "
-                f"before the update. The last good checkpoint is {self.last_good()}"
+                f"before the update. Last checkpoint written, with finite weights (finite, not necessarily good: check "
+                f"its loss): {self.last_good()}"
             )
         mean = every[:, :-1].mean(0)  # (L,)
         return {**{key: mean[i] for i, key in enumerate(keys)}, "short_of_k": every[:, -1].sum()}
@@ -264,5 +265,6 @@ class TrainStep:
         raise NonFiniteWeights(
             f"the update at step {self.step + 1} (dataset {dataset}) made trainable weights non-finite "
             f"({len(bad)} tensors, e.g. {bad[:3]}); stopping before it is checkpointed (check learning_rate and "
-            f"max_grad_norm). The last good checkpoint is {self.last_good()}"
+            f"max_grad_norm). Last checkpoint written, with finite weights (finite, not necessarily good: check its "
+            f"loss): {self.last_good()}"
         )
