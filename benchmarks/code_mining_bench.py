@@ -53,14 +53,14 @@ def measure(roots: list[Path], limit: int | None) -> dict:
     for record in mine(roots, report=report):
         records += 1
         texts += len(record["query"]) + len(record["positive"])
-        files = report.files.kept.total()
+        files = report.files.passed.total()
         if files >= next_sample:
             samples.append(round(resident_mib(), 1))
             next_sample += 1000
         if limit is not None and files >= limit:
             break
     seconds = time.perf_counter() - start
-    files, functions = report.files.kept.total(), sum(report.functions.values())
+    files, functions = report.files.passed.total(), sum(report.functions.values())
     skipped = sum(sum(reasons.values()) for reasons in report.files.skipped.values())
     return {
         "roots": [str(r) for r in roots],

@@ -316,7 +316,7 @@ def test_bad_rows_are_counted_naming_the_file_row_id_and_column(tmp_path):
     prepared = read([str(path)])
     assert len(prepared.rows) == 1
     report = prepared.report.as_dict()["bad"]
-    assert report["kept"] == 1 and sum(report["skipped"].values()) == 11
+    assert report["passed_checks"] == 1 and sum(report["skipped"].values()) == 11
     assert report["examples"] == {
         "non-text value in column 'query'": [f"{path} row 1 (id 'b')"],
         "not a list of texts in column 'pos'": [f"{path} row 2 (id 'c')"],

@@ -329,7 +329,7 @@ def _cached(cache_dir: Path | None, fingerprint: str) -> Prepared | None:
     for source, by_rule in summary["decontaminated"].items():
         decontaminated[source].update({rule: n for rule, n in by_rule.items() if n})
     rows = load_from_disk(str(cache_dir / fingerprint / "rows"))
-    return Prepared(rows, fingerprint, report, decontaminated, summary["unreachable"], kept)
+    return Prepared(rows, fingerprint, report, decontaminated, summary["unreachable"], kept=kept)
 
 
 def _store(prepared: Prepared, cache_dir: Path | None) -> Prepared:
