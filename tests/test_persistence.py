@@ -159,3 +159,46 @@ def test_a_missing_tokenizer_folder_is_named(make_encoder, tmp_path):
     shutil.rmtree(tmp_path / "m" / "tokenizer")
     with pytest.raises(FileNotFoundError, match="tokenizer folder is missing"):
         C2LLMEncoder.from_pretrained(tmp_path / "m")
+
+
+# where and how a directory is written ------------------------------------------------------------------------------
+def test_saving_into_a_symlinked_folder_writes_where_it_points(make_encoder, tmp_path):
+    enc = make_encoder(pooling="mean")
+    (tmp_path / "disk").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "disk")
+    enc.save_pretrained(tmp_path / "link")
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "disk" / "c2llm_config.json").is_file()
+    enc.save_pretrained(tmp_path / "link", overwrite=True)  # replaced where it points; the link stays
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "disk" / "c2llm_config.json").is_file()
+    np.testing.assert_array_equal(C2LLMEncoder.from_pretrained(tmp_path / "link").encode(TEXTS), enc.encode(TEXTS))
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match=r"dangling is a symlink to .*nowhere, which does not exist"):
+        enc.save_pretrained(tmp_path / "dangling")
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"file exists and is a file, not a folder"):
+        enc.save_pretrained(tmp_path / "file", overwrite=True)
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_saved_folders_follow_the_umask(make_encoder, tmp_path, umask):
+    """tempfile.mkdtemp made every saved model private (0700; safetensors files 0600), unreadable to colleagues."""
+    import os
+    import stat
+
+    from c2llm_lib.export import save_export
+    from c2llm_lib.train import save_checkpoint
+
+    enc = make_encoder(pma_heads=4, use_lora=True, lora_r=4)
+    merged = make_encoder(pma_heads=4)
+    old = os.umask(umask)
+    try:
+        enc.save_pretrained(tmp_path / "merged")
+        save_checkpoint(tmp_path / "step-1", enc)
+        save_export(merged, tmp_path / "export", "a model card")
+    finally:
+        os.umask(old)
+    for folder in ("merged", "step-1", "export"):
+        for path in [tmp_path / folder, *(tmp_path / folder).rglob("*")]:
+            mode = stat.S_IMODE(path.stat().st_mode)
+            assert mode == (0o777 if path.is_dir() else 0o666) & ~umask, (path, oct(mode))

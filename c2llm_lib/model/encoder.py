@@ -43,7 +43,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import MODEL_MAPPING, AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
-from ..atomic import atomic_directory
+from ..atomic import atomic_directory, check_target
 from ..batching import length_batches
 from ..config import ModelConfig, from_dict
 from ..files import load_json, load_tensors
@@ -281,10 +281,9 @@ class C2LLMEncoder(nn.Module):
 
     # persistence -------------------------------------------------------------------------------
     def save_pretrained(self, directory: str | os.PathLike, overwrite: bool = False) -> Path:
-        """Writes a self-contained directory (see the module docstring), atomically."""
-        target = Path(directory)
-        if target.exists() and any(target.iterdir()) and not overwrite:
-            raise FileExistsError(f"{target} exists and is not empty; pass overwrite=True to replace it")
+        """Writes a self-contained directory (see the module docstring), atomically; into a symlinked folder, where
+        the link points (`atomic.check_target`)."""
+        target = check_target(directory, overwrite)
         with atomic_directory(target) as staging:
             base = self.base_model
             weights = {
@@ -310,7 +309,7 @@ class C2LLMEncoder(nn.Module):
                 "backbone_dtype": str(next(base.parameters()).dtype).removeprefix("torch."),
             }
             (staging / "c2llm_config.json").write_text(json.dumps(record, indent=2) + "\n")
-        return target
+        return Path(directory)
 
     @classmethod
     def from_pretrained(
