@@ -62,7 +62,26 @@ from .poolers import build_pooler
 
 FORMAT_VERSION = 1
 KINDS = ("query", "document")
+PLURALS = {"query": "queries", "document": "documents"}  # the progress bar's label
 CHUNK = 4096  # texts tokenised at a time when only their token lengths are needed (`token_lengths`)
+
+
+def _check_unicode(text: str, what: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:  # a lone surrogate: no tokenizer can encode it
+        raise ValueError(
+            f"{what} is not valid Unicode: {text[err.start]!r} at character {err.start} is a lone surrogate "
+            f"(half of a UTF-16 pair): {text!r:.80}"
+        ) from None
+
+
+def _check_instruction(instruction: Any) -> None:
+    if instruction is None:
+        return
+    if not isinstance(instruction, str):
+        raise TypeError(f"instruction must be a str or None, got {type(instruction).__name__}: {instruction!r:.80}")
+    _check_unicode(instruction, "the instruction")
 
 
 def _check_texts(texts: Any) -> list[str]:
@@ -73,13 +92,7 @@ def _check_texts(texts: Any) -> list[str]:
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"text {i} is {type(text).__name__}, not str: {text!r:.80}")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as err:  # a lone surrogate: no tokenizer can encode it
-            raise ValueError(
-                f"text {i} is not valid Unicode: {text[err.start]!r} at character {err.start} is a lone surrogate "
-                f"(half of a UTF-16 pair): {text!r:.80}"
-            ) from None
+        _check_unicode(text, f"text {i}")
     return list(texts)
 
 
@@ -167,6 +180,7 @@ class C2LLMEncoder(nn.Module):
         a space or newline), the document prefix, or `instruction` when given, before documents."""
         if kind not in KINDS:
             raise ValueError(f"kind must be 'query' or 'document', got {kind!r}")
+        _check_instruction(instruction)
         if kind == "query":
             prefix = "" if not instruction else instruction if instruction[-1] in " \n" else instruction + "\n"
         else:
@@ -250,6 +264,7 @@ class C2LLMEncoder(nn.Module):
         texts = _check_texts(texts)
         if kind not in KINDS:
             raise ValueError(f"kind must be 'query' or 'document', got {kind!r}")
+        _check_instruction(instruction)
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
             raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__} {batch_size!r}")
         if batch_size < 1:
@@ -269,7 +284,7 @@ class C2LLMEncoder(nn.Module):
         self.eval()
         try:
             with torch.inference_mode():
-                for idx in tqdm(batches, desc=f"encode {kind}s", disable=not show):
+                for idx in tqdm(batches, desc=f"encode {PLURALS[kind]}", disable=not show):
                     batch = self.tokenize([texts[i] for i in idx], kind, instruction, max_length)
                     emb = self(**batch)  # (b, d)
                     if normalize:
