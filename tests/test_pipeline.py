@@ -34,6 +34,14 @@ def test_the_whole_pipeline_on_the_smoke_params(smoke_run):
         assert (run.root / "figures" / f"{figure}.png").stat().st_size > 1000, figure
     assert sorted(p.name for p in (run.root / "checkpoints").iterdir()) == ["step-000002", "step-000003", "step-000004"]
     assert (run.root / "merged" / "c2llm_config.json").is_file()
+    params = yaml.safe_load(SMOKE.read_text())
+    export = run.root / "export"  # at the length notebook 04 scored (128), not the training length (64)
+    assert json.loads((export / "c2llm_backbone.json").read_text())["max_seq_length"] == params["eval_max_length"]
+    assert params["max_length"] != params["eval_max_length"]
+    card = (export / "README.md").read_text()
+    assert "| C2LLM recipe (merged) |" in card and "These are the scores of this folder's model" in card  # float32
+    assert f"at max length {params['eval_max_length']} tokens" in card
+    assert json.loads((run.root / "metrics" / "merge.json").read_text())["forms_min_cosine"] >= 0.995
     manifest = json.loads((run.root / "manifest.json").read_text())
     assert manifest["status"] == "finished" and manifest["git"]["sha"] and manifest["versions"]["torch"]
     assert "started" in manifest and "ended" in manifest and "device" in manifest
