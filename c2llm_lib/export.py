@@ -353,7 +353,7 @@ def scores_source(scored: ScoredModel, dtype: str, max_seq_length: int) -> str:
     what = (f"the merged update as one LoRA adapter (rank {scored.adapter_rank}) over the {scored.dtype} base weights"
             if scored.form == "adapter" else f"the dense merge in {scored.dtype}")  # fmt: skip
     agreement = (
-        f"On notebook 03's probe texts the two give embeddings with cosine similarity at least {scored.min_cosine:.4f}."
+        f"On notebook 03's probe texts the two give embeddings with cosine similarity at least {scored.min_cosine:.6f}."
         if scored.min_cosine is not None
         else "Their agreement was not measured."
     )

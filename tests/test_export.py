@@ -215,6 +215,8 @@ def test_the_card_says_when_the_scored_model_is_not_the_exported_one(make_encode
                  "tokens); it was not scored itself", "cosine similarity at least 0.9991"):  # fmt: skip
         assert fact in text, fact
     assert "These are the scores of this folder's model" not in text
+    close = ScoredModel("adapter", "bfloat16", 512, adapter_rank=256, min_cosine=0.9999909)
+    assert "at least 0.999991." in card(encoder, 512, results="| model | mean |", scored=close)  # never "1.0000"
 
 
 def test_the_card_gives_the_embedding_dimension_as_a_number(make_encoder):
