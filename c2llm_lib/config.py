@@ -394,14 +394,17 @@ class DataStage:
 
 @dataclass
 class MergeStage:
-    """Notebook 03: which checkpoints are merged, with which weights (paper: 4 checkpoints)."""
+    """Notebook 03: which checkpoints are merged, with which weights (paper: 4 checkpoints), and the length the export
+    encodes at (notebook 04's `eval_max_length`, so that the export encodes as the scored model did)."""
 
     merge_last: int = 4  # merge the last N checkpoints
     merge_weights: list[float] | None = None  # one per merged checkpoint; None: equal weights
+    eval_max_length: int = 2048  # notebook 04's evaluation length (the same key): the export encodes at it
 
     def __post_init__(self) -> None:
         check_types(self)
         require(self.merge_last >= 1, "merge_last", "must be at least 1")
+        length_range(self.eval_max_length, "eval_max_length")
         if self.merge_weights is not None:
             require(len(self.merge_weights) == self.merge_last, "merge_weights",
                     f"must have merge_last = {self.merge_last} entries, got {len(self.merge_weights)}")  # fmt: skip

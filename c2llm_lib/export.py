@@ -8,9 +8,15 @@ written by notebook 03 as `outputs/<run>/export/` beside `merged/`:
     1_Pooler/config.json, 1_Pooler/model.safetensors   the PMA head (`st_modules.Pooler`)
     2_Normalize/                                       L2 normalisation
     README.md                                          the model card (`model_card`), with both loaders
-The folder ships no code: `SentenceTransformer(path, trust_remote_code=True)` imports `c2llm_lib.model.st_modules`
-from the installed package (sentence-transformers 6 asks for the flag for any module class outside its own
-package). Without the package, `AutoModel` and the card's 25-line loader (`plain_loader`) give the same embeddings.
+The folder ships no code, and `load_export(path)` loads it so that none runs: it checks that `modules.json` names
+exactly this package's `Backbone` and `Pooler` and sentence-transformers' `Normalize`, that the folder holds their
+files and that the pooler fits the backbone, and only then calls `SentenceTransformer(path, trust_remote_code=True)`
+(sentence-transformers 6 asks for the flag for any module class outside its own package), which imports
+`c2llm_lib.model.st_modules` from the installed package. The plain `SentenceTransformer(path, trust_remote_code=True)`
+call checks nothing first: with the flag, sentence-transformers imports and runs whatever class `modules.json` names,
+a module file placed in the folder included, and a folder without `modules.json` loads as its default model (mean
+pooling over the backbone), not as this one. Without the package, `AutoModel` and the card's 25-line loader
+(`plain_loader`) give the same embeddings.
 
 Prompts follow mteb's registration of C2LLM, as sentence-transformers prompt names: `query` (no instruction) and
 `document` (the document prefix, "Retrieved Answer:"), and `<task>-query` / `<task>-document` for each
@@ -18,20 +24,32 @@ MTEB(Code, v1) task (table 1's instruction and a newline), the names mteb looks 
 sentence-transformers model. Each prompt is the prefix `C2LLMEncoder.format_texts` puts before a text, for the
 encoder's prompt style, so `encode(texts, prompt_name=...)` equals `C2LLMEncoder.encode` (tests/test_export.py).
 
-The exported length is the encoder's `max_length` (the training length of a merged run); the card says how to raise
-it to the released model's 2048 at inference.
+The exported length (`c2llm_backbone.json`'s `max_seq_length`) is the length the model is evaluated at: notebook 03
+exports at `eval_max_length`, the parameter it shares with notebook 04, and notebook 04 writes it again with the
+scores (`write_card`), so that the folder encodes as the scored model did. The card says which model the scores come
+from (`ScoredModel`): notebook 04 scores `merged/`, which after float32 training holds the export's own dense
+float32 weights, and after 16-bit training the same update as a LoRA adapter over the 16-bit base; then the card
+says so, with the two forms' agreement measured by notebook 03.
 """
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from .atomic import atomic_directory
+from .atomic import atomic_directory, check_target
+from .files import CorruptFile, load_json
 from .prompts import C2LLM_PROMPTS, prompts
 
 FOLDER = "export"  # outputs/<run>/export, beside merged/
+MODULES = (  # modules.json of an export: (path, class); sentence-transformers imports each class it names
+    ("", "c2llm_lib.model.st_modules.Backbone"),
+    ("1_Pooler", "c2llm_lib.model.st_modules.Pooler"),
+    ("2_Normalize", "sentence_transformers.*.Normalize"),  # its own class, under its package's module path
+)
 LICENCES = {  # the backbone's licence, which a fine-tuned model keeps
     "Qwen/Qwen2.5-Coder-0.5B": "apache-2.0", "Qwen/Qwen2.5-Coder-0.5B-Instruct": "apache-2.0",
     "Qwen/Qwen2.5-Coder-1.5B": "apache-2.0", "Qwen/Qwen2.5-Coder-1.5B-Instruct": "apache-2.0",
@@ -54,9 +72,10 @@ def sentence_prompts(encoder) -> dict[str, str]:
     return named
 
 
-def sentence_transformer(encoder):
+def sentence_transformer(encoder, max_seq_length: int | None = None):
     """The encoder as a `SentenceTransformer` (Backbone, Pooler, Normalize), sharing its backbone and a float32 copy
-    of its pooler. The encoder must be merged (no LoRA adapter): `merge.merge_checkpoints` gives one."""
+    of its pooler, encoding at most `max_seq_length` tokens (default: the encoder's `max_length`). The encoder must be
+    merged (no LoRA adapter): `merge.merge_checkpoints` gives one."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Normalize
 
@@ -65,7 +84,7 @@ def sentence_transformer(encoder):
     if encoder.base_model is not encoder.backbone:
         raise ValueError("the encoder still has a LoRA adapter: export the merged encoder (merge.merge_checkpoints)")
     cfg = encoder.config
-    backbone = Backbone(encoder.base_model, encoder.tokenizer, cfg.max_length, cfg.eos_appended)
+    backbone = Backbone(encoder.base_model, encoder.tokenizer, max_seq_length or cfg.max_length, cfg.eos_appended)
     pooler = Pooler(cfg.pooling, encoder.backbone_config.hidden_size, cfg.embedding_dim, cfg.pma_heads,
                     cfg.pma_score_scale)  # fmt: skip
     pooler.pooler.load_state_dict({k: v.float() for k, v in encoder.pooler.state_dict().items()})
@@ -77,27 +96,110 @@ def sentence_transformer(encoder):
     )
 
 
-def save_export(encoder, directory: str | os.PathLike, card: str, overwrite: bool = False) -> Path:
-    """Writes the export folder (module docstring) with `card` as its README.md, atomically."""
-    target = Path(directory)
-    if target.exists() and any(target.iterdir()) and not overwrite:
-        raise FileExistsError(f"{target} exists and is not empty; pass overwrite=True to replace it")
-    model = sentence_transformer(encoder)
+def save_export(
+    encoder, directory: str | os.PathLike, card: str, overwrite: bool = False, max_seq_length: int | None = None
+) -> Path:
+    """Writes the export folder (module docstring) with `card` as its README.md, atomically, encoding at most
+    `max_seq_length` tokens (the evaluation length; default: the encoder's `max_length`)."""
+    target = check_target(directory, overwrite)
+    model = sentence_transformer(encoder, max_seq_length)
     with atomic_directory(target) as staging:
         model.save(str(staging), create_model_card=False)
         (staging / "README.md").write_text(card)
-    return target
+    return Path(directory)
 
 
-def write_card(directory: str | os.PathLike, card: str) -> Path:
-    """Replaces the model card of an export folder (notebook 04 adds the held-out scores)."""
-    path = Path(directory) / "README.md"
-    if not (Path(directory) / "modules.json").is_file():
-        raise FileNotFoundError(f"{directory} is not an export folder (no modules.json): run notebook 03 first")
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(card)
+def _replace_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
     os.replace(tmp, path)
-    return path
+
+
+def export_settings(directory: str | os.PathLike) -> dict[str, Any]:
+    """The export's `c2llm_backbone.json` (max_seq_length, append_eos, torch_dtype), checked."""
+    from .model.st_modules import BACKBONE_RULES, Backbone, check_settings
+
+    path = Path(directory) / Backbone.config_file_name
+    settings = load_json(path, "backbone settings")
+    check_settings(path, settings, BACKBONE_RULES)
+    return settings
+
+
+def write_card(directory: str | os.PathLike, card: str, max_seq_length: int | None = None) -> Path:
+    """Replaces the model card of an export folder (notebook 04 adds the held-out scores) and, with `max_seq_length`,
+    the length the folder encodes at (`c2llm_backbone.json`), so that it is the one the card's scores were taken at;
+    the length is written first, so that the card never states a length the folder does not have."""
+    folder = Path(directory)
+    if not (folder / "modules.json").is_file():
+        raise FileNotFoundError(f"{directory} is not an export folder (no modules.json): run notebook 03 first")
+    if max_seq_length is not None:
+        settings = export_settings(folder)
+        if settings["max_seq_length"] != max_seq_length:
+            settings["max_seq_length"] = max_seq_length
+            _replace_text(folder / "c2llm_backbone.json", json.dumps(settings, indent=4))
+    _replace_text(folder / "README.md", card)
+    return folder / "README.md"
+
+
+def _modules_problem(entries: Any) -> str:
+    """What is wrong with a parsed `modules.json`, '' when it lists exactly `MODULES`."""
+    if not isinstance(entries, list) or len(entries) != len(MODULES):
+        return f"it must list the {len(MODULES)} modules {[t for _, t in MODULES]}, got {entries!r:.300}"
+    for i, (entry, (path, kind)) in enumerate(zip(entries, MODULES, strict=True)):
+        if not isinstance(entry, dict):
+            return f"entry {i} is not an object: {entry!r:.200}"
+        found = entry.get("type")
+        ours = found == kind or (
+            kind.startswith("sentence_transformers.*") and isinstance(found, str)
+            and found.startswith("sentence_transformers.") and found.rsplit(".", 1)[-1] == kind.rsplit(".", 1)[-1]
+        )  # fmt: skip
+        if not ours:
+            return f"entry {i} names the class {found!r}, not {kind}: sentence-transformers would import and run it"
+        if entry.get("path") != path:
+            return f"entry {i} ({found}) lies in {entry.get('path')!r}, not {path!r}"
+    return ""
+
+
+def check_export(directory: str | os.PathLike) -> Path:
+    """Raises, naming the file and what is wrong, unless `directory` is an export folder whose `modules.json` names
+    exactly `MODULES` and whose pooler fits its backbone; reads settings only, never weights or code."""
+    from .model.st_modules import POOLER_RULES, check_settings
+
+    folder = Path(directory)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such export folder")
+    modules = folder / "modules.json"
+    if not modules.is_file():
+        raise FileNotFoundError(
+            f"{modules} is missing: without it sentence-transformers loads {folder} as its default model (mean "
+            "pooling over the backbone), not this export; restore the folder from its run (notebook 03)"
+        )
+    try:
+        entries = json.loads(modules.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CorruptFile(f"{modules}: not valid JSON ({err})") from None
+    problem = _modules_problem(entries)
+    if problem:
+        raise CorruptFile(f"{modules}: {problem}; refusing to load {folder}")
+    export_settings(folder)
+    pooler_path = folder / "1_Pooler" / "config.json"
+    pooler = load_json(pooler_path, "pooler config")
+    check_settings(pooler_path, pooler, POOLER_RULES)
+    backbone = load_json(folder / "config.json", "backbone config")
+    if pooler["hidden_size"] != backbone.get("hidden_size"):
+        raise CorruptFile(f"{pooler_path}: hidden_size {pooler['hidden_size']} is not the backbone's "
+                          f"{backbone.get('hidden_size')!r} ({folder / 'config.json'})")  # fmt: skip
+    return folder
+
+
+def load_export(directory: str | os.PathLike, device: str | None = None, **kwargs: Any):
+    """The export folder as a `SentenceTransformer`, loaded so that nothing from the folder runs: `check_export` first,
+    then `SentenceTransformer(directory, trust_remote_code=True)`, whose flag then imports only this package's
+    modules (their loaders check the weights and tokenizer, `st_modules`). `kwargs` go to `SentenceTransformer`."""
+    from sentence_transformers import SentenceTransformer
+
+    folder = check_export(directory)
+    return SentenceTransformer(str(folder), trust_remote_code=True, device=device, **kwargs)
 
 
 POOLING_CODE = {
@@ -230,19 +332,69 @@ def _data_section(data: dict | None) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class ScoredModel:
+    """Which model a card's held-out scores come from: notebook 04 scores `merged/` (merge.evaluation_form)."""
+
+    form: Literal["dense", "adapter"]  # the update folded into the weights, or kept as one LoRA adapter
+    dtype: str  # the scored backbone's weights
+    max_length: int  # the evaluation length, tokens
+    adapter_rank: int | None = None  # with form "adapter"
+    min_cosine: float | None = None  # notebook 03: the scored form against the dense one (the export), on its probes
+
+
+def scored_model(encoder, max_length: int, min_cosine: float | None = None) -> ScoredModel:
+    """The `ScoredModel` of an encoder evaluated at `max_length` tokens."""
+    adapter = encoder.base_model is not encoder.backbone
+    dtype = str(next(encoder.base_model.parameters()).dtype).removeprefix("torch.")
+    return ScoredModel("adapter" if adapter else "dense", dtype, max_length, encoder.config.lora_r if adapter else None,
+                       min_cosine)  # fmt: skip
+
+
+def scores_source(scored: ScoredModel, dtype: str, max_seq_length: int) -> str:
+    """The card's sentence on which model its scores come from, against the export's weights `dtype` and length."""
+    length = f"at max length {scored.max_length:,} tokens"
+    if scored.form == "dense" and scored.dtype == dtype:
+        return (
+            f"These are the scores of this folder's model: notebook 04 scored `merged/`, which holds the same dense "
+            f"{dtype} weights, {length}, the length this folder encodes at (`c2llm_backbone.json`)."
+        )
+    what = (f"the merged update as one LoRA adapter (rank {scored.adapter_rank}) over the {scored.dtype} base weights"
+            if scored.form == "adapter" else f"the dense merge in {scored.dtype}")  # fmt: skip
+    agreement = (
+        f"On notebook 03's probe texts the two give embeddings with cosine similarity at least {scored.min_cosine:.6f}."
+        if scored.min_cosine is not None
+        else "Their agreement was not measured."
+    )
+    return (f"Notebook 04 scored `merged/`: {what}, {length}. This folder holds the same update folded into dense "
+            f"{dtype} weights and encodes at the same length ({max_seq_length:,} tokens); it was not scored itself, "
+            f"and its scores can differ slightly. {agreement}")  # fmt: skip
+
+
 def model_card(
     encoder_config,
     *,
     run: str,
+    embedding_dim: int,
+    max_seq_length: int,
+    dtype: str,
     data: dict | None = None,
     train: dict | None = None,
     merge: dict | None = None,
     results: str | None = None,
+    scored: ScoredModel | None = None,
     path: str = ".",
 ) -> str:
-    """The export's README.md: base model and revision, data and decontamination (notebook 01's
+    """The export's README.md: base model and revision, the architecture (the embedding's width, the length
+    `max_seq_length` and weights `dtype` of the export), data and decontamination (notebook 01's
     `metrics/data.json`), training and merge parameters (`metrics/train.json`, `metrics/merge.json`), held-out
-    scores (`metrics/results.md` of notebook 04, or "not evaluated yet"), licence, and both loaders."""
+    scores (`metrics/results.md` of notebook 04, with `scored`: which model they come from; or "not evaluated yet"),
+    licence, and both loaders. Scores need `scored`, at the export's length."""
+    if results and scored is None:
+        raise ValueError("held-out results need `scored`: the card must say which model they come from")
+    if scored is not None and scored.max_length != max_seq_length:
+        raise ValueError(f"the scores were taken at max length {scored.max_length}, the export encodes at "
+                         f"{max_seq_length}: export at the evaluated length")  # fmt: skip
     cfg = encoder_config
     base, revision = base_model(cfg)
     licence = LICENCES.get(base, "apache-2.0")
@@ -251,12 +403,15 @@ def model_card(
     if "/" in base and not Path(base).exists():
         front.append(f"base_model: {base}")
     front.append("---")
-    architecture = {"pooling": cfg.pooling, "embedding dimension": cfg.embedding_dim or "hidden size",
-                    "PMA heads": cfg.pma_heads, "PMA score scale": cfg.pma_score_scale, "max length": cfg.max_length,
-                    "EOS appended": cfg.eos_appended, "prompt style": cfg.prompt_style,
-                    "document prefix": cfg.document_prefix}  # fmt: skip
+    architecture = {"pooling": cfg.pooling, "embedding dimension": embedding_dim, "PMA heads": cfg.pma_heads,
+                    "PMA score scale": cfg.pma_score_scale, "max length (tokens this folder encodes)": max_seq_length,
+                    "training max length": cfg.max_length, "weights": dtype, "EOS appended": cfg.eos_appended,
+                    "prompt style": cfg.prompt_style, "document prefix": cfg.document_prefix}  # fmt: skip
     training = (train or {}).get("train_config") or {}
     lora = {k: v for k, v in ((train or {}).get("model_config") or {}).items() if k.startswith("lora_")}
+    scores = "Not evaluated yet: notebook 04 writes the scores here.\n"
+    if results:
+        scores = results.strip() + "\n\n" + scores_source(scored, dtype, max_seq_length) + "\n"
     sections = [
         "\n".join(front),
         f"# C2LLM reproduction: run `{run}`",
@@ -284,25 +439,45 @@ def model_card(
             if merge
             else "No merge record (`metrics/merge.json`).\n"
         ),  # fmt: skip
-        "## Held-out scores\n\n"
-        + (
-            results.strip() + "\n" if results else "Not evaluated yet: notebook 04 writes the scores here.\n"
-        ),  # fmt: skip
+        "## Held-out scores\n\n" + scores,
         f"## Licence\n\n`{licence}`, the licence of the base model, which a fine-tuned model keeps.",
         "## Use with sentence-transformers\n\n"
-        "```python\nfrom sentence_transformers import SentenceTransformer\n\n"
-        "# needs `pip install c2llm_lib`; the folder ships no code, the flag imports the installed package's modules\n"
-        f'model = SentenceTransformer("{path}", trust_remote_code=True)\n'
+        "```python\nfrom c2llm_lib.export import load_export  # pip install c2llm_lib; the folder ships no code\n\n"
+        f'model = load_export("{path}")  # checks modules.json and the files, then loads with sentence-transformers\n'
         'queries = model.encode(["read a json file"], prompt_name="CodeSearchNetRetrieval-query")\n'
         'documents = model.encode(["def load(path):\\n    return json.load(open(path))"], prompt_name="document")\n'
-        "print(model.similarity(queries, documents))\n"
-        "# model.max_seq_length = 2048  # the released C2LLM's inference length\n```\n\n"
+        "print(model.similarity(queries, documents))\n```\n\n"
+        "`load_export` checks that `modules.json` names only `c2llm_lib`'s `Backbone` and `Pooler` and "
+        "sentence-transformers' `Normalize`, then calls `SentenceTransformer(path, trust_remote_code=True)`, so that "
+        "the flag imports the installed package's modules and nothing from this folder. Called directly, "
+        "`SentenceTransformer(path, trust_remote_code=True)` checks nothing: the flag lets it import and run any class "
+        "that `modules.json` names, code placed in the folder included, and without `modules.json` it loads the "
+        "folder as its default model (mean pooling), not this one.\n\n"
         "Prompt names: `query`, `document`, and `<task>-query` / `<task>-document` for the 12 MTEB(Code, v1) tasks "
         "(mteb picks these up by task name).",
         "## Use with transformers alone\n\nThe root of this folder is the merged backbone (`AutoModel`); the pooler's "
         "tensors are in `1_Pooler/model.safetensors`.\n\n```python\n" + plain_loader(cfg.pooling, path) + "```",
     ]
     return "\n\n".join(sections) + "\n"
+
+
+def export_card(encoder, run_root: str | os.PathLike, max_seq_length: int) -> str:
+    """Notebook 03's card for the export of `encoder` (the dense merge) at `max_seq_length`: not evaluated yet."""
+    return model_card(encoder.config, run=Path(run_root).name, embedding_dim=encoder.embedding_dim,
+                      max_seq_length=max_seq_length, dtype=scored_model(encoder, max_seq_length).dtype,
+                      **run_records(run_root))  # fmt: skip
+
+
+def evaluated_card(encoder, run_root: str | os.PathLike, results: str, max_length: int) -> str:
+    """Notebook 04's card for the run's export: `results` of `encoder` (what notebook 04 scored) at `max_length`,
+    said to come from that model, beside the export's own weights (`export_settings`); notebook 03's agreement of the
+    two forms (`metrics/merge.json`) when it was recorded."""
+    records = run_records(run_root)
+    settings = export_settings(Path(run_root) / FOLDER)
+    scored = scored_model(encoder, max_length, (records["merge"] or {}).get("forms_min_cosine"))
+    return model_card(encoder.config, run=Path(run_root).name, embedding_dim=encoder.embedding_dim,
+                      max_seq_length=max_length, dtype=settings["torch_dtype"], results=results, scored=scored,
+                      **records)  # fmt: skip
 
 
 def loader_from_card(card: str) -> str:

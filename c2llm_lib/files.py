@@ -1,8 +1,12 @@
 """Reading the files a run or a model directory holds, with errors that name the file and what is wrong.
 
 Weights are read from safetensors only: a safetensors file holds tensors and nothing that runs, while a
-PyTorch `.bin` or `.pt` file is a pickle that can execute code when it is loaded. JSON records (configs,
-trainer state) are read with a message naming the file when they are missing, truncated or not an object.
+PyTorch `.bin` or `.pt` file is a pickle that can execute code when it is loaded. Such a file is refused unread,
+named, also where it lies in place of the safetensors file a loader looks for (`adapter_model.bin` for
+`adapter_model.safetensors`), and `check_no_pickles` refuses a folder handed whole to another library that would
+read one. Weights must be finite: a NaN or infinite value is an error naming the file and the tensors, since it
+would only show later as NaN embeddings. JSON records (configs, trainer state) are read with a message naming the
+file when they are missing, truncated or not an object.
 """
 
 from __future__ import annotations
@@ -31,21 +35,69 @@ def refuse_pickle(path: str | Path) -> None:
         )
 
 
+def check_no_pickles(folder: str | Path) -> None:
+    """Raises, naming them, when `folder` holds pickle-based weight files (for a folder another library reads)."""
+    folder = Path(folder)
+    found = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES) if folder.is_dir() else []
+    if found:
+        raise CorruptFile(
+            f"{folder}: holds pickle-based weight files {found}; refusing to load the folder (pickles can run code "
+            "when loaded). Convert them to safetensors (safetensors.torch.save_file) or remove them"
+        )
+
+
+def _stand_ins(path: Path) -> list[Path]:
+    """Pickle files beside a missing safetensors file that a loader could take in its place: the same stem with a
+    pickle suffix, and transformers' or peft's names (`model.safetensors` -> `pytorch_model.bin`)."""
+    stems = {path.stem, "pytorch_" + path.stem}
+    return sorted(p for p in path.parent.glob("*") if p.suffix in PICKLE_SUFFIXES and p.stem in stems)
+
+
+def check_finite(tensors: dict[str, torch.Tensor], path: str | Path, what: str = "weights") -> None:
+    """Raises `CorruptFile` naming the file and the first tensors holding NaN or infinite values."""
+    bad = [name for name, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        raise CorruptFile(
+            f"{path}: the {what} file holds non-finite values (NaN or inf) in {len(bad)} tensor(s), e.g. {bad[:3]}; "
+            "they would give NaN embeddings"
+        )
+
+
 def load_tensors(path: str | Path, what: str = "weights") -> dict[str, torch.Tensor]:
-    """All tensors of a safetensors file; a missing, truncated or corrupt file is named with the reason."""
+    """All tensors of a safetensors file, checked finite; a missing, truncated, corrupt or non-finite file is named
+    with the reason, and a pickle file (or one lying where the safetensors file is missing) is refused unread."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     path = Path(path)
     refuse_pickle(path)
     if not path.is_file():
+        for stand_in in _stand_ins(path):
+            raise CorruptFile(
+                f"{path}: the {what} file is missing, and {stand_in.name} lies in its place: a pickle-based weights "
+                "file, refused unread (pickles can run code when loaded). Convert it to safetensors"
+            )
         raise FileNotFoundError(f"{path}: the {what} file is missing")
     if path.stat().st_size < 8:
         raise CorruptFile(f"{path}: the {what} file is truncated ({path.stat().st_size} bytes, no safetensors header)")
     try:
-        return load_file(path)
+        tensors = load_file(path)
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
         raise CorruptFile(f"{path}: the {what} file is corrupt or truncated ({err})") from None
+    check_finite(tensors, path, what)
+    return tensors
+
+
+def tensor_metadata(path: str | Path) -> dict[str, str]:
+    """The string metadata of a safetensors file's header (empty when it has none); the file must exist and parse
+    (read `load_tensors` first)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return dict(handle.metadata() or {})
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise CorruptFile(f"{path}: the header of the safetensors file cannot be read ({err})") from None
 
 
 def load_json(path: str | Path, what: str = "record") -> dict[str, Any]:

@@ -351,19 +351,31 @@ def _last_cell(path: Path) -> str:
 
 
 def kernel_config():
-    """The kernel manager's settings for papermill's kernels: CurveZMQ keys for the kernel's sockets.
+    """The settings of papermill's kernels: CurveZMQ keys for their sockets, and a kernel log without the shutdown's
+    "KeyboardInterrupt caught in kernel." line.
 
     papermill talks to its kernel over TCP on localhost, and ipykernel (7.x) warns at every kernel start that the
     traffic is not encrypted ("Kernel is running over TCP without encryption"). With `transport_encryption="auto"`
     jupyter_client provisions keys when the kernelspec declares support (ipykernel's does), so the traffic is
     encrypted and the kernel has nothing to warn about; a jupyter_client without the setting gets none (its kernels
-    predate the warning)."""
+    predate the warning).
+
+    After the last cell papermill asks the kernel for its info, and as soon as the reply arrives it shuts the kernel
+    down, and jupyter_client interrupts (SIGINT) a kernel before it asks it to shut down. When the interrupt lands
+    before the kernel has left its handler for that request (a busy CPU widens the gap), ipykernel catches the
+    KeyboardInterrupt and logs "[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel." in a run that succeeded.
+    Every kernel therefore starts with a filter on its log that drops that line only (`exec_lines`, run before the
+    notebook and leaving no name behind): an interrupt of a running cell is the cell's error, reported by papermill,
+    and every other kernel error is still logged."""
     from jupyter_client import KernelManager
     from traitlets.config import Config
 
-    if "transport_encryption" not in KernelManager.class_trait_names():
-        return Config()
-    return Config({"KernelManager": {"transport_encryption": "auto"}})
+    quiet = ("--IPKernelApp.exec_lines=get_ipython().kernel.log.addFilter("
+             "lambda record: not record.getMessage().startswith('KeyboardInterrupt caught in kernel'))")  # fmt: skip
+    config = Config({"NotebookClient": {"extra_arguments": [quiet]}})
+    if "transport_encryption" in KernelManager.class_trait_names():
+        config.KernelManager.transport_encryption = "auto"
+    return config
 
 
 def notebook_html(path: Path) -> str:

@@ -150,3 +150,22 @@ def test_smaller_embedding_dimension(make_encoder):
 def test_a_lone_surrogate_is_named_by_its_index(encoders):
     with pytest.raises(ValueError, match=r"text 1 is not valid Unicode: '\\ud800' at character 2"):
         encoders["mean"].encode(["fine", "ab\ud800cd"])
+
+
+def test_a_bad_instruction_is_named(encoders):
+    enc = encoders["mean"]
+    for wrong in (5, b"Find it", ["Find it"]):
+        with pytest.raises(TypeError, match=rf"instruction must be a str or None, got {type(wrong).__name__}"):
+            enc.encode(["x"], kind="query", instruction=wrong)
+    with pytest.raises(ValueError, match=r"the instruction is not valid Unicode: '\\udc80' at character 4"):
+        enc.encode(["x"], kind="query", instruction="Find\udc80 it")
+    with pytest.raises(TypeError, match="instruction must be a str or None, got int"):
+        enc.format_texts(["x"], "document", 3)
+
+
+def test_the_progress_bar_names_queries_and_documents(encoders, capsys):
+    enc = encoders["mean"]
+    enc.encode(["a", "b"], kind="query", show_progress=True)
+    enc.encode(["a", "b"], kind="document", show_progress=True)
+    err = capsys.readouterr().err
+    assert "encode queries" in err and "encode documents" in err and "querys" not in err

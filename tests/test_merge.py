@@ -277,3 +277,29 @@ def test_the_adapter_form_refuses_uneven_or_patterned_ranks_naming_the_checkpoin
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "rank_pattern": {"q_proj": 2}}))
     with pytest.raises(ValueError, match="rank_pattern"):
         merge_as_adapter([checkpoints[0], patterned], [0.5, 0.5])
+
+
+@pytest.mark.parametrize("damage", ["pickle", "nan head"])
+def test_a_pickled_adapter_or_a_non_finite_head_is_named(checkpoints, tmp_path, damage):
+    """An adapter_model.bin in place of the safetensors file was reported as a missing file; a NaN head merged into
+    NaN embeddings."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from c2llm_lib.files import CorruptFile
+
+    broken = tmp_path / "broken"
+    shutil.copytree(checkpoints[1], broken)
+    if damage == "pickle":
+        weights = broken / "adapter" / "adapter_model.safetensors"
+        torch.save(load_file(weights), weights.with_suffix(".bin"))
+        weights.unlink()
+        problem = r"adapter_model.safetensors: .*missing, and adapter_model.bin lies in its place: a pickle"
+    else:
+        head = load_file(broken / "pooler.safetensors")
+        head["seed"] = torch.full_like(head["seed"], float("nan"))
+        save_file(head, broken / "pooler.safetensors")
+        problem = r"broken/pooler.safetensors: .*non-finite.*seed"
+    with pytest.raises(CorruptFile, match=problem):
+        merge_checkpoints([checkpoints[0], broken], [0.5, 0.5])

@@ -159,3 +159,188 @@ def test_a_missing_tokenizer_folder_is_named(make_encoder, tmp_path):
     shutil.rmtree(tmp_path / "m" / "tokenizer")
     with pytest.raises(FileNotFoundError, match="tokenizer folder is missing"):
         C2LLMEncoder.from_pretrained(tmp_path / "m")
+
+
+# what a directory holds, not only that it exists ----------------------------------------------------------------
+def test_an_adapter_pickle_is_refused_unread(make_encoder, tmp_path):
+    """peft would load `adapter_model.bin` (a pickle) where the safetensors file is missing, or beside it."""
+    from safetensors.torch import load_file
+
+    from c2llm_lib.files import CorruptFile
+
+    enc = make_encoder(pma_heads=4, use_lora=True, lora_r=4)
+    randomize_lora(enc)
+    enc.save_pretrained(tmp_path / "m")
+    adapter = tmp_path / "m" / "adapter"
+    torch.save(load_file(adapter / "adapter_model.safetensors"), adapter / "adapter_model.bin")
+    with pytest.raises(CorruptFile, match=r"adapter.*adapter_model.bin.*pickle"):  # beside the safetensors file
+        C2LLMEncoder.from_pretrained(tmp_path / "m")
+    (adapter / "adapter_model.safetensors").unlink()
+    with pytest.raises(CorruptFile, match=r"adapter_model.bin.*pickle"):  # in its place
+        C2LLMEncoder.from_pretrained(tmp_path / "m")
+
+
+def test_a_pickle_in_place_of_any_weights_file_is_named(make_encoder, tmp_path):
+    from safetensors.torch import load_file
+
+    from c2llm_lib.files import CorruptFile
+
+    make_encoder(pooling="mean").save_pretrained(tmp_path / "m")
+    weights = tmp_path / "m" / "backbone" / "model.safetensors"
+    torch.save(load_file(weights), weights.with_name("pytorch_model.bin"))
+    weights.unlink()
+    with pytest.raises(CorruptFile, match=r"model.safetensors.*missing.*pytorch_model.bin.*pickle"):
+        C2LLMEncoder.from_pretrained(tmp_path / "m")
+
+
+def test_a_tokenizer_folder_without_its_vocabulary_is_named(make_encoder, tmp_path):
+    """Without tokenizer.json, transformers builds a 2-token tokenizer from tokenizer_config.json alone: every text
+    then gets the same embedding."""
+    make_encoder(pma_heads=4).save_pretrained(tmp_path / "m")
+    (tmp_path / "m" / "tokenizer" / "tokenizer.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"m/tokenizer: holds no tokenizer vocabulary.*tokenizer_config.json"):
+        C2LLMEncoder.from_pretrained(tmp_path / "m")
+
+
+def test_an_empty_tokenizer_folder_is_named(make_encoder, tmp_path):
+    import shutil
+
+    make_encoder(pooling="mean").save_pretrained(tmp_path / "m")
+    shutil.rmtree(tmp_path / "m" / "tokenizer")
+    (tmp_path / "m" / "tokenizer").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"m/tokenizer: holds no tokenizer vocabulary.*it holds nothing"):
+        C2LLMEncoder.from_pretrained(tmp_path / "m")
+
+
+def test_a_tokenizer_must_fit_the_backbones_embedding(make_encoder):
+    from c2llm_lib.model.backbone import TOKENIZER_ASSET, load_saved_tokenizer
+
+    config = make_encoder(pooling="mean").backbone_config
+    assert len(load_saved_tokenizer(TOKENIZER_ASSET, config, 151936)) == 151936  # the real Qwen2.5 pair
+    with pytest.raises(ValueError, match=r"151,936 entries, but the backbone embeds 1,000 .*ids past the last"):
+        load_saved_tokenizer(TOKENIZER_ASSET, config, 1000)
+    with pytest.raises(ValueError, match=r"151,936 entries, but the backbone embeds 400,000 tokens: it is not"):
+        load_saved_tokenizer(TOKENIZER_ASSET, config, 400_000)
+
+
+@pytest.mark.parametrize("damaged", ["backbone/model.safetensors", "pooler.safetensors", "adapter"])
+def test_non_finite_weights_are_refused_naming_the_file(make_encoder, tmp_path, damaged):
+    from safetensors.torch import load_file, save_file
+
+    from c2llm_lib.files import CorruptFile
+
+    make_encoder(pma_heads=4, use_lora=True, lora_r=4).save_pretrained(tmp_path / "m")
+    path = tmp_path / "m" / (damaged if damaged != "adapter" else "adapter/adapter_model.safetensors")
+    tensors = load_file(path)
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[0] = float("nan")
+    save_file(tensors, path)
+    with pytest.raises(CorruptFile, match=rf"{path.name}: .*non-finite.*{name}"):
+        C2LLMEncoder.from_pretrained(tmp_path / "m")
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [({"pma_heads": 2}, r"pooler.safetensors holds the weights of the head .*differ in \['pma_heads'\]"),
+     ({"pooling": "mean"}, r"pooler.safetensors holds the weights of the head .*differ in .*'pooling'"),
+     ({"pma_score_scale": "per_head"}, r"differ in \['pma_score_scale'\]")],
+    ids=["heads", "pooling", "scale"],
+)  # fmt: skip
+def test_a_config_that_describes_another_head_is_refused(make_encoder, tmp_path, change, problem):
+    """The head count and score scale cannot be read from the weights: a changed c2llm_config.json would load the
+    same tensors into a different model."""
+    from c2llm_lib.files import CorruptFile
+
+    make_encoder(pma_heads=4).save_pretrained(tmp_path / "m")
+    record_path = tmp_path / "m" / "c2llm_config.json"
+    record = json.loads(record_path.read_text())
+    record["model"].update(change)
+    record_path.write_text(json.dumps(record))
+    with pytest.raises(CorruptFile, match=problem):
+        C2LLMEncoder.from_pretrained(tmp_path / "m")
+
+
+def test_a_lora_encoder_without_its_adapter_folder_is_refused(make_encoder, tmp_path):
+    import shutil
+
+    make_encoder(pma_heads=4, use_lora=True, lora_r=4).save_pretrained(tmp_path / "m")
+    shutil.rmtree(tmp_path / "m" / "adapter")
+    with pytest.raises(FileNotFoundError, match=r"use_lora=True, but .*adapter is missing"):
+        C2LLMEncoder.from_pretrained(tmp_path / "m")
+
+
+def test_from_released_warns_of_nothing(make_encoder, tmp_path):
+    """transformers read the release's config.json (model type c2llm) for the tokenizer and warned that the load
+    'can yield errors'."""
+    import logging
+
+    class Records(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.WARNING)
+            self.messages: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.messages.append(record.getMessage())
+
+    write_released_checkpoint(make_encoder(pma_heads=4), tmp_path / "r")
+    records, logger = Records(), logging.getLogger("transformers")
+    logger.addHandler(records)
+    try:
+        C2LLMEncoder.from_released(tmp_path / "r", device="cpu", dtype="float32")
+    finally:
+        logger.removeHandler(records)
+    assert not [m for m in records.messages if "You are using a model of type" in m], records.messages
+
+
+def test_non_finite_released_weights_are_refused(make_encoder, tmp_path):
+    from c2llm_lib.files import CorruptFile
+
+    write_released_checkpoint(
+        make_encoder(pma_heads=4), tmp_path / "r", extra={"mha_pma.S": torch.full((1, 1, 64), torch.inf)}
+    )
+    with pytest.raises(CorruptFile, match=r"model.safetensors: .*non-finite.*mha_pma.S"):
+        C2LLMEncoder.from_released(tmp_path / "r", device="cpu")
+
+
+# where and how a directory is written ------------------------------------------------------------------------------
+def test_saving_into_a_symlinked_folder_writes_where_it_points(make_encoder, tmp_path):
+    enc = make_encoder(pooling="mean")
+    (tmp_path / "disk").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "disk")
+    enc.save_pretrained(tmp_path / "link")
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "disk" / "c2llm_config.json").is_file()
+    enc.save_pretrained(tmp_path / "link", overwrite=True)  # replaced where it points; the link stays
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "disk" / "c2llm_config.json").is_file()
+    np.testing.assert_array_equal(C2LLMEncoder.from_pretrained(tmp_path / "link").encode(TEXTS), enc.encode(TEXTS))
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match=r"dangling is a symlink to .*nowhere, which does not exist"):
+        enc.save_pretrained(tmp_path / "dangling")
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"file exists and is a file, not a folder"):
+        enc.save_pretrained(tmp_path / "file", overwrite=True)
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_saved_folders_follow_the_umask(make_encoder, tmp_path, umask):
+    """tempfile.mkdtemp made every saved model private (0700; safetensors files 0600), unreadable to colleagues."""
+    import os
+    import stat
+
+    from c2llm_lib.export import save_export
+    from c2llm_lib.train import save_checkpoint
+
+    enc = make_encoder(pma_heads=4, use_lora=True, lora_r=4)
+    merged = make_encoder(pma_heads=4)
+    old = os.umask(umask)
+    try:
+        enc.save_pretrained(tmp_path / "merged")
+        save_checkpoint(tmp_path / "step-1", enc)
+        save_export(merged, tmp_path / "export", "a model card")
+    finally:
+        os.umask(old)
+    for folder in ("merged", "step-1", "export"):
+        for path in [tmp_path / folder, *(tmp_path / folder).rglob("*")]:
+            mode = stat.S_IMODE(path.stat().st_mode)
+            assert mode == (0o777 if path.is_dir() else 0o666) & ~umask, (path, oct(mode))

@@ -34,6 +34,14 @@ def test_the_whole_pipeline_on_the_smoke_params(smoke_run):
         assert (run.root / "figures" / f"{figure}.png").stat().st_size > 1000, figure
     assert sorted(p.name for p in (run.root / "checkpoints").iterdir()) == ["step-000002", "step-000003", "step-000004"]
     assert (run.root / "merged" / "c2llm_config.json").is_file()
+    params = yaml.safe_load(SMOKE.read_text())
+    export = run.root / "export"  # at the length notebook 04 scored (128), not the training length (64)
+    assert json.loads((export / "c2llm_backbone.json").read_text())["max_seq_length"] == params["eval_max_length"]
+    assert params["max_length"] != params["eval_max_length"]
+    card = (export / "README.md").read_text()
+    assert "| C2LLM recipe (merged) |" in card and "These are the scores of this folder's model" in card  # float32
+    assert f"at max length {params['eval_max_length']} tokens" in card
+    assert json.loads((run.root / "metrics" / "merge.json").read_text())["forms_min_cosine"] >= 0.995
     manifest = json.loads((run.root / "manifest.json").read_text())
     assert manifest["status"] == "finished" and manifest["git"]["sha"] and manifest["versions"]["torch"]
     assert "started" in manifest and "ended" in manifest and "device" in manifest
@@ -135,3 +143,44 @@ def test_a_peer_recipe_runs_through_the_pipeline(tmp_path):
     assert all(0 <= v <= 1 for v in scores["C2LLM recipe (merged)"].values())
     with pytest.raises(PipelineError, match="05_pma_attention failed.*pooling='pma'; this model pools by 'last_token'"):
         run_pipeline(SMOKE, outputs=tmp_path, sets=peer, only=["05"], mode="resume", log=lambda *_: None)
+
+
+SLOW_KERNEL_INFO = """import time
+
+kernel = get_ipython().kernel
+answer = kernel.shell_handlers["kernel_info_request"]
+
+
+async def answer_then_linger(*args):  # papermill asks for the kernel's info after the last cell, then shuts it down
+    await answer(*args)
+    time.sleep(5)  # still in the handler when the interrupt of the shutdown lands, as on a busy CPU
+
+
+kernel.shell_handlers["kernel_info_request"] = answer_then_linger
+kernel.log.error("a real kernel error stays visible")"""
+
+
+def test_a_finished_notebook_ends_without_an_error_line_from_its_kernel(tmp_path, capfd):
+    """jupyter_client interrupts a kernel before shutting it down; landing in a request handler, the interrupt made
+    ipykernel log "[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel." at the end of a successful run."""
+    from c2llm_lib.notebook import NOTEBOOK_DIR, STAGES, parameters_cell
+
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    for name in STAGES:
+        nb = nbformat.read(NOTEBOOK_DIR / f"{name}.ipynb", as_version=4)
+        nb.cells = [
+            nb.cells[parameters_cell(NOTEBOOK_DIR / f"{name}.ipynb")[0]],
+            nbformat.v4.new_code_cell(SLOW_KERNEL_INFO),
+        ]
+        nbformat.write(nb, notebooks / f"{name}.ipynb")
+    (tmp_path / "quiet.yaml").write_text("seed: 0\n")
+    capfd.readouterr()
+    run = run_pipeline(tmp_path / "quiet.yaml", only=["01"], outputs=tmp_path / "outputs", notebook_dir=notebooks,
+                       log=lambda *_: None)  # fmt: skip
+    out, err = capfd.readouterr()
+    assert json.loads((run.root / "manifest.json").read_text())["status"] == "finished"
+    assert "KeyboardInterrupt caught in kernel" not in out + err, err
+    assert "a real kernel error stays visible" in err  # the kernel's other errors are still shown
+    executed = nbformat.read(run.root / "notebooks" / "01_data_prep.ipynb", as_version=4)
+    assert [c.execution_count for c in executed.cells if c.cell_type == "code"] == [1, 2, 3]  # nothing ran before

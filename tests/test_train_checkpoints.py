@@ -265,6 +265,32 @@ def test_a_truncated_checkpoint_file_is_named_with_what_is_wrong(make_encoder, t
     assert str(path) in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        ("pickle", r"adapter_model.safetensors: the LoRA adapter file is missing, and adapter_model.bin lies in its"),
+        ("nan", r"pooler.safetensors: the PMA head file holds non-finite values .*'seed'"),
+    ],
+)
+def test_a_pickled_adapter_or_a_non_finite_head_in_a_checkpoint_is_named(make_encoder, tmp_path, damage, problem):
+    from safetensors.torch import load_file, save_file
+
+    root = tmp_path / "checkpoints"
+    cfg = TrainConfig(**CFG, max_steps=2, checkpoint_steps=[1])
+    Trainer(tiny(make_encoder), make_rows(), cfg, root).train()
+    checkpoint = root / "step-000001"
+    if damage == "pickle":
+        weights = checkpoint / "adapter" / "adapter_model.safetensors"
+        torch.save(load_file(weights), weights.with_suffix(".bin"))
+        weights.unlink()
+    else:
+        head = load_file(checkpoint / "pooler.safetensors")
+        head["seed"] = torch.full_like(head["seed"], float("nan"))
+        save_file(head, checkpoint / "pooler.safetensors")
+    with pytest.raises(CorruptFile, match=problem):
+        Trainer(tiny(make_encoder), make_rows(), cfg, root).resume(checkpoint)
+
+
 def test_resume_refuses_a_checkpoint_of_another_model_naming_the_keys(make_encoder, tmp_path):
     root = tmp_path / "checkpoints"
     cfg = TrainConfig(**CFG, max_steps=2, checkpoint_steps=[1])

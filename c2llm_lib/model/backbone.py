@@ -25,7 +25,14 @@ import warnings
 from pathlib import Path
 
 import torch
-from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, Qwen2Config
+from transformers import (
+    AutoModel,
+    AutoTokenizer,
+    PreTrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+)
 
 from ..config import ModelConfig
 
@@ -110,6 +117,36 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
         tok = AutoTokenizer.from_pretrained(TOKENIZER_ASSET)
     else:
         tok = AutoTokenizer.from_pretrained(cfg.backbone, revision=cfg.backbone_revision, gguf_file=cfg.gguf_file)
+    return prepare_tokenizer(tok)
+
+
+def load_saved_tokenizer(folder: str | Path, config: PreTrainedConfig, embedding_rows: int) -> PreTrainedTokenizerBase:
+    """The tokenizer saved in `folder` (an encoder's `tokenizer/`, an export, a release), for a backbone with
+    `config` and `embedding_rows` rows in its token embedding, prepared as `prepare_tokenizer` does. The folder must
+    hold a vocabulary (`tokenizer.json`, `vocab.json` with `merges.txt`, or `tokenizer.model`): with its settings
+    alone transformers builds a tokenizer of the special tokens only, which gives every text the same embedding. Its
+    size must fit the embedding: no id past the last row, and at least half the rows (a model pads its embedding a
+    little beyond its vocabulary, never to twice its size). `config` is handed to transformers, which would
+    otherwise read the folder's `config.json` (a release's names a model type it does not know, and warns)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: the tokenizer folder is missing")
+    has = {p.name for p in folder.iterdir() if p.is_file()}
+    if not ({"tokenizer.json", "tokenizer.model"} & has or {"vocab.json", "merges.txt"} <= has):
+        raise FileNotFoundError(
+            f"{folder}: holds no tokenizer vocabulary (tokenizer.json, vocab.json with merges.txt, or "
+            f"tokenizer.model); it holds {sorted(has) or 'nothing'}"
+        )
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, config=config)
+    except Exception as err:  # tokenizers raises bare Exceptions for a damaged tokenizer.json
+        raise ValueError(f"{folder}: the tokenizer cannot be loaded ({type(err).__name__}: {err})") from None
+    size = len(tok)
+    if size > embedding_rows or size < embedding_rows / 2:
+        raise ValueError(
+            f"{folder}: the tokenizer has {size:,} entries, but the backbone embeds {embedding_rows:,} tokens: it is "
+            "not this backbone's tokenizer" + (" (ids past the last embedding row)" if size > embedding_rows else "")
+        )
     return prepare_tokenizer(tok)
 
 

@@ -19,8 +19,12 @@ A saved directory is self-contained, in safetensors only:
     pooler.safetensors  the PMA head (empty for mean / last-token pooling)
     tokenizer/          the tokenizer files
 `from_pretrained` loads the backbone in the dtype it was stored in (float32 for a merged model, see merge.py)
-unless asked otherwise. It reads weights with `files.load_tensors`, so a corrupt or truncated file is an error
-naming it, and a tensor or folder the directory lacks is an error listing it, never a random initialisation.
+unless asked otherwise. It reads every weight, the adapter's included, with `files.load_tensors` (safetensors only:
+a pickle such as `adapter_model.bin` is refused unread; finite values only), so a corrupt, truncated or non-finite
+file is an error naming it, and a tensor or folder the directory lacks is an error listing it, never a random
+initialisation. The tokenizer folder must hold a vocabulary that fits the backbone's embedding
+(`backbone.load_saved_tokenizer`), and the head's weights must be those of the head `c2llm_config.json` describes
+(`poolers.load_pooler_weights`).
 """
 
 from __future__ import annotations
@@ -41,28 +45,48 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 from tqdm.auto import tqdm
-from transformers import MODEL_MAPPING, AutoConfig, AutoModel, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import MODEL_MAPPING, AutoConfig, AutoModel, PreTrainedTokenizerBase
 
-from ..atomic import atomic_directory
+from ..atomic import atomic_directory, check_target
 from ..batching import length_batches
 from ..config import ModelConfig, from_dict
-from ..files import load_json, load_tensors
+from ..files import CorruptFile, check_no_pickles, load_json, load_tensors
 from . import released
 from .backbone import (
     add_lora,
     enable_gradient_checkpointing,
     load_backbone,
+    load_saved_tokenizer,
     load_tokenizer,
     prepare_tokenizer,
     resolve_attn_implementation,
     resolve_device,
     resolve_dtype,
 )
-from .poolers import build_pooler
+from .poolers import build_pooler, load_pooler_weights, save_pooler
 
 FORMAT_VERSION = 1
 KINDS = ("query", "document")
+PLURALS = {"query": "queries", "document": "documents"}  # the progress bar's label
 CHUNK = 4096  # texts tokenised at a time when only their token lengths are needed (`token_lengths`)
+
+
+def _check_unicode(text: str, what: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:  # a lone surrogate: no tokenizer can encode it
+        raise ValueError(
+            f"{what} is not valid Unicode: {text[err.start]!r} at character {err.start} is a lone surrogate "
+            f"(half of a UTF-16 pair): {text!r:.80}"
+        ) from None
+
+
+def _check_instruction(instruction: Any) -> None:
+    if instruction is None:
+        return
+    if not isinstance(instruction, str):
+        raise TypeError(f"instruction must be a str or None, got {type(instruction).__name__}: {instruction!r:.80}")
+    _check_unicode(instruction, "the instruction")
 
 
 def _check_texts(texts: Any) -> list[str]:
@@ -73,13 +97,7 @@ def _check_texts(texts: Any) -> list[str]:
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"text {i} is {type(text).__name__}, not str: {text!r:.80}")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as err:  # a lone surrogate: no tokenizer can encode it
-            raise ValueError(
-                f"text {i} is not valid Unicode: {text[err.start]!r} at character {err.start} is a lone surrogate "
-                f"(half of a UTF-16 pair): {text!r:.80}"
-            ) from None
+        _check_unicode(text, f"text {i}")
     return list(texts)
 
 
@@ -167,6 +185,7 @@ class C2LLMEncoder(nn.Module):
         a space or newline), the document prefix, or `instruction` when given, before documents."""
         if kind not in KINDS:
             raise ValueError(f"kind must be 'query' or 'document', got {kind!r}")
+        _check_instruction(instruction)
         if kind == "query":
             prefix = "" if not instruction else instruction if instruction[-1] in " \n" else instruction + "\n"
         else:
@@ -250,6 +269,7 @@ class C2LLMEncoder(nn.Module):
         texts = _check_texts(texts)
         if kind not in KINDS:
             raise ValueError(f"kind must be 'query' or 'document', got {kind!r}")
+        _check_instruction(instruction)
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
             raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__} {batch_size!r}")
         if batch_size < 1:
@@ -269,7 +289,7 @@ class C2LLMEncoder(nn.Module):
         self.eval()
         try:
             with torch.inference_mode():
-                for idx in tqdm(batches, desc=f"encode {kind}s", disable=not show):
+                for idx in tqdm(batches, desc=f"encode {PLURALS[kind]}", disable=not show):
                     batch = self.tokenize([texts[i] for i in idx], kind, instruction, max_length)
                     emb = self(**batch)  # (b, d)
                     if normalize:
@@ -281,10 +301,9 @@ class C2LLMEncoder(nn.Module):
 
     # persistence -------------------------------------------------------------------------------
     def save_pretrained(self, directory: str | os.PathLike, overwrite: bool = False) -> Path:
-        """Writes a self-contained directory (see the module docstring), atomically."""
-        target = Path(directory)
-        if target.exists() and any(target.iterdir()) and not overwrite:
-            raise FileExistsError(f"{target} exists and is not empty; pass overwrite=True to replace it")
+        """Writes a self-contained directory (see the module docstring), atomically; into a symlinked folder, where
+        the link points (`atomic.check_target`)."""
+        target = check_target(directory, overwrite)
         with atomic_directory(target) as staging:
             base = self.base_model
             weights = {
@@ -299,8 +318,7 @@ class C2LLMEncoder(nn.Module):
             save_file(weights, staging / "backbone" / "model.safetensors", metadata={"format": "pt"})
             if base is not self.backbone:
                 self.backbone.save_pretrained(staging / "adapter")
-            pooler = {k: v.detach().contiguous().cpu() for k, v in self.pooler.state_dict().items()}
-            save_file(pooler, staging / "pooler.safetensors", metadata={"format": "pt"})
+            save_pooler(self.pooler, staging / "pooler.safetensors")  # float32, as the head computes
             self.tokenizer.save_pretrained(staging / "tokenizer")
             record = {
                 "format_version": FORMAT_VERSION,
@@ -310,7 +328,7 @@ class C2LLMEncoder(nn.Module):
                 "backbone_dtype": str(next(base.parameters()).dtype).removeprefix("torch."),
             }
             (staging / "c2llm_config.json").write_text(json.dumps(record, indent=2) + "\n")
-        return target
+        return Path(directory)
 
     @classmethod
     def from_pretrained(
@@ -335,7 +353,14 @@ class C2LLMEncoder(nn.Module):
         for part in ("backbone", "tokenizer"):
             if not (root / part).is_dir():
                 raise FileNotFoundError(f"{root / part}: the {part} folder is missing; {root} is incomplete")
+        if not isinstance(record.get("model"), dict):
+            raise CorruptFile(f"{record_path}: 'model' must hold the encoder's settings, got {record.get('model')!r}")
         saved = from_dict(ModelConfig, record["model"], str(record_path))
+        if saved.use_lora != (root / "adapter").is_dir():
+            raise FileNotFoundError(
+                f"{record_path} says use_lora={saved.use_lora}, but {root / 'adapter'} "
+                + ("is missing: the LoRA update would be lost" if saved.use_lora else "exists: it would be ignored")
+            )
         cfg = dataclasses.replace(
             saved,
             device=device or saved.device,
@@ -345,16 +370,41 @@ class C2LLMEncoder(nn.Module):
         target_device = resolve_device(cfg.device)
         torch_dtype = resolve_dtype(cfg.dtype, target_device)
         backbone = cls._load_saved_backbone(root / "backbone", torch_dtype, cfg.attn_implementation, target_device)
+        rows = backbone.get_input_embeddings().num_embeddings
+        tokenizer = load_saved_tokenizer(root / "tokenizer", backbone.config, rows)
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(backbone)
-        if (root / "adapter").is_dir():
-            from peft import PeftModel
-
-            backbone = PeftModel.from_pretrained(backbone, root / "adapter", is_trainable=trainable)
-        tokenizer = AutoTokenizer.from_pretrained(root / "tokenizer")
+        if saved.use_lora:
+            backbone = cls._load_adapter(backbone, root / "adapter", trainable)
         encoder = cls(backbone, tokenizer, cfg)
-        encoder.pooler.load_state_dict(load_tensors(root / "pooler.safetensors", "pooler weights"))
+        load_pooler_weights(encoder.pooler, root / "pooler.safetensors", record_path)
+        if record.get("embedding_dim", encoder.embedding_dim) != encoder.embedding_dim:
+            raise CorruptFile(f"{record_path}: embedding_dim {record['embedding_dim']} is not the loaded encoder's "
+                              f"{encoder.embedding_dim}")  # fmt: skip
         return encoder
+
+    @staticmethod
+    def _load_adapter(backbone: nn.Module, folder: Path, trainable: bool) -> nn.Module:
+        """peft's LoRA adapter of a saved directory over `backbone`, frozen unless `trainable`. Its weights are read
+        here by `files.load_tensors` (safetensors, finite), never by peft, which would take an `adapter_model.bin`
+        (a pickle) in their place; a LoRA weight the file lacks or does not fit is an error naming the file."""
+        from peft import PeftConfig, PeftModel, set_peft_model_state_dict
+
+        check_no_pickles(folder)
+        weights_file = folder / "adapter_model.safetensors"
+        tensors = load_tensors(weights_file, "LoRA adapter")
+        load_json(folder / "adapter_config.json", "LoRA adapter configuration")  # missing or corrupt: named
+        config = PeftConfig.from_pretrained(folder)
+        config.inference_mode = not trainable
+        model = PeftModel(backbone, config)
+        result = set_peft_model_state_dict(model, tensors)
+        missing = sorted(k for k in result.missing_keys if "lora_" in k)
+        if missing or result.unexpected_keys:
+            raise CorruptFile(
+                f"{weights_file} does not fit the adapter of {folder / 'adapter_config.json'}: missing "
+                f"{missing[:5]}{' ...' if len(missing) > 5 else ''}; unexpected {sorted(result.unexpected_keys)[:5]}"
+            )
+        return model if trainable else model.eval()
 
     @staticmethod
     def _load_saved_backbone(folder: Path, dtype: torch.dtype, attn_implementation: str, device: torch.device):
@@ -421,7 +471,8 @@ class C2LLMEncoder(nn.Module):
             attn_implementation=resolve_attn_implementation(attn_implementation, target_device, torch_dtype),
         )
         backbone.config.use_cache = False
-        tokenizer = AutoTokenizer.from_pretrained(root)
+        # the release's config.json names a model type transformers does not know: the tokenizer gets the backbone's
+        tokenizer = load_saved_tokenizer(root, qwen, backbone.get_input_embeddings().num_embeddings)
         encoder = cls(backbone.to(target_device), tokenizer, cfg)
         expected = set(encoder.state_dict())
         state = released.map_released_state_dict(released.read_released_weights(root), expected, head=pooling == "pma")

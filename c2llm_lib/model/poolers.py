@@ -8,15 +8,25 @@ of each row, wherever the padding sits. Like the PMA head they compute in float3
 token gives the zero vector (mean) or the zeroed hidden state at position 0 (last token): finite.
 The EOS token that last-token pooling needs is appended by the encoder's tokenisation, after
 truncation (Qwen tokenizers never add it themselves).
+
+A pooler's weights file records which head it holds (`head_record`, in the safetensors metadata under
+`c2llm_head`): the PMA head count and score scale cannot be read from its tensors, so a settings file that names
+another head (more heads, another pooling) would otherwise load the same tensors into a different model.
+`load_pooler_weights` refuses such a file, and tensors that do not fit the head, naming both files.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
 
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
+from ..files import CorruptFile, load_tensors, tensor_metadata
 from .pma import PMAHead, ScoreScale
 
 Pooling = Literal["pma", "last_token", "mean"]
@@ -62,3 +72,53 @@ def build_pooler(
     if pooling == "mean":
         return MeanPooler()
     raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
+
+
+HEAD_METADATA = "c2llm_head"  # the safetensors metadata key of a pooler's weights file: `head_record` as JSON
+
+
+def head_record(pooler: nn.Module) -> dict[str, Any]:
+    """What sets a pooler's computation besides its tensors: the pooling, and for PMA its widths, head count and
+    score scale."""
+    if isinstance(pooler, PMAHead):
+        return {"pooling": "pma", "hidden_size": pooler.hidden_size, "embedding_dim": pooler.dim,
+                "pma_heads": pooler.num_heads, "pma_score_scale": pooler.score_scale}  # fmt: skip
+    return {"pooling": "last_token" if isinstance(pooler, LastTokenPooler) else "mean"}
+
+
+def save_pooler(pooler: nn.Module, path: str | os.PathLike) -> None:
+    """The pooler's tensors (float32) as safetensors, with its `head_record` in the metadata."""
+    tensors = {k: v.detach().float().contiguous().cpu() for k, v in pooler.state_dict().items()}
+    save_file(tensors, path, metadata={"format": "pt", HEAD_METADATA: json.dumps(head_record(pooler))})
+
+
+def load_pooler_weights(pooler: nn.Module, path: str | os.PathLike, settings: str | os.PathLike) -> None:
+    """Loads the weights file `path` into `pooler`, built from the settings file `settings`. Refused, naming both
+    files: a file whose recorded head differs from `pooler` (`head_record`), tensors that do not fit it (a PMA head's
+    weights under mean or last-token pooling included), and non-finite values (`files.load_tensors`). A file without
+    the record (written before it was kept) is checked by its tensors alone."""
+    path = Path(path)
+    tensors = load_tensors(path, "pooler weights")
+    expected = head_record(pooler)
+    recorded = tensor_metadata(path).get(HEAD_METADATA)
+    if recorded is not None:
+        try:
+            recorded = json.loads(recorded)
+        except json.JSONDecodeError as err:
+            raise CorruptFile(f"{path}: its {HEAD_METADATA} metadata is not valid JSON ({err})") from None
+        if recorded != expected:
+            differ = sorted(k for k in set(recorded) | set(expected) if recorded.get(k) != expected.get(k))
+            raise CorruptFile(
+                f"{path} holds the weights of the head {recorded}, but {settings} describes {expected} (they differ "
+                f"in {differ}); the settings file was changed or belongs to another model"
+            )
+    own = {k: tuple(v.shape) for k, v in pooler.state_dict().items()}
+    found = {k: tuple(v.shape) for k, v in tensors.items()}
+    if own != found:
+        extra, missing = sorted(set(found) - set(own)), sorted(set(own) - set(found))
+        shapes = sorted(k for k in set(own) & set(found) if own[k] != found[k])
+        raise CorruptFile(
+            f"{path} does not fit the {expected['pooling']} pooler that {settings} describes: tensors it should not "
+            f"hold {extra}, tensors it lacks {missing}, shapes that differ {[(k, found[k], own[k]) for k in shapes]}"
+        )
+    pooler.load_state_dict(tensors)

@@ -11,12 +11,18 @@ sentence-transformers model's (`export.py` writes them): sentence-transformers p
 Saved layout (`SentenceTransformer.save`): `Backbone` in the root (`config.json`, `model.safetensors`, the tokenizer
 files, `c2llm_backbone.json` with the length and EOS settings), so that `transformers.AutoModel` also loads the
 root; `Pooler` in its own folder (`config.json`, `model.safetensors` with the head's tensors under the same names as
-`pooler.safetensors` of an encoder directory). Weights are read with `files.load_tensors` (safetensors only, a corrupt
-file named).
+`pooler.safetensors` of an encoder directory, and the head they belong to in its metadata).
+
+Loading checks what the folder holds, not only that it exists: `c2llm_backbone.json` must hold its three settings
+with sane values, the tokenizer files a vocabulary that fits the backbone's embedding
+(`backbone.load_saved_tokenizer`), `1_Pooler/config.json` its five settings, and the head's weights must be those of
+the head that file describes (`poolers.load_pooler_weights`). Weights are read with `files.load_tensors`
+(safetensors only, finite values only, a corrupt file named).
 
 Sentence-transformers 6 imports a module class from outside its own package only with `trust_remote_code=True`,
-even from an installed package: the exported folder ships no code, so the flag imports these classes from the
-installed `c2llm_lib` and runs nothing from the folder.
+even from an installed package, and with the flag it imports whatever class `modules.json` names, a module file in
+the folder included. These loaders run only once sentence-transformers has imported them, too late to refuse a
+foreign class: `export.load_export` checks `modules.json` and the folder first.
 """
 
 from __future__ import annotations
@@ -27,14 +33,44 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from sentence_transformers.base.modules import InputModule, Module
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..files import load_json, load_tensors
-from .backbone import prepare_tokenizer
+from ..files import CorruptFile, load_json
+from .backbone import load_saved_tokenizer, prepare_tokenizer
 from .encoder import C2LLMEncoder, last_hidden_states, tokenize_left_padded
-from .poolers import build_pooler
+from .poolers import POOLINGS, build_pooler, load_pooler_weights, save_pooler
+
+DTYPES = ("float32", "bfloat16", "float16")  # what `Backbone.torch_dtype` may name
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_settings(path: Path, settings: dict[str, Any], rules: dict[str, tuple[Any, str]]) -> None:
+    """Raises `CorruptFile` naming the file and key for a missing, unknown or invalid setting; `rules` maps each key
+    to (a predicate on its value, what the value must be)."""
+    unknown, missing = sorted(set(settings) - set(rules)), sorted(set(rules) - set(settings))
+    if unknown or missing:
+        raise CorruptFile(f"{path}: unknown keys {unknown}, missing keys {missing}; expected {sorted(rules)}")
+    for key, (valid, wanted) in rules.items():
+        if not valid(settings[key]):
+            raise CorruptFile(f"{path}: {key} must be {wanted}, got {settings[key]!r}")
+
+
+BACKBONE_RULES = {
+    "max_seq_length": (lambda v: _integer(v) and v >= 2, "an int of at least 2"),
+    "append_eos": (lambda v: isinstance(v, bool), "true or false"),
+    "torch_dtype": (lambda v: v in DTYPES, f"one of {list(DTYPES)}"),
+}
+POOLER_RULES = {
+    "pooling": (lambda v: v in POOLINGS, f"one of {list(POOLINGS)}"),
+    "hidden_size": (lambda v: _integer(v) and v > 0, "a positive int"),
+    "embedding_dim": (lambda v: v is None or (_integer(v) and v > 0), "null or a positive int"),
+    "pma_heads": (lambda v: _integer(v) and v > 0, "a positive int"),
+    "pma_score_scale": (lambda v: v in ("full_width", "per_head"), "'full_width' or 'per_head'"),
+}
 
 
 def _local_folder(model_name_or_path: str, subfolder: str = "", **hub: Any) -> Path:
@@ -100,6 +136,7 @@ class Backbone(InputModule):
         hub = {"token": token, "cache_folder": cache_folder, "revision": revision, "local_files_only": local_files_only}
         folder = _local_folder(model_name_or_path, subfolder, **hub)
         settings = load_json(folder / cls.config_file_name, "backbone settings")
+        check_settings(folder / cls.config_file_name, settings, BACKBONE_RULES)
         model_kwargs = dict(model_kwargs or {})
         dtype = model_kwargs.pop("dtype", None) or model_kwargs.pop("torch_dtype", None)
         dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype
@@ -107,7 +144,7 @@ class Backbone(InputModule):
         attn = model_kwargs.pop("attn_implementation", "auto")
         # the weights read by files.load_tensors, a missing or unexpected tensor an error (C2LLMEncoder's loader)
         model = C2LLMEncoder._load_saved_backbone(folder, dtype, attn, torch.device("cpu"))
-        tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer = load_saved_tokenizer(folder, model.config, model.get_input_embeddings().num_embeddings)
         return cls(model, tokenizer, settings["max_seq_length"], settings["append_eos"])
 
 
@@ -139,8 +176,7 @@ class Pooler(Module):
 
     def save(self, output_path: str, *args, safe_serialization: bool = True, **kwargs) -> None:
         self.save_config(output_path)
-        tensors = {k: v.detach().float().contiguous().cpu() for k, v in self.pooler.state_dict().items()}
-        save_file(tensors, os.path.join(output_path, "model.safetensors"), metadata={"format": "pt"})
+        save_pooler(self.pooler, os.path.join(output_path, "model.safetensors"))  # float32, its head recorded
 
     @classmethod
     def load(
@@ -155,13 +191,16 @@ class Pooler(Module):
     ) -> Pooler:
         hub = {"token": token, "cache_folder": cache_folder, "revision": revision, "local_files_only": local_files_only}
         folder = _local_folder(model_name_or_path, subfolder, **hub)
-        config = load_json(folder / cls.config_file_name, "pooler config")
-        unknown = sorted(set(config) - set(cls.config_keys))
-        if unknown:
-            raise ValueError(f"{folder / cls.config_file_name}: unknown keys {unknown}; expected {cls.config_keys}")
-        module = cls(**config)
-        if any(True for _ in module.pooler.parameters()):  # mean and last-token pooling have no weights
-            module.pooler.load_state_dict(load_tensors(folder / "model.safetensors", "pooler weights"))
+        settings = folder / cls.config_file_name
+        config = load_json(settings, "pooler config")
+        check_settings(settings, config, POOLER_RULES)
+        try:
+            module = cls(**config)
+        except ValueError as err:  # e.g. a width the heads do not divide
+            raise CorruptFile(f"{settings}: {err}") from None
+        weights = folder / "model.safetensors"
+        if weights.is_file() or any(True for _ in module.pooler.parameters()):  # mean and last token: no weights
+            load_pooler_weights(module.pooler, weights, settings)  # the head recorded in it must be this one
         return module
 
     def __repr__(self) -> str:
