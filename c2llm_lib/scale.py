@@ -56,11 +56,19 @@ KNOWN_ARCHS = (QWEN25_CODER_05B, QWEN25_CODER_7B)
 
 
 def arch_of(config: Any, name: str = "") -> Arch:
-    """The `Arch` of a transformers decoder config (Qwen2's attribute names)."""
-    return Arch(name or getattr(config, "name_or_path", "") or type(config).__name__, config.hidden_size,
-                config.num_hidden_layers, config.num_attention_heads,
-                getattr(config, "num_key_value_heads", None) or config.num_attention_heads, config.intermediate_size,
-                config.vocab_size, bool(getattr(config, "tie_word_embeddings", False)))  # fmt: skip
+    """The `Arch` of a transformers decoder config (Qwen2's attribute names); a size that is not a positive whole
+    number is a ValueError naming it."""
+
+    def size(key: str, default: Any = None) -> int:
+        value = getattr(config, key, None) or default
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"config {key} must be a positive whole number, got {value!r}")
+        return value
+
+    heads = size("num_attention_heads")
+    return Arch(name or getattr(config, "name_or_path", "") or type(config).__name__, size("hidden_size"),
+                size("num_hidden_layers"), heads, size("num_key_value_heads", heads), size("intermediate_size"),
+                size("vocab_size"), bool(getattr(config, "tie_word_embeddings", False)))  # fmt: skip
 
 
 def known_arch(backbone: str) -> Arch | None:

@@ -99,7 +99,7 @@ def child_env(gpu: int | None) -> dict[str, str]:
     """This library first on the children's path (as torchrun's ranks get it), one GPU each when there are GPUs."""
     from ..launch import library_env
 
-    env = library_env()
+    env = {**library_env(), "HF_HUB_OFFLINE": "1"}  # a probe loads what is here: no multi-GB download
     if gpu is not None:  # the gpu-th device this process sees, whatever CUDA_VISIBLE_DEVICES already narrows
         visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
         env["CUDA_VISIBLE_DEVICES"] = visible[gpu] if gpu < len(visible) else str(gpu)
@@ -114,7 +114,10 @@ def failure(proc: subprocess.Popen, log: Path, timeout: float, timed_out: bool) 
         return f"the measurement did not finish within {timeout:.0f} s and was stopped"
     code = proc.returncode
     if code is not None and code < 0:
-        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
         oom = " (out of memory: the kernel's OOM killer sends it)" if -code == signal.SIGKILL else ""
         return f"the measuring process was killed by {name}{oom}"
     return f"the measuring process exited with status {code}: {tail}"
@@ -259,16 +262,15 @@ def speed_check(setup: Setup, found: list[tuple[ProbeResult | None, str]], who: 
         if not why:  # the memory check fails, naming what to change: this line only says why it has no figure
             return Check("speed", "training", "warn", "not measured", "the largest batch does not fit (memory)"), None
         return Check("speed", "training", "fail", "not measured", why), None
-    speed = result.speed
-    gemm = max(speed["gemm_gflops"]["before"], speed["gemm_gflops"]["after"])
+    speed, gemm = result.speed, result.gemm_gflops
     figure = (
         f"{speed['tokens_per_second']:,.0f} tokens/s per process, {speed['seconds_per_step']:.2f} s per step, "
-        f"MFU {speed['mfu']:.1%} of {gemm:,.0f} GFLOP/s ({speed['gemm_gflops']['dtype']} GEMM measured here)"
+        f"MFU {speed['mfu']:.1%} of {gemm['peak']:,.0f} GFLOP/s ({gemm['dtype']} GEMM measured here)"
     )
     first = "; one step timed (the memory step: first-call overheads included)" if speed.get("first_step_only") else (
         f"; {speed['steps']} steps timed after the memory step")  # fmt: skip
     message = f"measured on {who.description}, every text at max_length (an upper bound on a step){first}"
-    values = {**speed, "devices": len(found), "backbone": result.backbone, "dtype": result.dtype}
+    values = {**speed, "gemm_gflops": gemm, "devices": len(found), "backbone": result.backbone, "dtype": result.dtype}
     status = "warn" if who.stand_in else "pass"
     return Check("speed", "training", status, figure, message, values=values), speed["seconds_per_step"]
 
@@ -313,7 +315,8 @@ def chars_per_token(sample: int = 400) -> float:
     from ..model.backbone import TINY_BACKBONE, load_tokenizer
 
     tokenizer = load_tokenizer(ModelConfig(backbone=TINY_BACKBONE))
-    rows = load_snapshot()[:: max(1, len(load_snapshot()) // sample)][:sample]
+    snapshot = load_snapshot()
+    rows = snapshot[:: max(1, len(snapshot) // sample)][:sample]
     texts = [t for r in rows for t in (r["query"], r["positive"])]
     tokens = sum(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
     return sum(len(t) for t in texts) / max(1, tokens)
@@ -328,9 +331,7 @@ def inference_rate(found, who: Subject, setup: Setup) -> tuple[float | None, str
     if not who.stand_in or who.run_arch is None:
         return rate, (f"a measured {rate:,.0f} tokens/s (texts of {setup.evaluation.eval_max_length} tokens, "
                       f"{who.description})")  # fmt: skip
-    gemm = max(
-        result.speed.get("gemm_gflops", {}).get("before", 0), result.speed.get("gemm_gflops", {}).get("after", 0)
-    )
+    gemm = result.gemm_gflops.get("peak", 0.0)
     if not gemm:
         return None, "not measured"
     flops = forward_flops_per_token(who.run_arch, setup.evaluation.eval_max_length)
@@ -344,7 +345,7 @@ def step_seconds(setup: Setup, found, who: Subject, spec: ProbeSpec, measured: f
     if not who.stand_in or who.run_arch is None:
         return measured, "measured"
     result = slowest(found, "speed")
-    gemm = max(result.speed["gemm_gflops"]["before"], result.speed["gemm_gflops"]["after"])
+    gemm = result.gemm_gflops["peak"]
     texts = spec.rows * (2 + spec.negatives)
     flops = step_flops(who.run_arch, texts, setup.train.max_length, setup.model.gradient_checkpointing,
                        setup.train.grad_cache)  # fmt: skip
@@ -352,6 +353,17 @@ def step_seconds(setup: Setup, found, who: Subject, spec: ProbeSpec, measured: f
         f"computed: {who.run_arch.name}'s FLOPs per step at the measured "
         f"{gemm:,.0f} GFLOP/s and an assumed MFU of {ASSUMED_MFU:.0%}"
     )
+
+
+def comparison_trainings(setup: Setup) -> int:
+    """The trainings notebook 06 runs on this run's compute (`comparison.plan`: each recipe, and each PMA recipe
+    again at every width of compare_pma_dims); each is counted at this run's seconds per step."""
+    if not setup.runs("06") or not setup.compare.compare_recipes:
+        return 0
+    from ..comparison import plan
+
+    compare = setup.compare
+    return len(plan(setup.model, setup.train, compare.compare_recipes, compare.compare_dims, compare.compare_pma_dims))
 
 
 @dataclass
@@ -367,17 +379,19 @@ def projection_check(setup: Setup, found, who: Subject, spec: ProbeSpec, per_ste
                      device: torch.device) -> Check:  # fmt: skip
     """The whole run's wall time: training steps and checkpoints, and the evaluation."""
     p = Projection()
-    if setup.runs("02") and per_step is not None:
+    if setup.trains and per_step is not None:
         seconds, how = step_seconds(setup, found, who, spec, per_step)
         if device.type == "cpu" and nproc > 1:  # the processes share the CPU's cores
             seconds *= nproc
             how += f", x {nproc} processes sharing the CPU"
         saved = next((r.checkpoint for r, _ in found if r is not None and r.checkpoint), {})
-        p.train_seconds = steps * seconds + checkpoints * saved.get("seconds", 0.0)
-        p.notes.append(f"training: {steps:,} steps x {seconds:.3g} s ({how}) + {checkpoints} checkpoints; rows: "
-                       f"{rows.source}; every text at max_length (an upper bound)")  # fmt: skip
-        p.values.update(steps=steps, seconds_per_step=seconds, step_basis=how, checkpoints=checkpoints,
-                        train_seconds=p.train_seconds)  # fmt: skip
+        trainings = int(setup.runs("02")) + comparison_trainings(setup)
+        p.train_seconds = trainings * steps * seconds + checkpoints * saved.get("seconds", 0.0)
+        times = f"{trainings} trainings (the run's and notebook 06's) x " if trainings > 1 else ""
+        p.notes.append(f"training: {times}{steps:,} steps x {seconds:.3g} s ({how}) + {checkpoints} checkpoints; "
+                       f"rows: {rows.source}; every text at max_length (an upper bound)")  # fmt: skip
+        p.values.update(steps=steps, trainings=trainings, seconds_per_step=seconds, step_basis=how,
+                        checkpoints=checkpoints, train_seconds=p.train_seconds)  # fmt: skip
     if setup.runs("04"):
         rate, how = inference_rate(found, who, setup)
         counted = eval_tokens(setup, tasks, chars_per_token())

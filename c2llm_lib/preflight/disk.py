@@ -161,7 +161,7 @@ def model_needs(setup: Setup, arch: Arch | None, checkpoints: int, measured_chec
     lora = lora_params(arch, model.lora_r, tuple(model.lora_targets))
     head = pma_params(arch.hidden) if model.pooling == "pma" else 0
     needs = []
-    if setup.runs("02"):
+    if setup.trains:
         each = measured_checkpoint or checkpoint_bytes(lora + head)
         how = "measured size of one" if measured_checkpoint else "LoRA + head + AdamW moments, fp32"
         needs.append(Need(f"{checkpoints} checkpoints", setup.run_dir, checkpoints * each, f"{how} x {checkpoints}"))

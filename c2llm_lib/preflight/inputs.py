@@ -319,7 +319,8 @@ def check_backbone(setup: Setup, hub: Hub) -> tuple[Check, bool]:
         found = model_folder(local, model.gguf_file, model.backbone)
     else:
         found = hub.find(model.backbone, "model", model.backbone_revision, model.backbone)
-    return model_check("backbone", found, model.backbone_revision, local.exists(), "backbone_revision"), found.ok
+    here = found.ok and not found.where.startswith("the hub")  # a preflight loads what is here, never downloads
+    return model_check("backbone", found, model.backbone_revision, local.exists(), "backbone_revision"), here
 
 
 def model_check(name: str, found: Found, revision: str | None, local: bool, key: str) -> Check:
@@ -360,7 +361,7 @@ def check_schedule(setup: Setup, rows: RowCount, steps: int) -> Check:
     figure = f"{steps:,} optimizer steps of {train.global_batch_size} rows ({rows.rows:,} rows: {rows.source})"
     values = {"steps": steps, "rows": rows.rows, "rows_source": rows.source, "rows_exact": rows.exact}
     basis = "measured" if rows.exact else "computed"
-    if not setup.runs("02"):
+    if not setup.trains:
         return Check("inputs", "schedule", "pass", "no training in the notebooks chosen", basis="given")
     if steps == 0:
         largest = max(rows.groups.values(), default=0)

@@ -16,9 +16,10 @@ OUT receives a `ProbeResult` as JSON. In order:
   resident high-water mark (VmHWM, reset after the model is built: the figure includes the weights), against the
   budget. An out-of-memory error is a result (`fits` false), not a crash. When it does not fit, `search_memory`
   measures, in the same process (what a trial freed is returned first), the settings that lower it until one fits.
-- speed: `steps` more optimizer steps on the same batch, timed; real tokens per second, the step's FLOPs by the
-  plan's formula (`scale.step_flops`) and MFU against the bf16 (CPU: the run's dtype) GEMM throughput measured in
-  this process before and after the steps (`hardware.gemm_gflops`).
+- GEMM: this device's matrix-product throughput, bf16 on a GPU (the run's dtype on a CPU), measured before the
+  steps and after the inference (`hardware.gemm_gflops`); the higher is the peak MFU is taken against.
+- speed: more optimizer steps on the same batch, timed (`steps`); real tokens per second, the step's FLOPs by the
+  plan's formula (`scale.step_flops`) and MFU.
 - inference: one timed no-grad forward of `eval_batch_size` texts of `eval_max_length` tokens (after a warm-up).
 - checkpoint: `train.save_checkpoint` of the adapter, head and optimizer state into the given folder, read back with
   `read_checkpoint` and compared tensor by tensor, with its size and the seconds it took.
@@ -50,8 +51,7 @@ from ..scale import Arch, arch_of, step_flops
 MAX_TRIALS = 7  # settings the memory search may measure
 ROOM = 0.9  # a suggested setting's peak stays within this share of the budget (the margin a pass keeps)
 FIRST_STEP_S = 20.0  # on a CPU, a memory step longer than this is timed on its own (no further step)
-DATASET = "preflight"  # the name the synthetic batch carries in the step's log
-INSTRUCTION = "Retrieve the code that solves the following query:"
+DATASET, LANGUAGE = "CodeSearchNetRetrieval", "python"  # a dataset every prompt style has prompts for
 
 
 @dataclass
@@ -83,6 +83,7 @@ class ProbeResult:
     arch: dict[str, Any]
     trainable: int  # trainable parameters (LoRA + head)
     memory: dict[str, Any] = field(default_factory=dict)
+    gemm_gflops: dict[str, Any] = field(default_factory=dict)  # this device's GEMM peak: before, after, dtype
     speed: dict[str, Any] = field(default_factory=dict)
     inference: dict[str, Any] = field(default_factory=dict)
     checkpoint: dict[str, Any] = field(default_factory=dict)
@@ -141,8 +142,10 @@ def full_length_texts(tokenizer, count: int, length: int, seed: int) -> list[str
 def largest_batch(tokenizer, rows: int, negatives: int, length: int, seed: int) -> dict[str, list]:
     """One process's share of a global batch, every text of `length` tokens or more, K negatives per row."""
     texts = full_length_texts(tokenizer, rows * (2 + negatives), length, seed)
+    from ..data.sources import TABLE_1
+
     return {
-        "dataset": [DATASET] * rows, "language": ["text"] * rows, "instruction": [INSTRUCTION] * rows,
+        "dataset": [DATASET] * rows, "language": [LANGUAGE] * rows, "instruction": [TABLE_1[DATASET]] * rows,
         "query": texts[:rows], "positive": texts[rows : 2 * rows],
         "negatives": [texts[2 * rows + i * negatives : 2 * rows + (i + 1) * negatives] for i in range(rows)],
     }  # fmt: skip
@@ -303,10 +306,7 @@ def gemm_peak(dtype: torch.dtype, device: torch.device) -> float:
 def measure_speed(step, batch: dict[str, list], steps: int | None, arch: Arch, device: torch.device,
                   first: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """`steps` timed optimizer steps on `batch` (none: the memory step `first`, its first-call overheads included),
-    the GEMM peak around them, tokens/s and MFU (the plan's FLOP count)."""
-    dtype = next(step.encoder.base_model.parameters()).dtype
-    gemm_dtype = torch.bfloat16 if device.type == "cuda" else dtype
-    before = gemm_peak(gemm_dtype, device)
+    tokens/s and the step's FLOPs by the plan's count (`scale.step_flops`)."""
     if steps is None:
         steps = 2 if device.type == "cuda" else int(first.get("seconds", 0.0) < FIRST_STEP_S)
     steps = steps if steps or "seconds" in first else 1
@@ -320,17 +320,13 @@ def measure_speed(step, batch: dict[str, list], steps: int | None, arch: Arch, d
             torch.cuda.synchronize(device)
         seconds.append(time.perf_counter() - tick)
         tokens.append(logged["tokens"])
-    after = gemm_peak(gemm_dtype, device)
     texts = len(batch["query"]) * (2 + step.k)
     cfg, model = step.cfg, step.encoder.config
     flops = step_flops(arch, texts, cfg.max_length, model.gradient_checkpointing, cfg.grad_cache)
     per_step = sum(seconds) / len(seconds)
-    peak = max(before, after) * 1e9
     return {"steps": len(seconds), "first_step_only": steps == 0, "step_seconds": seconds,
             "seconds_per_step": per_step, "tokens_per_step": tokens[-1],
-            "tokens_per_second": sum(tokens) / sum(seconds), "flops_per_step": flops,
-            "gemm_gflops": {"before": before, "after": after, "dtype": str(gemm_dtype).removeprefix("torch.")},
-            "mfu": flops / per_step / peak}  # fmt: skip
+            "tokens_per_second": sum(tokens) / sum(seconds), "flops_per_step": flops}  # fmt: skip
 
 
 def measure_inference(encoder, batch_size: int, length: int, seed: int) -> dict[str, Any]:
@@ -431,10 +427,18 @@ def probe(spec: ProbeSpec) -> ProbeResult:
                     del step
                     result.memory["search"] = search_memory(encoder, train, batch, spec.negatives, budget)
                 return result  # the steps below would not fit either
+        gemm_dtype = torch.bfloat16 if encoder.device.type == "cuda" else dtype
+        result.gemm_gflops = {"before": gemm_peak(gemm_dtype, encoder.device),
+                              "dtype": str(gemm_dtype).removeprefix("torch.")}  # fmt: skip
         if "speed" in spec.measure:
             result.speed = measure_speed(step, batch, spec.steps, measured_arch, encoder.device, result.memory)
         if "inference" in spec.measure:
             result.inference = measure_inference(encoder, spec.eval_batch_size, spec.eval_max_length, spec.seed)
+        result.gemm_gflops["after"] = gemm_peak(gemm_dtype, encoder.device)
+        result.gemm_gflops["peak"] = max(result.gemm_gflops["before"], result.gemm_gflops["after"])
+        if result.speed:  # MFU against the higher of the two (the machine at its best during the steps)
+            speed = result.speed
+            speed["mfu"] = speed["flops_per_step"] / speed["seconds_per_step"] / (result.gemm_gflops["peak"] * 1e9)
         if "checkpoint" in spec.measure and spec.checkpoint_dir:
             result.checkpoint = round_trip(step, Path(spec.checkpoint_dir))
     except Exception as err:

@@ -125,7 +125,7 @@ def spawn(nproc: int, args: tuple) -> str:
     """Runs `rank_main` in `nproc` spawned processes; '' when all exit cleanly, else why not (a stuck one is killed)."""
     import torch.multiprocessing as mp
 
-    context = mp.start_processes(_entry, args=(nproc, *args), nprocs=nproc, join=False, start_method="spawn")
+    context = mp.start_processes(rank_main, args=(nproc, *args), nprocs=nproc, join=False, start_method="spawn")
     deadline = time.monotonic() + TIMEOUT_S
     try:
         while not context.join(timeout=max(0.1, deadline - time.monotonic())):
@@ -140,7 +140,3 @@ def spawn(nproc: int, args: tuple) -> str:
             if proc.is_alive():
                 proc.kill()
     return ""
-
-
-def _entry(rank: int, world: int, port: int, params: str, folder: str, sizes: tuple[int, int, int, bool]) -> None:
-    rank_main(rank, world, port, params, folder, sizes)

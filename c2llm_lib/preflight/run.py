@@ -47,8 +47,8 @@ def input_checks(setup: Setup, limits: Limits) -> tuple[list[Check], dict[str, A
         found["groups"] = {k: v for s in sources for k, v in s.groups.items() if k != "sha"}
     evaluation, found["tasks"] = check_evaluation_data(setup, hub)
     checks.append(evaluation)
+    backbone, found["loadable"] = check_backbone(setup, hub)  # the probes measure it (or a stand-in) either way
     if needs_backbone(setup):
-        backbone, found["loadable"] = check_backbone(setup, hub)
         checks.append(backbone)
     release = check_release(setup, hub)
     if release is not None:
@@ -64,15 +64,13 @@ def input_checks(setup: Setup, limits: Limits) -> tuple[list[Check], dict[str, A
 def device_checks(setup: Setup, limits: Limits, device, nproc: int, found: dict[str, Any], scratch: Path | None,
                   run_arch) -> tuple[list[Check], dict[str, Any]]:  # fmt: skip
     """Memory, speed, projection and the checkpoint round trip, from the probes; (checks, the probe's figures)."""
-    trains, evaluates = setup.runs("02"), setup.runs("04")
+    trains, evaluates = setup.trains, setup.runs("04")
     if not (trains or evaluates):
         return [], {}
     if device is None:
         return [Check("memory", "largest batch", "fail", "not measured", "no device: see environment/device")], {}
     who = measure.subject(setup, device, found["loadable"], run_arch)
     wanted = (["memory", "speed", "checkpoint"] if trains else []) + (["inference"] if evaluates else [])
-    if trains and not evaluates:
-        wanted.append("inference")  # cheap, and the projection of a later evaluation uses it
     spec = measure.probe_spec(setup, who, nproc, limits, scratch, wanted, device)
     gpus = measure.gpus_for(device, nproc)
     specs = [(dataclasses.replace(spec, search=i == 0), gpu) for i, gpu in enumerate(gpus)]  # one device searches
@@ -125,7 +123,7 @@ def run_preflight(params_file: str | Path, sets: dict[str, Any] | None = None, o
         half = figures["dtype"] in ("bfloat16", "float16") if figures.get("dtype") else half
         needs += model_needs(setup, run_arch, found["checkpoints"], figures.get("checkpoint_bytes"), half)
         report.checks.append(check_disk(needs, limits, unknown))
-        if setup.runs("02"):
+        if setup.trains:
             width = figures.get("width") or (run_arch.hidden if run_arch else 0)
             report.checks.append(check_processes(setup, nproc, figures.get("texts", 0), width,
                                                  figures.get("trainable", 0)))  # fmt: skip

@@ -12,7 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import DataStage, EvalStage, LaunchConfig, MergeStage, ModelConfig, TrainConfig, from_dict
+from ..config import (
+    CompareStage,
+    DataStage,
+    EvalStage,
+    LaunchConfig,
+    MergeStage,
+    ModelConfig,
+    TrainConfig,
+    from_dict,
+)
 from ..scale import PAPER_PAIRS, QWEN25_CODER_05B, Arch, arch_of, known_arch
 
 
@@ -31,6 +40,7 @@ class Setup:
     data: DataStage
     merge: MergeStage
     evaluation: EvalStage
+    compare: CompareStage
     outputs: Path
     resolved: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -41,6 +51,11 @@ class Setup:
     def runs(self, number: str) -> bool:
         """Whether the run executes notebook `number` ("01" ... "06")."""
         return any(n.startswith(number) for n in self.notebooks)
+
+    @property
+    def trains(self) -> bool:
+        """Whether the run trains: notebook 02, or notebook 06's recipes on this run's compute (batch, length, K)."""
+        return self.runs("02") or (self.runs("06") and bool(self.compare.compare_recipes))
 
 
 def _stage(cls: type, values: dict[str, Any], source: str):
@@ -63,7 +78,8 @@ def load_setup(params_file: str | Path, sets: dict[str, Any] | None = None, over
         train=_stage(TrainConfig, train_values, source), launch=_stage(LaunchConfig, train_values, source),
         data=_stage(DataStage, resolved["01_data_prep"], source),
         merge=_stage(MergeStage, resolved["03_merge_checkpoints"], source),
-        evaluation=_stage(EvalStage, resolved["04_eval_mteb_code"], source), outputs=Path(outputs),
+        evaluation=_stage(EvalStage, resolved["04_eval_mteb_code"], source),
+        compare=_stage(CompareStage, resolved["06_recipe_comparison"], source), outputs=Path(outputs),
         resolved=resolved,
     )  # fmt: skip
 
@@ -80,9 +96,8 @@ def backbone_arch(model: ModelConfig) -> Arch | None:
     config = Path(model.backbone).expanduser() / "config.json"
     if config.is_file():
         try:
-            values = json.loads(config.read_text())
-            return arch_of(_Attributes(values), model.backbone)
-        except (OSError, ValueError, KeyError, AttributeError):
+            return arch_of(_Attributes(json.loads(config.read_text())), model.backbone)
+        except (OSError, ValueError, AttributeError):  # unreadable, not JSON, a size missing or not a number
             return known_arch(model.backbone)
     return known_arch(model.backbone)
 
@@ -125,7 +140,10 @@ def prepared_rows(run_dir: Path) -> RowCount | None:
         return None
     from datasets import load_from_disk
 
-    table = load_from_disk(str(path)).select_columns(["dataset", "language"])
+    try:
+        table = load_from_disk(str(path)).select_columns(["dataset", "language"])
+    except Exception:  # unreadable: notebook 02 will say so; the preflight falls back to the estimates
+        return None
     groups = Counter(f"{d}/{lang}" for d, lang in zip(table["dataset"], table["language"], strict=True))
     return RowCount(dict(groups), f"the run's prepared data ({path}, {sum(groups.values()):,} rows)", True)
 
