@@ -323,6 +323,45 @@ def measure_children() -> list[int]:
     return descendants(os.getpid())
 
 
+def alive(pid: int) -> bool:
+    """Whether a process runs (a zombie waiting for a parent that will never reap it counts as dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"
+
+
+@pytest.mark.slow
+def test_a_killed_preflight_leaves_no_measuring_process_and_its_scratch_goes_next_time(tmp_path, capsys):
+    from c2llm_lib.launch import library_env
+    from c2llm_lib.memory import descendants
+
+    cmd = [sys.executable, "-m", "c2llm_lib.pipeline", str(PARAMS / "smoke.yaml"), "--only", "02", "--preflight",
+           "--outputs", str(tmp_path)]  # fmt: skip
+    runner = subprocess.Popen(cmd, env=library_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    probe, deadline = None, time.monotonic() + 240
+    while probe is None and time.monotonic() < deadline and runner.poll() is None:
+        for pid in descendants(runner.pid):
+            try:
+                if b"c2llm_lib.preflight.probe" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    probe = pid
+            except OSError:
+                continue
+        time.sleep(0.2)
+    assert probe is not None, "the preflight started no measuring process"
+    runner.kill()
+    runner.wait()
+    deadline = time.monotonic() + 5  # a measurement alone takes longer than this
+    while alive(probe) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(probe)  # it died with the preflight
+    [scratch] = tmp_path.glob(".smoke.preflight-*")  # left by the killed preflight, beside the run directory
+    assert not (tmp_path / "smoke").exists() and not (tmp_path / "smoke.preflight.json").exists()
+    code, report, _ = preflight([str(PARAMS / "smoke.yaml"), "--only", "01"], tmp_path, capsys)
+    assert code == 0 and not scratch.exists()  # the next preflight of the run removes it
+
+
 def test_a_killed_probe_is_reported_as_out_of_memory():
     code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     proc = subprocess.Popen([sys.executable, "-c", code])

@@ -106,6 +106,17 @@ def child_env(gpu: int | None) -> dict[str, str]:
     return env
 
 
+def die_with_parent() -> None:
+    """In a child, before it runs: the kernel kills it when the preflight dies (Linux's PR_SET_PDEATHSIG), so a
+    killed preflight leaves no measuring process holding a GPU."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the child ends when its measurement does
+        pass
+
+
 def failure(proc: subprocess.Popen, log: Path, timeout: float, timed_out: bool) -> str:
     """Why a child left no result: its time limit, a signal (SIGKILL: the kernel's out-of-memory killer, usually),
     or an exit with the end of its output."""
@@ -135,7 +146,8 @@ def run_probes(specs: list[tuple[ProbeSpec, int | None]], timeout: float) -> lis
                 log = (folder / f"log-{i}.txt").open("w")
                 cmd = [sys.executable, "-m", "c2llm_lib.preflight.probe", str(folder / f"spec-{i}.json"),
                        str(folder / f"out-{i}.json")]  # fmt: skip
-                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(gpu)))
+                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(gpu),
+                                              preexec_fn=die_with_parent))  # fmt: skip
                 log.close()
             deadline = time.monotonic() + timeout
             for i, proc in enumerate(procs):
