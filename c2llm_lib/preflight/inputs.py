@@ -328,7 +328,7 @@ def model_check(name: str, found: Found, revision: str | None, local: bool, key:
     if not found.ok:
         fix = "" if local else " Reach the hub, or give a local folder"
         return Check("inputs", name, "fail", f"{found.label}: not readable", f"{found.problem}.{fix}")
-    figure = f"{found.label}: {gib(found.nbytes or 0)} in {found.where}"
+    figure = f"{found.label}: {gib(found.nbytes or 0)}" + ("" if local else f" in {found.where}")
     if not local and revision is None:
         sha = found.groups.get("sha")
         pin = f"pin it: {key}: {sha}" if sha else f"pin it with {key}"
