@@ -1,6 +1,6 @@
 """The preflight's measurements on one device, at the recipe's real sizes (paper section 4.1 training, 4.2 inference).
 
-`preflight.py` runs this module in a child process, one per device, so that a peak is the recipe's own (not the
+`device.run_probes` runs this module in a child process, one per device, so that a peak is the recipe's own (not the
 preflight's imports or another device's) and an out-of-memory kill ends the child, never the preflight:
 
     python -m c2llm_lib.preflight.probe SPEC.json OUT.json
@@ -14,13 +14,15 @@ OUT receives a `ProbeResult` as JSON. In order:
   `TrainStep.take_step` (forward, backward and AdamW update, in length-grouped micro-batches, with GradCache and
   gradient checkpointing as configured). The peak is CUDA's `max_memory_allocated`, or on a CPU the process's
   resident high-water mark (VmHWM, reset after the model is built: the figure includes the weights), against the
-  budget. An out-of-memory error is a result (`fits` false), not a crash. When it does not fit, `search_memory`
-  measures, in the same process (what a trial freed is returned first), the settings that lower it until one fits.
+  budget. An out-of-memory error is a result (`fits` false), not a crash. When it does not fit, the checkpoint
+  round trip below still runs, then `search_memory` measures, in the same process (what a trial freed is returned
+  first), the settings that lower it until one fits, and nothing else is measured.
 - GEMM: this device's matrix-product throughput, bf16 on a GPU (the run's dtype on a CPU), measured before the
-  steps and after the inference (`hardware.gemm_gflops`); the higher is the peak MFU is taken against.
+  steps and after the inference (`hardware.gemm_gflops`); MFU is taken against the higher of the two.
 - speed: more optimizer steps on the same batch, timed (`steps`); real tokens per second, the step's FLOPs by the
   plan's formula (`scale.step_flops`) and MFU.
-- inference: one timed no-grad forward of `eval_batch_size` texts of `eval_max_length` tokens (after a warm-up).
+- inference: one timed no-grad forward of `eval_batch_size` texts of `eval_max_length` tokens (after a warm-up; at
+  most 4 texts on a CPU, whose rate does not grow with the batch).
 - checkpoint: `train.save_checkpoint` of the adapter, head and optimizer state into the given folder, read back with
   `read_checkpoint` and compared tensor by tensor, with its size and the seconds it took.
 
@@ -56,7 +58,7 @@ DATASET, LANGUAGE = "CodeSearchNetRetrieval", "python"  # a dataset every prompt
 
 @dataclass
 class ProbeSpec:
-    """What one child measures; written by `preflight.py` as JSON."""
+    """What one child measures; written by `device.probe_spec` as JSON."""
 
     model: dict[str, Any]  # ModelConfig as resolved (device included)
     train: dict[str, Any]  # TrainConfig as resolved
