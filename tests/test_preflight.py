@@ -413,3 +413,67 @@ def test_a_probe_spec_splits_the_global_batch_over_the_processes():
     spec = measure.probe_spec(setup, who, 8, Limits(memory_gb=40), None, ["memory"], torch.device("cuda"))
     assert isinstance(spec, ProbeSpec) and spec.rows == 32 and spec.negatives == 7  # 256 rows / 8 GPUs, K = 7
     assert spec.budget_bytes == 40 * 2**30 and spec.model["device"] == "cuda" and spec.arch["hidden"] == 896
+
+
+def test_the_hub_is_asked_once_when_it_cannot_be_reached(monkeypatch):
+    from huggingface_hub import HfApi, constants
+
+    from c2llm_lib.preflight.inputs import Hub
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    calls = []
+
+    class ConnectError(Exception):  # what httpx raises when no connection opens
+        pass
+
+    def unreachable(self, repo_id, **kwargs):
+        calls.append((repo_id, kwargs["timeout"]))
+        raise ConnectError("[Errno 101] Network is unreachable")
+
+    monkeypatch.setattr(HfApi, "dataset_info", unreachable)
+    hub = Hub(timeout=2.0)
+    first = hub.find("CoIR-Retrieval/cosqa", "dataset", "bc5efb7e" * 5, "CosQA")
+    second = hub.find("CoIR-Retrieval/apps", "dataset", "f22508f9" * 5, "AppsRetrieval")
+    assert calls == [("CoIR-Retrieval/cosqa", 2.0)]  # one timeout for an unreachable hub, not one per dataset
+    assert not first.ok and "ConnectError" in first.problem and "Network is unreachable" in first.problem
+    assert not second.ok and "did not answer" in second.problem
+
+
+def test_a_reachable_unpinned_backbone_warns_with_the_commit_to_pin(monkeypatch):
+    from types import SimpleNamespace
+
+    from huggingface_hub import HfApi, constants
+
+    from c2llm_lib.preflight.inputs import Hub, check_backbone
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    files = [SimpleNamespace(size=988_000_000), SimpleNamespace(size=7_000)]
+    monkeypatch.setattr(HfApi, "model_info", lambda self, repo_id, **kw: SimpleNamespace(sha=sha, siblings=files))
+    setup = load_setup(PARAMS / "c2llm-0.5b.yaml")  # backbone_revision: null, as shipped
+    check, here = check_backbone(setup, Hub(timeout=1.0))
+    assert check.status == "warn" and f"backbone_revision: {sha}" in check.message and "0.92 GiB" in check.figure
+    assert not here  # reachable, but not here: the probe never downloads it (random weights or a stand-in)
+
+
+def test_crafted_model_and_mirror_files_are_refused_not_trusted(tmp_path):
+    from c2llm_lib.preflight.inputs import dataset_in_mirror
+    from c2llm_lib.preflight.setup import backbone_arch
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"hidden_size": "896", "num_hidden_layers": 24}))
+    setup = load_setup(PARAMS / "smoke.yaml", {"backbone": str(folder)})
+    assert backbone_arch(setup.model) is None  # a size that is not a number: unknown, not a crash
+    (folder / "config.json").write_text("[1, 2]")
+    assert backbone_arch(setup.model) is None
+    repo = tmp_path / "mirror" / "mteb__StackOverflowQA"
+    repo.mkdir(parents=True)
+    (repo / "README.md").write_text("---\nconfigs: not-a-list\n---\n")
+    found = dataset_in_mirror("mteb/StackOverflowQA", "7b46f5eb" * 5, "StackOverflowQA", tmp_path / "mirror")
+    assert not found.ok and "declares no configs" in found.problem
+    (repo / "README.md").write_text("---\nconfigs: [\n---\n")
+    found = dataset_in_mirror("mteb/StackOverflowQA", "7b46f5eb" * 5, "StackOverflowQA", tmp_path / "mirror")
+    assert not found.ok and "unreadable configs" in found.problem
