@@ -88,12 +88,28 @@ def device_checks(setup: Setup, limits: Limits, device, nproc: int, found: dict[
         checks.append(round_trip_check(checkpoint, error, who.description))
     checks.append(measure.projection_check(setup, results, who, spec, per_step, found["rows"], found["steps"],
                                            found["checkpoints"], found["tasks"], nproc, device))  # fmt: skip
-    first = results[0][0]
-    figures = {"checkpoint_bytes": (first.checkpoint or {}).get("bytes") if first and not who.stand_in else None,
-               "dtype": first.dtype if first else None, "trainable": first.trainable if first else 0,
-               "width": (first.arch or {}).get("hidden", 0) if first else 0,
-               "texts": spec.rows * (2 + spec.negatives)}  # fmt: skip
-    return checks, figures
+    return checks, probe_figures(results[0][0], who, spec)
+
+
+def probe_figures(first, who: measure.Subject, spec) -> dict[str, Any]:
+    """What the disk and processes checks take from the first probe: the checkpoint's size, the dtype, the
+    embedding width and trainable parameters (the run's architecture's, computed, where a stand-in was measured)."""
+    from ..scale import lora_params, pma_params
+
+    out = {
+        "dtype": first.dtype if first else None,
+        "texts": spec.rows * (2 + spec.negatives),
+        "checkpoint_bytes": None,
+        "width": (first.arch or {}).get("hidden", 0) if first else 0,
+        "trainable": first.trainable if first else 0,
+    }
+    if who.stand_in and who.run_arch is not None:
+        model = who.model
+        out.update(width=who.run_arch.hidden, trainable=lora_params(who.run_arch, model.lora_r, model.lora_targets)
+                   + pma_params(who.run_arch.hidden))  # fmt: skip
+    elif first is not None:
+        out["checkpoint_bytes"] = (first.checkpoint or {}).get("bytes")
+    return out
 
 
 def run_preflight(params_file: str | Path, sets: dict[str, Any] | None = None, overlay: str | Path | None = None,
@@ -119,8 +135,8 @@ def run_preflight(params_file: str | Path, sets: dict[str, Any] | None = None, o
         unknown = [] if run_arch is not None else [f"checkpoints and merged model ({setup.model.backbone}: "
                                                    "architecture unknown)"]  # fmt: skip
         needs = data_needs(setup, found["source_bytes"], setup.data.hub_mirror is None) if setup.runs("01") else []
-        half = str(getattr(device, "type", "")) == "cuda" or setup.model.dtype in ("bfloat16", "float16")
-        half = figures["dtype"] in ("bfloat16", "float16") if figures.get("dtype") else half
+        dtype = figures.get("dtype") or setup.model.dtype  # the resolved dtype where a probe ran
+        half = dtype in ("bfloat16", "float16") or (dtype == "auto" and getattr(device, "type", "") == "cuda")
         needs += model_needs(setup, run_arch, found["checkpoints"], figures.get("checkpoint_bytes"), half)
         report.checks.append(check_disk(needs, limits, unknown))
         if setup.trains:
