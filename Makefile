@@ -1,11 +1,12 @@
 # Two entry points: `make run` (the pipeline on params/default.yaml; PARAMS=params/x.yaml for another run,
 # ARGS="--resume" to continue one) and `make test`. Each sets up what it needs (idempotently) first.
+# `make preflight PARAMS=params/x.yaml` checks, in minutes, what that run needs (README: Preflight), running no notebook.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PARAMS ?= params/default.yaml
 
-.PHONY: setup run compare test lint bench lab clean-venv
+.PHONY: setup run preflight compare test lint bench lab clean-venv
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +24,9 @@ setup: $(VENV)/.installed
 
 run: setup
 	$(PY) -m c2llm_lib.pipeline $(PARAMS) $(ARGS)
+
+preflight: setup
+	$(PY) -m c2llm_lib.pipeline $(PARAMS) --preflight $(ARGS)
 
 # Notebook 06: the three recipes on the default's data and compute (2 h 15 min on 2 shared CPU cores, full held-out corpora).
 compare: setup

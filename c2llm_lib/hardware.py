@@ -102,10 +102,10 @@ def read_cache(cache: Path | None) -> tuple[dict[str, Any], str]:
     return cached, ""
 
 
-def cpu_dtype(cache: Path | None = CACHE) -> tuple[torch.dtype, str]:
-    """(bf16 or fp32, why) for this CPU: whichever GEMM runs faster here, probed once per machine and cached."""
-    info = cpu_info()
-    key = _probe_key(info)
+def cpu_gemm_figures(cache: Path | None = CACHE) -> dict[str, float]:
+    """{"float32": GFLOP/s, "bfloat16": GFLOP/s} of this CPU's GEMM, probed once per machine and cached; a cache file or
+    entry that cannot be trusted (`read_cache`, `entry_problem`) is named in a warning and the CPU probed again."""
+    key = _probe_key(cpu_info())
     cached, problem = read_cache(cache)
     entry = cached.get(key)
     problem = problem or (entry_problem(entry) if entry is not None else "")
@@ -121,7 +121,14 @@ def cpu_dtype(cache: Path | None = CACHE) -> tuple[torch.dtype, str]:
                 os.replace(tmp, cache)
             except OSError:  # a read-only home: probe again next time
                 pass
-    fp32, bf16 = float(entry["float32"]), float(entry["bfloat16"])
+    return {"float32": float(entry["float32"]), "bfloat16": float(entry["bfloat16"])}
+
+
+def cpu_dtype(cache: Path | None = CACHE) -> tuple[torch.dtype, str]:
+    """(bf16 or fp32, why) for this CPU: whichever GEMM runs faster here, probed once per machine and cached."""
+    info = cpu_info()
+    figures = cpu_gemm_figures(cache)
+    fp32, bf16 = figures["float32"], figures["bfloat16"]
     chosen = torch.bfloat16 if bf16 >= BF16_MARGIN * fp32 else torch.float32
     flags = ", ".join(info["capabilities"]) or "none of " + ", ".join(CAPABILITIES)
     flags += f"; kernels limited by {info['isa_limit']}" if info.get("isa_limit") else ""

@@ -1,7 +1,7 @@
 """The pipeline runner: notebooks/01..06 in order through papermill, one run directory per params file.
 
     python -m c2llm_lib.pipeline params/<run>.yaml [--only 02 03] [--set key=value ...]
-                                 [--resume | --overwrite] [--outputs DIR]
+                                 [--resume | --overwrite | --preflight] [--outputs DIR]
 
 A params file holds flat overrides; the run is named after the file, and the name must be a plain
 directory name. Before anything runs, the file must hold at least one key and no key twice, every
@@ -35,6 +35,10 @@ error, the error is printed, and manifest.json records per notebook whether it f
 or is stale (no longer current: its parameters or inputs changed after it ran, or a notebook upstream of it is
 stale), its seconds, and its kernel's peak resident memory (`peak_rss_kib`, the largest of any process the notebook
 started, `memory.PeakMemory`).
+
+`--preflight` runs no notebook: it resolves the same parameters and checks, in minutes, what the run needs
+(`c2llm_lib/preflight/`), prints a table and saves `<outputs>/<run>.preflight.json`, without creating the run
+directory; exit status 1 when a check fails.
 
 Each executed notebook, finished or failed, is also saved as HTML beside it (`notebooks/NN_*.html`, nbconvert),
 for reading a run without a kernel. The kernels' sockets are encrypted (`kernel_config`), which also keeps
@@ -521,6 +525,28 @@ def check_outputs(outputs: Path) -> None:
         raise ConfigError(f"--outputs {outputs}: {where}, not a folder for run directories; choose a folder")
 
 
+def resolve_run(
+    params_file: str | Path,
+    sets: dict[str, Any] | None = None,
+    overlay: str | Path | None = None,
+    only: list[str] | None = None,
+    notebook_dir: Path = NOTEBOOK_DIR,
+) -> tuple[str, dict[str, Any], dict[str, dict[str, Any]], list[str]]:
+    """(run name, the overrides in effect, {notebook: values}, the notebooks chosen) of a params file with its
+    overlay and `--set` values, as a run uses them (the preflight resolves through here too)."""
+    params_file = Path(params_file)
+    name = check_run_name(params_file.stem, f"{params_file}: the run name (the file's stem)")
+    given = load_params(params_file)
+    if overlay is not None:
+        given = apply_overlay(given, overlay, notebook_dir)
+    given = {**given, **(sets or {})}
+    resolved = resolve(given, str(params_file), notebook_dir)
+    selected = NOTEBOOKS if not only else [n for n in NOTEBOOKS if any(n.startswith(p) for p in only)]
+    if only and len(selected) != len(only):
+        raise ConfigError(f"--only {only}: choose among {', '.join(n[:2] for n in NOTEBOOKS)}")
+    return name, given, resolved, selected
+
+
 def run_pipeline(
     params_file: str | Path,
     only: list[str] | None = None,
@@ -532,16 +558,8 @@ def run_pipeline(
     overlay: str | Path | None = None,
 ) -> RunDir:
     params_file = Path(params_file)
-    name = check_run_name(params_file.stem, f"{params_file}: the run name (the file's stem)")
     check_outputs(Path(outputs))
-    given = load_params(params_file)
-    if overlay is not None:
-        given = apply_overlay(given, overlay, notebook_dir)
-    given = {**given, **(sets or {})}
-    resolved = resolve(given, str(params_file), notebook_dir)
-    selected = NOTEBOOKS if not only else [n for n in NOTEBOOKS if any(n.startswith(p) for p in only)]
-    if only and len(selected) != len(only):
-        raise ConfigError(f"--only {only}: choose among {', '.join(n[:2] for n in NOTEBOOKS)}")
+    name, given, resolved, selected = resolve_run(params_file, sets, overlay, only, notebook_dir)
     root = Path(outputs) / name
     for values in resolved.values():
         values.update(run=name, outputs_dir=str(root.parent.resolve()))
@@ -673,6 +691,18 @@ def main(argv: list[str] | None = None) -> int:
         help="delete the existing run directory first; with --only, delete and rerun only those notebooks' "
         "products (e.g. --overwrite --only 04 replaces the evaluation and keeps data, checkpoints and merged/)",
     )  # fmt: skip
+    group.add_argument(
+        "--preflight", action="store_true",
+        help="run no notebook: check what the run needs (environment, inputs, memory, speed, writes, processes), "
+        "print the report and save it as <outputs>/<run>.preflight.json; exit status 1 when a check fails",
+    )  # fmt: skip
+    parser.add_argument("--preflight-memory-gb", type=float, metavar="GB",
+                        help="with --preflight: the most one device (or the host, on a CPU) may hold")  # fmt: skip
+    parser.add_argument("--preflight-disk-gb", type=float, metavar="GB",
+                        help="with --preflight: the most the run may write (a quota)")  # fmt: skip
+    parser.add_argument("--preflight-steps", type=int, metavar="N",
+                        help="with --preflight: optimizer steps timed after the memory step (default: 2 on a GPU; on a "
+                        "CPU 1, or none after a slow memory step, whose own time is used)")  # fmt: skip
     parser.add_argument("--outputs", default=str(REPO / "outputs"), help="where run directories live")
     parser.add_argument(
         "--overlay", metavar="YAML",
@@ -680,6 +710,9 @@ def main(argv: list[str] | None = None) -> int:
         "with no hub, sizes scaled down)",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    limits = {"memory_gb": args.preflight_memory_gb, "disk_gb": args.preflight_disk_gb, "steps": args.preflight_steps}
+    if args.preflight or any(v is not None for v in limits.values()):
+        return _preflight(args, limits)
     mode = "resume" if args.resume else "overwrite" if args.overwrite else "new"
     try:
         run = run_pipeline(args.params, args.only, parse_sets(args.set), mode, args.outputs, overlay=args.overlay)
@@ -709,6 +742,22 @@ def results_table(run: RunDir, params_file: str) -> str:
         f"metrics/results.md is stale: {RESULTS} is {status}{why}, so its table is not this run's.\n"
         f"python -m c2llm_lib.pipeline {params_file} --resume (with this run's --set) reruns what is stale"
     )
+
+
+def _preflight(args: argparse.Namespace, limits: dict[str, Any]) -> int:
+    from .preflight import Limits, main
+
+    if not args.preflight:
+        given = [f"--preflight-{k.replace('_', '-')}" for k, v in limits.items() if v is not None]
+        print(f"error: {', '.join(given)} need --preflight", file=sys.stderr)
+        return 1
+    try:
+        caps = Limits(**limits)
+        sets = parse_sets(args.set)
+    except (ValueError, ConfigError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return main(args.params, args.only, sets, args.overlay, args.outputs, caps)
 
 
 if __name__ == "__main__":

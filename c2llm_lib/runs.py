@@ -17,6 +17,9 @@ Layout:
     .lock                  held (fcntl) by the pipeline runner working in the run; released when it exits. It holds
                            the runner's pid and a line saying what it is and not to delete it while a run is going
 
+Beside the run directory, `<outputs>/<run>.preflight.json` holds the report of the run's preflight
+(`save_preflight`, `c2llm_lib/preflight/`), which never writes inside the run directory.
+
 Notebooks talk to each other only through these paths. `require` names the notebook that produces a
 missing input, so running notebook 03 before 02 says what to run instead of failing deep inside.
 `INPUTS` lists what each notebook reads and `PRODUCTS` what it writes: the runner fingerprints a
@@ -256,6 +259,33 @@ def versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             found[name] = None
     return found
+
+
+PREFLIGHT_SUFFIX = ".preflight.json"
+
+
+def save_preflight(outputs: str | Path, run: str, report: dict[str, Any]) -> Path:
+    """`<outputs>/<run>.preflight.json`, beside the run directory (never inside it): the preflight's report, written
+    to a temporary file and renamed, so a killed preflight never leaves half a report. A file of that name that is
+    not a preflight report (no `"kind": "c2llm-preflight"`) is refused, not overwritten."""
+    check_run_name(run, "run name")
+    outputs = Path(outputs)
+    outputs.mkdir(parents=True, exist_ok=True)
+    path = outputs / f"{run}{PREFLIGHT_SUFFIX}"
+    if path.is_symlink() or path.exists():
+        try:
+            earlier = json.loads(path.read_text()) if path.is_file() and not path.is_symlink() else None
+        except (OSError, ValueError):
+            earlier = None
+        if not isinstance(earlier, dict) or earlier.get("kind") != report.get("kind"):
+            raise FileExistsError(f"{path} exists and is not a preflight report: not overwritten; move it away")
+    tmp = outputs / f".{run}{PREFLIGHT_SUFFIX}.{os.getpid()}.tmp"
+    try:
+        tmp.write_text(json.dumps(report, indent=2, default=str) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 @dataclass

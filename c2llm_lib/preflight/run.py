@@ -1,0 +1,171 @@
+"""`run_preflight`: every check of one params file, in the order a run would meet their failures, as a `Report`; and
+`main`, what `python -m c2llm_lib.pipeline PARAMS --preflight` runs (the table printed, the JSON saved beside the run
+directory, exit status 1 when a check fails).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError
+from . import device as measure
+from .disk import check_disk, check_run_dir, data_needs, model_needs, round_trip_check, scratch_folder
+from .environment import environment_checks
+from .inputs import (
+    Hub,
+    check_backbone,
+    check_evaluation_data,
+    check_release,
+    check_schedule,
+    check_training_sources,
+)
+from .processes import check_processes
+from .report import GROUPS, Check, Limits, Report
+from .setup import Setup, backbone_arch, load_setup, row_count, total_steps
+
+
+def needs_backbone(setup: Setup) -> bool:
+    """Whether a notebook the run executes loads the run's backbone (training, merging, attention, comparison, or an
+    evaluation of the run's own model)."""
+    own_eval = setup.runs("04") and setup.evaluation.eval_released is None
+    return any(setup.runs(n) for n in ("02", "03", "05", "06")) or own_eval
+
+
+def input_checks(setup: Setup, limits: Limits) -> tuple[list[Check], dict[str, Any]]:
+    """The inputs group, and what later checks use: the backbone's availability, rows, steps, sizes, tasks."""
+    checks, found = [], {"loadable": False, "tasks": [], "source_bytes": None, "groups": {}}
+    hub = Hub(limits.hub_timeout_s)
+    if setup.runs("01"):
+        check, sources = check_training_sources(setup, hub)
+        checks.append(check)
+        found["source_bytes"] = check.values.get("bytes") or None
+        found["groups"] = {k: v for s in sources for k, v in s.groups.items() if k != "sha"}
+    evaluation, found["tasks"] = check_evaluation_data(setup, hub)
+    checks.append(evaluation)
+    backbone, found["loadable"] = check_backbone(setup, hub)  # the probes measure it (or a stand-in) either way
+    if needs_backbone(setup):
+        checks.append(backbone)
+    release = check_release(setup, hub)
+    if release is not None:
+        checks.append(release)
+    found["rows"] = row_count(setup, found["groups"] or None)
+    found["steps"] = total_steps(setup.train, found["rows"])
+    schedule = check_schedule(setup, found["rows"], found["steps"])
+    found["checkpoints"] = schedule.values.get("checkpoints", 0)
+    checks.append(schedule)
+    return checks, found
+
+
+def device_checks(setup: Setup, limits: Limits, device, nproc: int, found: dict[str, Any], scratch: Path | None,
+                  run_arch) -> tuple[list[Check], dict[str, Any]]:  # fmt: skip
+    """Memory, speed, projection and the checkpoint round trip, from the probes; (checks, the probe's figures)."""
+    trains, evaluates = setup.trains, setup.runs("04")
+    if not (trains or evaluates):
+        return [], {}
+    if device is None:
+        return [Check("memory", "largest batch", "fail", "not measured", "no device: see environment/device")], {}
+    who = measure.subject(setup, device, found["loadable"], run_arch)
+    wanted = (["memory", "speed", "checkpoint"] if trains else []) + (["inference"] if evaluates else [])
+    spec = measure.probe_spec(setup, who, nproc, limits, scratch, wanted, device)
+    gpus = measure.gpus_for(device, nproc)
+    specs = [(dataclasses.replace(spec, search=i == 0), gpu) for i, gpu in enumerate(gpus)]  # one device searches
+    results = measure.run_probes(specs, limits.probe_timeout_s)
+    checks, per_step = [], None
+    if trains:
+        checks.append(measure.memory_check(setup, spec, results, who))
+        speed, per_step = measure.speed_check(setup, results, who)
+        checks.append(speed)
+        first = results[0][0]
+        error = results[0][1] or (first.error.splitlines()[0] if first is not None and first.error else "")
+        checkpoint = first.checkpoint if first is not None else None
+        if scratch is None:
+            error = "the outputs folder is not writable (writes/outputs folder)"
+        checks.append(round_trip_check(checkpoint, error, who.description))
+    checks.append(measure.projection_check(setup, results, who, spec, per_step, found["rows"], found["steps"],
+                                           found["checkpoints"], found["tasks"], nproc, device))  # fmt: skip
+    return checks, probe_figures(results[0][0], who, spec)
+
+
+def probe_figures(first, who: measure.Subject, spec) -> dict[str, Any]:
+    """What the disk and processes checks take from the first probe: the checkpoint's size, the dtype, the
+    embedding width and trainable parameters (the run's architecture's, computed, where a stand-in was measured)."""
+    from ..scale import lora_params, pma_params
+
+    out = {
+        "dtype": first.dtype if first else None,
+        "texts": spec.rows * (2 + spec.negatives),
+        "checkpoint_bytes": None,
+        "width": (first.arch or {}).get("hidden", 0) if first else 0,
+        "trainable": first.trainable if first else 0,
+    }
+    if who.stand_in and who.run_arch is not None:
+        model = who.model
+        out.update(width=who.run_arch.hidden, trainable=lora_params(who.run_arch, model.lora_r, model.lora_targets)
+                   + pma_params(who.run_arch.hidden))  # fmt: skip
+    elif first is not None:
+        out["checkpoint_bytes"] = (first.checkpoint or {}).get("bytes")
+    return out
+
+
+def run_preflight(params_file: str | Path, sets: dict[str, Any] | None = None, overlay: str | Path | None = None,
+                  outputs: str | Path = "outputs", only: list[str] | None = None,
+                  limits: Limits | None = None) -> Report:  # fmt: skip
+    """Every check of a run of `params_file` as the runner would start it, without creating its run directory."""
+    limits = limits or Limits()
+    tick = time.perf_counter()
+    setup = load_setup(params_file, sets, overlay, outputs, only)
+    report = Report(setup.name, str(params_file), setup.overlay, setup.sets, setup.notebooks,
+                    time.strftime("%Y-%m-%dT%H:%M:%S%z"))  # fmt: skip
+    run_arch = backbone_arch(setup.model)
+    environment, device, nproc = environment_checks(setup, run_arch)
+    report.checks += environment
+    report.device = environment[0].values | {"figure": environment[0].figure}
+    inputs, found = input_checks(setup, limits)
+    report.checks += inputs
+    scratch, writable = scratch_folder(setup)
+    report.checks += [writable, check_run_dir(setup)]
+    try:
+        checks, figures = device_checks(setup, limits, device, nproc, found, scratch, run_arch)
+        report.checks += checks
+        unknown = [] if run_arch is not None else [f"checkpoints and merged model ({setup.model.backbone}: "
+                                                   "architecture unknown)"]  # fmt: skip
+        needs = data_needs(setup, found["source_bytes"], setup.data.hub_mirror is None) if setup.runs("01") else []
+        dtype = figures.get("dtype") or setup.model.dtype  # the resolved dtype where a probe ran
+        half = dtype in ("bfloat16", "float16") or (dtype == "auto" and getattr(device, "type", "") == "cuda")
+        needs += model_needs(setup, run_arch, found["checkpoints"], figures.get("checkpoint_bytes"), half)
+        report.checks.append(check_disk(needs, limits, unknown))
+        if setup.trains:
+            width = figures.get("width") or (run_arch.hidden if run_arch else 0)
+            report.checks.append(check_processes(setup, nproc, figures.get("texts", 0), width,
+                                                 figures.get("trainable", 0)))  # fmt: skip
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    report.checks.sort(key=lambda c: GROUPS.index(c.group))
+    report.seconds = time.perf_counter() - tick
+    return report
+
+
+def main(params: str, only: list[str] | None, sets: dict[str, Any], overlay: str | None, outputs: str,
+         limits: Limits) -> int:  # fmt: skip
+    """The runner's `--preflight`: the report printed and saved as `<outputs>/<run>.preflight.json`; 1 on a failure."""
+    from ..runs import save_preflight
+
+    try:
+        report = run_preflight(params, sets, overlay, outputs, only, limits)
+    except (ConfigError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(report.table())
+    try:
+        path = save_preflight(outputs, report.run, report.to_json())
+        print(f"report: {path}")
+    except (OSError, FileExistsError) as err:
+        print(f"error: the report could not be saved: {err}", file=sys.stderr)
+        return 1
+    return 1 if report.failed() else 0

@@ -1,0 +1,479 @@
+"""The preflight (`python -m c2llm_lib.pipeline PARAMS --preflight`, c2llm_lib/preflight/): every shipped params file's
+rehearsal passes and writes its report without touching the run directory, and each class of failure a long run
+dies of is produced on purpose and named: a source missing from the mirror, the hub out of reach, a disk too small,
+a memory budget the largest batch exceeds (with the measured setting that fits), an outputs folder that cannot be
+written, libraries outside their pins, a schedule the rows cannot fill, a rendezvous that does not resolve, and a
+measuring process that does not finish.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from c2llm_lib.pipeline import main
+from c2llm_lib.preflight import Limits
+from c2llm_lib.preflight import device as measure
+from c2llm_lib.preflight.disk import Need, check_disk, remove_stale
+from c2llm_lib.preflight.environment import check_attention, check_versions
+from c2llm_lib.preflight.inputs import check_schedule
+from c2llm_lib.preflight.probe import ProbeSpec
+from c2llm_lib.preflight.processes import check_processes
+from c2llm_lib.preflight.setup import load_setup, row_count, total_steps
+from c2llm_lib.runs import save_preflight
+from c2llm_lib.scale import QWEN25_CODER_05B
+
+from hub_mirror import write_mirror
+from released_fixture import write_tiny_release
+from test_rehearsal import MEANT_FOR
+
+REPO = Path(__file__).resolve().parent.parent
+PARAMS = REPO / "params"
+OVERLAY = PARAMS / "overlays" / "rehearsal.yaml"
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory):
+    return write_mirror(tmp_path_factory.mktemp("hub-mirror"))
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    return write_tiny_release(tmp_path_factory.mktemp("release") / "C2LLM-0.5B")
+
+
+def preflight(args: list[str], outputs: Path, capsys) -> tuple[int, dict | None, str]:
+    """(exit status, the saved report or None, what was printed) of the runner's --preflight."""
+    code = main([*args, "--preflight", "--outputs", str(outputs)])
+    out = capsys.readouterr()
+    stem = Path(args[0]).stem
+    path = outputs / f"{stem}.preflight.json"
+    report = json.loads(path.read_text()) if path.is_file() else None
+    return code, report, out.out + out.err
+
+
+def by_name(report: dict) -> dict[str, dict]:
+    return {f"{c['group']}/{c['name']}": c for c in report["checks"]}
+
+
+# every shipped params file -------------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("stem", sorted(MEANT_FOR), ids=str)
+def test_the_rehearsal_of_every_params_file_passes_and_writes_its_report(stem, mirror, release, tmp_path, capsys):
+    args = [str(PARAMS / f"{stem}.yaml")]
+    if MEANT_FOR[stem] is not None:  # smoke runs as shipped; the others as their rehearsal does
+        args += ["--overlay", str(OVERLAY), "--only", *MEANT_FOR[stem], "--set", f"hub_mirror={mirror}"]
+        if stem == "released-c2llm-0.5b":
+            args.append(f"eval_released={release}")
+    tick = time.perf_counter()
+    code, report, printed = preflight(args, tmp_path, capsys)
+    seconds = time.perf_counter() - tick
+    assert code == 0, printed
+    assert report["kind"] == "c2llm-preflight" and report["status"] == "pass", printed
+    checks = by_name(report)
+    assert {c["status"] for c in checks.values()} == {"pass"}
+    assert not (tmp_path / stem).exists()  # the run directory is neither created nor touched
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{stem}.preflight.json"]  # no scratch folder left
+    if MEANT_FOR[stem] is None or {"02", "06"} & set(MEANT_FOR[stem]):  # a training: measured at its real sizes
+        memory = checks["memory/largest batch"]["values"]
+        assert memory["devices"][0]["peak_bytes"] > memory["devices"][0]["before_bytes"] > 0
+        assert checks["speed/training"]["values"]["tokens_per_second"] > 0
+        assert checks["writes/checkpoint round trip"]["values"]["equal"]
+    assert checks["speed/projection"]["values"]["total_seconds"] > 0
+    assert "PASS" in printed and f"{stem}.preflight.json" in printed
+    assert seconds < 240, f"the preflight of {stem} took {seconds:.0f} s"
+
+
+# failures, each named ------------------------------------------------------------------------------------------------
+def test_a_source_missing_from_the_mirror_is_named_with_its_revision(mirror, tmp_path, capsys):
+    broken = shutil.copytree(mirror, tmp_path / "mirror")
+    shutil.rmtree(broken / "CoIR-Retrieval__cosqa")
+    args = [str(PARAMS / "c2llm-0.5b.yaml"), "--overlay", str(OVERLAY), "--only", "01", "--set", f"hub_mirror={broken}"]
+    code, report, printed = preflight(args, tmp_path / "out", capsys)
+    assert code == 1 and report["status"] == "fail"
+    checks = by_name(report)
+    training, evaluation = checks["inputs/training data"], checks["inputs/evaluation data"]
+    assert training["status"] == "fail" and training["figure"].startswith("11 of 12 readable")
+    assert "CosQA (CoIR-Retrieval/cosqa@bc5efb7e)" in training["message"] and "hub_mirror" in training["message"]
+    assert evaluation["status"] == "fail" and "CosQA" in evaluation["message"]  # decontamination reads its test data
+    assert "FAIL  inputs/training data" in printed
+
+
+def test_a_mirror_card_declaring_a_missing_file_is_named(mirror, tmp_path, capsys):
+    broken = shutil.copytree(mirror, tmp_path / "mirror")
+    (broken / "mteb__CodeSearchNetRetrieval" / "python-qrels" / "test.jsonl").unlink()
+    args = [str(PARAMS / "c2llm-0.5b.yaml"), "--overlay", str(OVERLAY), "--only", "01", "--set", f"hub_mirror={broken}"]
+    code, report, _ = preflight(args, tmp_path / "out", capsys)
+    evaluation = by_name(report)["inputs/evaluation data"]
+    assert code == 1 and evaluation["status"] == "fail"
+    assert "python-qrels/test.jsonl" in evaluation["message"] and "CodeSearchNetRetrieval" in evaluation["message"]
+
+
+def test_without_hub_or_mirror_every_source_fails_quickly_naming_its_revision(tmp_path, capsys):
+    assert os.environ["HF_HUB_OFFLINE"] == "1"  # tests/conftest.py: no hub here
+    tick = time.perf_counter()
+    code, report, _ = preflight([str(PARAMS / "c2llm-0.5b.yaml"), "--only", "01"], tmp_path, capsys)
+    assert time.perf_counter() - tick < 90
+    training = by_name(report)["inputs/training data"]
+    assert code == 1 and training["status"] == "fail" and training["figure"].startswith("0 of 12 readable")
+    from c2llm_lib.data.sources import SOURCES
+
+    for source in SOURCES.values():
+        assert f"{source.name} ({source.hub_id}@{source.revision[:8]})" in training["message"]
+    assert "HF_HUB_OFFLINE" in training["message"]
+
+
+def test_a_disk_budget_the_run_exceeds_fails_naming_it(tmp_path, capsys):
+    args = [str(PARAMS / "smoke.yaml"), "--only", "01", "03", "--preflight-disk-gb", "0.0001"]
+    code, report, printed = preflight(args, tmp_path, capsys)
+    disk = by_name(report)["writes/disk"]
+    assert code == 1 and disk["status"] == "fail" and disk["basis"] == "computed"
+    assert "over the disk budget" in disk["message"] and "--preflight-disk-gb" in disk["message"]
+    assert "data mix" in disk["message"]  # what the estimate counts is named
+
+
+def test_a_filesystem_without_room_fails_naming_it(tmp_path, monkeypatch):
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=10 * 2**20))  # 10 MiB free
+    needs = [Need("data mix (data/train)", tmp_path / "run", 50 * 2**20, "given"),
+             Need("scratch tables", tmp_path, 1 * 2**20, "given")]  # fmt: skip
+    check = check_disk(needs, Limits(), [])
+    assert check.status == "fail" and str(tmp_path) in check.message
+    assert "data mix (data/train) 50.0 MiB" in check.message
+    tight = check_disk([Need("checkpoints", tmp_path, 9 * 2**20, "given")], Limits(), [])
+    assert tight.status == "warn" and "90%" in tight.message  # room to spare: a warning
+
+
+@pytest.mark.slow
+def test_a_memory_budget_the_batch_exceeds_fails_with_a_measured_setting_that_fits(tmp_path, capsys):
+    budget = 0.75  # GiB: the tiny model's process holds about 0.55 GiB, this largest batch adds about 0.3 more
+    sets = ["max_length=512", "global_batch_size=8", "num_negatives=3", "gradient_checkpointing=true",
+            "grad_cache_chunk=4"]  # fmt: skip
+    args = [str(PARAMS / "smoke.yaml"), "--only", "02", "--set", *sets, "--preflight-memory-gb", str(budget)]
+    code, report, printed = preflight(args, tmp_path, capsys)
+    memory = by_name(report)["memory/largest batch"]
+    assert code == 1 and memory["status"] == "fail", printed
+    assert memory["values"]["devices"][0]["peak_bytes"] > budget * 2**30  # measured over the budget
+    search = memory["values"]["search"]
+    assert search["suggestion"] == {"grad_cache": True, "grad_cache_chunk": 4}  # GradCache at the run's chunk
+    [trial] = search["trials"]
+    assert trial["fits"] and trial["peak_bytes"] <= 0.9 * budget * 2**30  # measured, with room to spare
+    assert "set grad_cache: true, grad_cache_chunk: 4 (measured: peak" in memory["message"]
+    assert "--preflight-memory-gb" in memory["message"]
+    assert by_name(report)["speed/training"]["status"] == "warn"  # one cause, one failure
+    assert by_name(report)["writes/checkpoint round trip"]["status"] == "pass"  # tried all the same
+
+
+def test_the_memory_search_halves_then_bisects_to_the_largest_chunk_that_fits(monkeypatch):
+    from c2llm_lib.config import TrainConfig
+    from c2llm_lib.preflight import probe
+
+    measured = []
+
+    def fake_memory(step, batch, device, budget):  # a known answer: 100 MB plus 10 MB per text of a chunk
+        cfg = step.cfg
+        peak = (100 + 10 * (cfg.grad_cache_chunk if cfg.grad_cache else 64)) * 1e6
+        measured.append((step.encoder.config.gradient_checkpointing, cfg.grad_cache, cfg.grad_cache_chunk))
+        return {"fits": peak <= budget, "peak_bytes": peak, "out_of_memory": False}
+
+    class Encoder:
+        device = torch.device("cpu")
+        config = type("Config", (), {"gradient_checkpointing": False})()
+        base_model = None
+
+    def checkpointing(model):
+        Encoder.config.gradient_checkpointing = True
+
+    monkeypatch.setattr(probe, "measure_memory", fake_memory)
+    monkeypatch.setattr(
+        probe, "trainer_for", lambda encoder, cfg, k: type("Step", (), {"cfg": cfg, "encoder": encoder})
+    )
+    monkeypatch.setattr("c2llm_lib.model.backbone.enable_gradient_checkpointing", checkpointing)
+    found = probe.search_memory(Encoder(), TrainConfig(grad_cache_chunk=32), {}, 7, budget=305e6 / probe.ROOM)
+    # checkpointing (740 MB), GradCache at 32 (420), 16 (260: fits), then bisection: 24 (340), 20 (300: fits),
+    # 22 (320), 21 (310): seven trials, the most a search measures
+    assert [t["settings"].get("grad_cache_chunk") for t in found["trials"]] == [None, 32, 16, 24, 20, 22, 21]
+    assert found["suggestion"] == {"gradient_checkpointing": True, "grad_cache": True, "grad_cache_chunk": 20}
+    assert measured[0] == (True, False, 32) and all(gc for gc, _, _ in measured)
+
+
+def test_an_outputs_folder_that_cannot_be_written_fails_naming_it(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")  # root ignores chmod; nothing can be created under a file
+    outputs = blocker / "outputs"
+    code = main([str(PARAMS / "smoke.yaml"), "--only", "01", "--preflight", "--outputs", str(outputs)])
+    printed = capsys.readouterr()
+    assert code == 1
+    assert "FAIL  writes/outputs folder" in printed.out and str(outputs) in printed.out
+    assert "NotADirectoryError" in printed.out
+    assert "the report could not be saved" in printed.err
+    assert blocker.read_text() == "not a folder\n"
+
+
+def test_the_run_directory_is_never_created_or_touched(tmp_path, capsys):
+    code, report, _ = preflight([str(PARAMS / "smoke.yaml"), "--only", "01"], tmp_path, capsys)
+    assert code == 0 and not (tmp_path / "smoke").exists()
+    run = tmp_path / "smoke"
+    (run / "metrics").mkdir(parents=True)
+    (run / "manifest.json").write_text("{}\n")
+    (run / "metrics" / "data.json").write_text("{}\n")
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in run.rglob("*") if p.is_file()}
+    code, report, _ = preflight([str(PARAMS / "smoke.yaml"), "--only", "01"], tmp_path, capsys)
+    check = by_name(report)["writes/run directory"]
+    assert check["status"] == "warn" and "--resume" in check["message"] and "--overwrite" in check["message"]
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in run.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in run.iterdir()) == ["manifest.json", "metrics"]
+
+
+def test_a_report_never_overwrites_a_file_that_is_not_one(tmp_path):
+    mine = tmp_path / "smoke.preflight.json"
+    mine.write_text("my notes\n")
+    with pytest.raises(FileExistsError, match="not a preflight report"):
+        save_preflight(tmp_path, "smoke", {"kind": "c2llm-preflight"})
+    assert mine.read_text() == "my notes\n"
+    mine.unlink()
+    (tmp_path / "elsewhere.json").write_text("{}")
+    mine.symlink_to(tmp_path / "elsewhere.json")  # a link is not followed, nor replaced
+    with pytest.raises(FileExistsError):
+        save_preflight(tmp_path, "smoke", {"kind": "c2llm-preflight"})
+    mine.unlink()
+    path = save_preflight(tmp_path, "smoke", {"kind": "c2llm-preflight", "status": "pass"})
+    assert json.loads(path.read_text())["status"] == "pass"
+    assert save_preflight(tmp_path, "smoke", {"kind": "c2llm-preflight", "status": "warn"}) == path  # its own: replaced
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere.json", "smoke.preflight.json"]  # no temporary
+    with pytest.raises(ValueError, match="not a plain run name"):
+        save_preflight(tmp_path, "../up", {"kind": "c2llm-preflight"})
+
+
+def test_libraries_outside_their_pins_fail_naming_them(tmp_path):
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[project]\ndependencies = ["torch>=99", "no-such-package-c2llm>=1", "pyyaml>=6.0"]\n')
+    check = check_versions(pyproject)
+    assert check.status == "fail"
+    assert f"torch {torch.__version__} is installed, pyproject.toml asks >=99" in check.message
+    assert "no-such-package-c2llm is not installed" in check.message and "pyyaml" not in check.message
+    assert check_versions().status == "pass"  # the repository's own pins hold here
+    pyproject.write_text("[project\n")
+    assert check_versions(pyproject).status == "fail"
+
+
+def test_without_flash_attention_a_gpu_run_warns_with_the_slowdown():
+    setup = load_setup(PARAMS / "c2llm-0.5b.yaml")
+    check = check_attention(setup, torch.device("cuda"), torch.bfloat16, QWEN25_CODER_05B)  # CUDA absent: no flash
+    assert check.status == "warn" and check.figure == "sdpa, not flash_attention_2"
+    low, high = check.values["slowdown"]
+    assert 1 < low < high < 2 and f"{high:.2f}x" in check.message and "max_length 1024" in check.message
+    asked = load_setup(PARAMS / "c2llm-0.5b.yaml", {"attn_implementation": "flash_attention_2"})
+    failed = check_attention(asked, torch.device("cuda"), torch.bfloat16, QWEN25_CODER_05B)
+    assert failed.status == "fail" and "attn_implementation" in failed.message
+
+
+def test_a_schedule_the_rows_cannot_fill_fails_naming_the_key():
+    setup = load_setup(PARAMS / "smoke.yaml", {"checkpoint_steps": [500], "max_steps": None})
+    rows = row_count(setup)
+    check = check_schedule(setup, rows, total_steps(setup.train, rows))
+    assert check.status == "fail" and "checkpoint_steps" in check.message and "[500]" in check.message
+    big = load_setup(PARAMS / "smoke.yaml", {"global_batch_size": 4096})
+    rows = row_count(big)
+    check = check_schedule(big, rows, total_steps(big.train, rows))
+    assert check.status == "fail" and "lower global_batch_size to at most" in check.message
+    merge = load_setup(PARAMS / "smoke.yaml", {"merge_last": 9})
+    rows = row_count(merge)
+    check = check_schedule(merge, rows, total_steps(merge.train, rows))
+    assert check.status == "fail" and "merge_last: 3" in check.message  # steps 2, 3 and 4 (the final one)
+
+
+def test_a_rendezvous_that_does_not_resolve_fails_naming_it():
+    setup = load_setup(PARAMS / "smoke.yaml", {"nnodes": 2, "rdzv_endpoint": "no-such-host.invalid:29500"})
+    check = check_processes(setup, 1, 16, 64, 1000)
+    assert check.status == "fail" and "rdzv_endpoint" in check.message and "no-such-host.invalid" in check.figure
+
+
+@pytest.mark.slow
+def test_two_processes_agree_and_time_a_gathered_step():
+    setup = load_setup(PARAMS / "smoke.yaml", {"nproc": 2})
+    check = check_processes(setup, 2, 8, 64, 10_000)
+    assert check.status == "pass", check.message
+    found = check.values
+    assert found["backend"] == "gloo" and found["gathered_rows"] == 16 and found["reduced_bytes"] == 40_000
+    assert found["ranks"][0] == found["ranks"][1] and found["ranks"][0]["dtype"] == "float32"
+
+
+def test_a_measuring_process_past_its_time_limit_is_stopped_and_named():
+    setup = load_setup(PARAMS / "smoke.yaml")
+    who = measure.subject(setup, torch.device("cpu"), True, None)
+    spec = measure.probe_spec(setup, who, 1, Limits(), None, ["memory"], torch.device("cpu"))
+    before = set(measure_children())
+    [(result, why)] = measure.run_probes([(spec, None)], timeout=1.0)
+    assert result is None and "did not finish within 1 s" in why
+    assert set(measure_children()) <= before  # killed, and reaped
+
+
+def measure_children() -> list[int]:
+    from c2llm_lib.memory import descendants
+
+    return descendants(os.getpid())
+
+
+def alive(pid: int) -> bool:
+    """Whether a process runs (a zombie waiting for a parent that will never reap it counts as dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"
+
+
+@pytest.mark.slow
+def test_a_killed_preflight_leaves_no_measuring_process_and_its_scratch_goes_next_time(tmp_path, capsys):
+    from c2llm_lib.launch import library_env
+    from c2llm_lib.memory import descendants
+
+    cmd = [sys.executable, "-m", "c2llm_lib.pipeline", str(PARAMS / "smoke.yaml"), "--only", "02", "--preflight",
+           "--outputs", str(tmp_path)]  # fmt: skip
+    runner = subprocess.Popen(cmd, env=library_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    probe, deadline = None, time.monotonic() + 240
+    while probe is None and time.monotonic() < deadline and runner.poll() is None:
+        for pid in descendants(runner.pid):
+            try:
+                if b"c2llm_lib.preflight.probe" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    probe = pid
+            except OSError:
+                continue
+        time.sleep(0.2)
+    assert probe is not None, "the preflight started no measuring process"
+    runner.kill()
+    runner.wait()
+    deadline = time.monotonic() + 5  # a measurement alone takes longer than this
+    while alive(probe) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(probe)  # it died with the preflight
+    [scratch] = tmp_path.glob(".smoke.preflight-*")  # left by the killed preflight, beside the run directory
+    assert not (tmp_path / "smoke").exists() and not (tmp_path / "smoke.preflight.json").exists()
+    code, report, _ = preflight([str(PARAMS / "smoke.yaml"), "--only", "01"], tmp_path, capsys)
+    assert code == 0 and not scratch.exists()  # the next preflight of the run removes it
+
+
+def test_a_killed_probe_is_reported_as_out_of_memory():
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    proc.wait()
+    why = measure.failure(proc, Path("/nonexistent"), 10, False)
+    assert "SIGKILL" in why and "out of memory" in why
+    assert measure.fits((None, why)) == (False, why) and measure.unmeasured((None, why)) == ""
+
+
+def test_a_stand_in_is_the_tiny_model_on_a_cpu_and_random_weights_on_a_gpu():
+    setup = load_setup(PARAMS / "jina-code-0.5b.yaml")
+    cpu = measure.subject(setup, torch.device("cpu"), False, QWEN25_CODER_05B)
+    assert cpu.stand_in and cpu.model.backbone == "tiny-random-qwen2" and cpu.train.mrl_dims == []  # widths of 64
+    gpu = measure.subject(setup, torch.device("cuda"), False, QWEN25_CODER_05B)
+    assert not gpu.stand_in and gpu.arch == QWEN25_CODER_05B and gpu.train.mrl_dims == [512, 256, 128, 64]
+    own = measure.subject(setup, torch.device("cpu"), True, QWEN25_CODER_05B)
+    assert own.arch is None and own.model == setup.model
+
+
+def test_stale_scratch_folders_of_killed_preflights_are_removed_and_nothing_else(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".smoke.preflight-{dead.pid}-abc"
+    live = tmp_path / f".smoke.preflight-{os.getpid()}-def"
+    mine = tmp_path / ".smoke.preflight-notes"
+    for folder, owner in ((stale, dead.pid), (live, os.getpid()), (mine, None)):
+        folder.mkdir()
+        if owner is not None:
+            (folder / ".preflight-owner").write_text(f"{owner}\n")
+    remove_stale(tmp_path, "smoke")
+    assert not stale.exists() and live.exists() and mine.exists()
+
+
+def test_the_cli_refuses_mixed_modes_and_bad_limits(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main([str(PARAMS / "smoke.yaml"), "--preflight", "--resume"])
+    assert "not allowed with argument" in capsys.readouterr().err
+    assert main([str(PARAMS / "smoke.yaml"), "--preflight-memory-gb", "2", "--outputs", str(tmp_path)]) == 1
+    assert "--preflight-memory-gb need --preflight" in capsys.readouterr().err
+    assert main([str(PARAMS / "smoke.yaml"), "--preflight", "--preflight-disk-gb", "-1"]) == 1
+    assert "--preflight-disk-gb must be a positive number, got -1.0" in capsys.readouterr().err
+    assert main([str(PARAMS / "smoke.yaml"), "--preflight", "--set", "max_lenght=3", "--outputs", str(tmp_path)]) == 1
+    assert "max_lenght" in capsys.readouterr().err and not any(tmp_path.iterdir())
+
+
+def test_a_probe_spec_splits_the_global_batch_over_the_processes():
+    setup = load_setup(PARAMS / "c2llm-0.5b.yaml", {"nproc": 8})
+    who = measure.subject(setup, torch.device("cuda"), False, QWEN25_CODER_05B)
+    spec = measure.probe_spec(setup, who, 8, Limits(memory_gb=40), None, ["memory"], torch.device("cuda"))
+    assert isinstance(spec, ProbeSpec) and spec.rows == 32 and spec.negatives == 7  # 256 rows / 8 GPUs, K = 7
+    assert spec.budget_bytes == 40 * 2**30 and spec.model["device"] == "cuda" and spec.arch["hidden"] == 896
+
+
+def test_the_hub_is_asked_once_when_it_cannot_be_reached(monkeypatch):
+    from huggingface_hub import HfApi, constants
+
+    from c2llm_lib.preflight.inputs import Hub
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    calls = []
+
+    class ConnectError(Exception):  # what httpx raises when no connection opens
+        pass
+
+    def unreachable(self, repo_id, **kwargs):
+        calls.append((repo_id, kwargs["timeout"]))
+        raise ConnectError("[Errno 101] Network is unreachable")
+
+    monkeypatch.setattr(HfApi, "dataset_info", unreachable)
+    hub = Hub(timeout=2.0)
+    first = hub.find("CoIR-Retrieval/cosqa", "dataset", "bc5efb7e" * 5, "CosQA")
+    second = hub.find("CoIR-Retrieval/apps", "dataset", "f22508f9" * 5, "AppsRetrieval")
+    assert calls == [("CoIR-Retrieval/cosqa", 2.0)]  # one timeout for an unreachable hub, not one per dataset
+    assert not first.ok and "ConnectError" in first.problem and "Network is unreachable" in first.problem
+    assert not second.ok and "did not answer" in second.problem
+
+
+def test_a_reachable_unpinned_backbone_warns_with_the_commit_to_pin(monkeypatch):
+    from types import SimpleNamespace
+
+    from huggingface_hub import HfApi, constants
+
+    from c2llm_lib.preflight.inputs import Hub, check_backbone
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    files = [SimpleNamespace(size=988_000_000), SimpleNamespace(size=7_000)]
+    monkeypatch.setattr(HfApi, "model_info", lambda self, repo_id, **kw: SimpleNamespace(sha=sha, siblings=files))
+    setup = load_setup(PARAMS / "c2llm-0.5b.yaml")  # backbone_revision: null, as shipped
+    check, here = check_backbone(setup, Hub(timeout=1.0))
+    assert check.status == "warn" and f"backbone_revision: {sha}" in check.message and "0.92 GiB" in check.figure
+    assert not here  # reachable, but not here: the probe never downloads it (random weights or a stand-in)
+
+
+def test_crafted_model_and_mirror_files_are_refused_not_trusted(tmp_path):
+    from c2llm_lib.preflight.inputs import dataset_in_mirror
+    from c2llm_lib.preflight.setup import backbone_arch
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"hidden_size": "896", "num_hidden_layers": 24}))
+    setup = load_setup(PARAMS / "smoke.yaml", {"backbone": str(folder)})
+    assert backbone_arch(setup.model) is None  # a size that is not a number: unknown, not a crash
+    (folder / "config.json").write_text("[1, 2]")
+    assert backbone_arch(setup.model) is None
+    repo = tmp_path / "mirror" / "mteb__StackOverflowQA"
+    repo.mkdir(parents=True)
+    (repo / "README.md").write_text("---\nconfigs: not-a-list\n---\n")
+    found = dataset_in_mirror("mteb/StackOverflowQA", "7b46f5eb" * 5, "StackOverflowQA", tmp_path / "mirror")
+    assert not found.ok and "declares no configs" in found.problem
+    (repo / "README.md").write_text("---\nconfigs: [\n---\n")
+    found = dataset_in_mirror("mteb/StackOverflowQA", "7b46f5eb" * 5, "StackOverflowQA", tmp_path / "mirror")
+    assert not found.ok and "unreadable configs" in found.problem
