@@ -1,4 +1,4 @@
-"""The pipeline runner: notebooks/01..06 in order through papermill, one run directory per params file.
+"""The pipeline runner: notebooks/01..07 in order through papermill, one run directory per params file.
 
     python -m c2llm_lib.pipeline params/<run>.yaml [--only 02 03] [--set key=value ...]
                                  [--resume | --overwrite] [--outputs DIR]
@@ -10,9 +10,11 @@ derived key (run, outputs_dir), and must validate in the stage dataclasses of ev
 Numbers such as `1e-3` read as floats (plain YAML 1.1 reads them as strings). Each notebook receives
 exactly the keys it declares.
 
+A plain run executes notebooks 01-06; notebook 07 (search) runs only when named, `--only 07` (`notebook.ON_REQUEST`).
 A new run refuses an existing run directory. `--resume` keeps a notebook that finished with the same
 parameters and the same inputs (a fingerprint of the run files it reads, `runs.INPUTS`), and reruns the
-rest. `--overwrite` deletes the old run first; with `--only` it deletes only the products of the chosen
+rest; a notebook that also reads folders outside the run (`runs.OUTSIDE_INPUTS`: notebook 07) always reruns.
+`--overwrite` deletes the old run first; with `--only` it deletes only the products of the chosen
 notebooks (`runs.PRODUCTS`) and reruns them, keeping what they read. One runner at a time works in a run
 directory (an fcntl lock, released when the runner exits or dies). The first failing notebook stops the
 run, a dead kernel (killed, out of memory) included; it is saved executed, with the error, the error is
@@ -42,8 +44,8 @@ import yaml
 from .config import ConfigError, from_dict, unknown_keys
 from .files import CorruptFile
 from .memory import PeakMemory
-from .notebook import NOTEBOOK_DIR, RUN_KEYS, STAGES, read_parameters, stage_keys
-from .runs import PRODUCTS, RunDir, RunInUse, check_run_name
+from .notebook import NOTEBOOK_DIR, ON_REQUEST, RUN_KEYS, STAGES, read_parameters, stage_keys
+from .runs import OUTSIDE_INPUTS, PRODUCTS, RunDir, RunInUse, check_run_name
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = list(STAGES)
@@ -286,6 +288,17 @@ def reason_to_rerun(record: dict[str, Any], executed: Path, parameters: dict[str
     return f"its inputs changed since it ran: {', '.join(changed)}" if changed else ""
 
 
+def select_notebooks(only: list[str] | None) -> list[str]:
+    """The notebooks a run executes, in order: those named by `--only` (their numbers), else every notebook but the
+    ones that run only when named (`notebook.ON_REQUEST`: notebook 07)."""
+    if not only:
+        return [n for n in NOTEBOOKS if n not in ON_REQUEST]
+    selected = [n for n in NOTEBOOKS if any(n.startswith(p) for p in only)]
+    if len(selected) != len(only):
+        raise ConfigError(f"--only {only}: choose among {', '.join(n[:2] for n in NOTEBOOKS)}")
+    return selected
+
+
 def run_pipeline(
     params_file: str | Path,
     only: list[str] | None = None,
@@ -303,9 +316,7 @@ def run_pipeline(
         given = apply_overlay(given, overlay, notebook_dir)
     given = {**given, **(sets or {})}
     resolved = resolve(given, str(params_file), notebook_dir)
-    selected = NOTEBOOKS if not only else [n for n in NOTEBOOKS if any(n.startswith(p) for p in only)]
-    if only and len(selected) != len(only):
-        raise ConfigError(f"--only {only}: choose among {', '.join(n[:2] for n in NOTEBOOKS)}")
+    selected = select_notebooks(only)
     # --overwrite --only NN replaces only NN's products; the files it reads stay
     replace = [p for n in selected for p in (*PRODUCTS[n], f"notebooks/{n}.*")] if only else None  # .ipynb, .html
     run = RunDir.create(Path(outputs) / name, mode, replace=replace)
@@ -360,6 +371,7 @@ def _run_notebooks(
         executed = run.root / "notebooks" / f"{name}.ipynb"
         inputs = run.input_fingerprints(name)
         reason = reason_to_rerun(earlier.get(name, {}), executed, resolved[name], inputs) if resume else ""
+        reason = reason or (OUTSIDE_INPUTS.get(name, "") if resume else "")
         if resume and not reason:
             records[name] = {**earlier[name], "status": "finished"}
             log(f"[{name}] done earlier with the same parameters and inputs: kept")

@@ -12,6 +12,7 @@ Layout:
     logs/02_train/         notebook 02's launcher with several processes: trainer params, step log, each rank's output
     merged/                the merged encoder (merge.evaluation_form): base + one LoRA adapter, or dense float32
     export/                the merged model for sentence-transformers and transformers, with its card (export.py)
+    search/index/          notebook 07's search index of a folder's functions (search.py): JSON and safetensors
     metrics/*.json         numbers each stage reports
     figures/*.png          figures each stage draws
     .lock                  held (fcntl) by the pipeline runner working in the run; released when it exits
@@ -20,7 +21,8 @@ Notebooks talk to each other only through these paths. `require` names the noteb
 missing input, so running notebook 03 before 02 says what to run instead of failing deep inside.
 `INPUTS` lists what each notebook reads and `PRODUCTS` what it writes: the runner fingerprints a
 notebook's inputs to know whether a finished notebook is still current, and `--overwrite --only NN`
-replaces only notebook NN's products.
+replaces only notebook NN's products. `OUTSIDE_INPUTS` names the notebooks that also read folders outside the run
+(notebook 07 searches one), which `--resume` always reruns.
 
 A run name is a plain directory name (no `.`, `..`, path separator or empty name), and a run directory
 only ever deletes inside itself: `create(..., "overwrite")` refuses a run directory that resolves (through
@@ -64,7 +66,11 @@ INPUTS = {
     "04_eval_mteb_code": ("merged", "data/train", "metrics/train.json"),  # the last two for the ablations
     "05_pma_attention": ("merged",),
     "06_recipe_comparison": ("data/train", "metrics/train.json"),
+    "07_search_code": ("merged",),
 }
+# Notebooks that also read files outside the run, which the runner cannot fingerprint: --resume always reruns them
+# (notebook 07 keeps an index of what it searched, so a rerun encodes only what changed).
+OUTSIDE_INPUTS = {"07_search_code": "the folders it searches lie outside the run"}
 PRODUCTS = {
     "01_data_prep": ("data", "metrics/data.json", "figures/data_lengths.png"),
     "02_train_lora_contrastive": ("checkpoints", "metrics/train.json", "figures/loss.png", "logs/02_train"),
@@ -80,6 +86,7 @@ PRODUCTS = {
     ),
     "05_pma_attention": ("metrics/attention.json", "figures/attention_*"),
     "06_recipe_comparison": ("comparison", "metrics/comparison.*", "figures/comparison.png"),
+    "07_search_code": ("search", "metrics/search.json", "figures/search.html"),
 }
 LOCK_FILE = ".lock"
 LIBRARIES = ("c2llm_lib", "torch", "transformers", "peft", "datasets", "accelerate", "mteb", "papermill", "bm25s")
@@ -261,6 +268,10 @@ class RunDir:
     def merged_dir(self) -> Path:
         return self.root / "merged"
 
+    @property
+    def search_index_dir(self) -> Path:
+        return self.root / "search" / "index"
+
     def data_path(self, name: str) -> Path:
         return self.root / "data" / name
 
@@ -338,6 +349,18 @@ class RunDir:
         path = self.root / "notebooks" / f"{notebook}.html"
         path.write_text(html)
         return path
+
+    def save_search_index(self, files: dict[str, bytes]) -> Path:
+        """search/index/ (notebook 07, `search.index_payload`): the index's files written at once, replacing the old
+        index whole, so a killed run leaves the previous or the new one, never a mix."""
+        from .atomic import atomic_directory
+
+        with atomic_directory(self.search_index_dir) as staging:
+            for name, data in files.items():
+                if not name or Path(name).name != name:
+                    raise ValueError(f"save_search_index: {name!r} is not a plain file name")
+                (staging / name).write_bytes(data)
+        return self.search_index_dir
 
     def save_dataset(self, name: str, table) -> Path:
         path = self.data_path(name)
