@@ -522,7 +522,11 @@ def read_index(folder: str | os.PathLike) -> SearchIndex | None:
             if len(offsets) != len(documents) + 1 or offsets[-1] != len(flat) or (np.diff(offsets) < 0).any():
                 raise ValueError(f"attention offsets {offsets.shape} do not fit {len(documents)} documents")
             attention = [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
-        return SearchIndex(record["settings"], files, documents, tensors["embeddings"], attention)
+        index = SearchIndex(record["settings"], files, documents, tensors["embeddings"], attention)
+        if index.embeddings.shape[1] != index.settings["embedding_dim"]:
+            raise ValueError(f"embeddings of width {index.embeddings.shape[1]}, settings say "
+                             f"{index.settings['embedding_dim']}")  # fmt: skip
+        return index
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise CorruptFile(f"{folder}: the search index is inconsistent ({type(err).__name__}: {err})") from None
 
@@ -698,7 +702,8 @@ def result_html(searcher: Searcher, result: SearchResult) -> str:
     rows = "".join(f"<tr><td style='{CELL}'>{a}</td><td style='{CELL}'>{b}</td></tr>"
                    for a, b in itertools.zip_longest(model, bm25, fillvalue=""))  # fmt: skip
     timing = f"model {result.model_seconds * 1000:.0f} ms, BM25 {result.bm25_seconds * 1000:.0f} ms"
-    return ("".join(lines) + "<table class='c2llm-hits' style='border-collapse:collapse;width:100%'><tr>"
+    table = "border-collapse:collapse;width:100%;table-layout:fixed"  # two equal columns, long lines scroll
+    return ("".join(lines) + f"<table class='c2llm-hits' style='{table}'><tr>"
             f"<th style='{CELL}'>this run's model (cosine)</th><th style='{CELL}'>BM25</th></tr>{rows}</table>"
             f"<p style='color:#555'>{timing}</p>")  # fmt: skip
 
@@ -788,4 +793,5 @@ def search_widget(searcher: Searcher, k: int = 5, min_score: float = 0.0):
 
     box.observe(run, names="value")
     button.on_click(again)
+    out.add_class("c2llm-search-hits")  # for a page's scripts and tests to find the hits
     return widgets.VBox([widgets.HBox([box, button]), out])

@@ -172,7 +172,10 @@ def test_source_files_selects_files_and_names_a_root_left_empty(tmp_path):
     report = SkipReport()
     kept = [s.file for s in source_files(code_roots([root]), report, keep=lambda f: f.endswith("/b.py"))]
     assert kept == ["proj/b.py"] and report.skipped["code root proj"].total() == 0  # unselected: not counted
-    with pytest.raises(DataError, match=r"code root 'proj' \(.*\) has no source file among the files selected"):
+    other = write(tmp_path / "other", {"c.py": DOCUMENTED})
+    both = [s.file for s in source_files(code_roots([root, other]), SkipReport(), keep=lambda f: f.startswith("o"))]
+    assert both == ["other/c.py"]  # a root the selection leaves empty is no error while another has files
+    with pytest.raises(DataError, match=r"code roots 'proj' \(.*\): no source file among the files selected"):
         list(source_files(code_roots([root]), SkipReport(), keep=lambda f: False))
     empty = tmp_path / "empty"
     empty.mkdir()

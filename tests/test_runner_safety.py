@@ -52,6 +52,7 @@ BODIES = {
     "04_eval_mteb_code": "write('metrics/eval.json', json.dumps({'merged': read('merged/m.txt')}))",
     "05_pma_attention": "write('metrics/attention.json', json.dumps({'merged': read('merged/m.txt')}))",
     "06_recipe_comparison": "write('metrics/comparison.json', read('metrics/train.json'))",
+    "07_search_code": "write('metrics/search.json', json.dumps({'merged': read('merged/m.txt')}))",
 }
 KILL = "if (root / 'kill-me').exists():\n    os.kill(os.getpid(), 9)  # as the out-of-memory killer would"
 GROW = (

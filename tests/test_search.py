@@ -488,3 +488,23 @@ def test_notebook_07_searches_the_smoke_run_and_reuses_its_index_on_resume(smoke
     again = json.loads((run.root / "metrics" / "search.json").read_text())
     assert again["index"]["reused_files"] == 3 and again["index"]["encoded_documents"] == 0
     assert (run.root / "search" / "index" / "tensors.safetensors").read_bytes() == first
+
+
+def test_stored_attention_refuses_weights_for_another_tokenisation(encoder):
+    from c2llm_lib.viz import pma_attention, stored_attention
+
+    text = "def f(x):\n    return x"
+    fresh = pma_attention(encoder, [text], "document", max_tokens=64)[0]
+    again = stored_attention(encoder, text, fresh.weights.mean(0), "document", None, 64)
+    assert again.tokens == fresh.tokens and again.prefix_tokens == fresh.prefix_tokens
+    with pytest.raises(ValueError, match=r"stored_attention: 3 weights for the \d+ tokens this encoder gives"):
+        stored_attention(encoder, text, np.ones(3) / 3, "document", None, 64)
+
+
+def test_an_index_whose_width_differs_from_its_settings_is_refused(encoder, tree, tmp_path):
+    run = RunDir.open("r", tmp_path / "outputs")
+    index, _ = build(encoder, tree)
+    index.embeddings = index.embeddings[:, :8]
+    run.save_search_index(index_payload(index))
+    with pytest.raises(CorruptFile, match="embeddings of width 8, settings say 64"):
+        read_index(run.search_index_dir)

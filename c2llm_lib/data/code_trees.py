@@ -397,14 +397,20 @@ def source_files(
     """Every file under the checked roots (`code_roots`' (name, folder) pairs) that mining would read, root by root in
     sorted order, through the same path, .gitignore and content rules, `report` counting what they skip; `keep`
     (given a file id, `name/path`) selects files without counting the others. A root with no file left is a
-    `DataError` naming it, raised once its walk is done."""
+    `DataError` naming it, raised once its walk is done (with `keep`, when no root has a selected file)."""
+    total = 0
     for name, root in roots:
         found = 0
         for source in _root_files(name, root, report, max_file_bytes, keep):
             found += 1
             yield source
-        if not found:
-            raise _no_source(name, root, report, "source file" + (" among the files selected" if keep else ""))
+        if not found and keep is None:
+            raise _no_source(name, root, report, "source file")
+        total += found
+    if not total and keep is not None:  # a selection (a held-out split) may leave one root empty, not all
+        names = ", ".join(f"{name!r} ({root})" for name, root in roots)
+        raise DataError(f"code roots {names}: no source file among the files selected; skipped: "
+                        f"{'; '.join(_skipped(name, report) for name, _ in roots)}")  # fmt: skip
 
 
 def every_function(source: SourceFile, report: SkipReport) -> list[Function] | None:
