@@ -118,9 +118,10 @@ class SearchIndex:
             raise ValueError(f"SearchIndex: embeddings {self.embeddings.shape} for {n} documents")
         if self.attention is not None and len(self.attention) != n:
             raise ValueError(f"SearchIndex: attention for {len(self.attention)} of {n} documents")
-        if sum(s.documents for s in self.files.values()) != n:
-            raise ValueError(f"SearchIndex: its files list {sum(s.documents for s in self.files.values())} "
-                             f"documents, it holds {n}")  # fmt: skip
+        listed = [file for file, state in self.files.items() for _ in range(state.documents)]
+        if listed != [d.file for d in self.documents]:  # each file's documents together, in the files' order
+            raise ValueError(f"SearchIndex: its files list {len(listed)} documents in file order, it holds {n} "
+                             "that do not follow them")  # fmt: skip
 
     def __len__(self) -> int:
         return len(self.documents)

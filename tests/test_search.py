@@ -384,6 +384,11 @@ def test_a_corrupt_index_is_named_and_built_again(encoder, tree, tmp_path):
     (run.search_index_dir / "index.json").write_text(json.dumps(record))
     with pytest.raises(CorruptFile, match="the search index is inconsistent"):
         read_index(run.search_index_dir)
+    record = json.loads(index_payload(index)["index.json"])
+    record["documents"] = record["documents"][-1:] + record["documents"][:-1]  # all there, out of file order
+    run.save_search_index({**index_payload(index), "index.json": json.dumps(record).encode()})
+    with pytest.raises(CorruptFile, match="do not follow them"):
+        read_index(run.search_index_dir)
     with pytest.raises(ValueError, match="not a plain file name"):
         run.save_search_index({"../escape.json": b"{}"})
     assert not (run.search_index_dir.parent / "escape.json").exists()
