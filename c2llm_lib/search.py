@@ -16,9 +16,9 @@ module turns a run's merged model into a code search over a folder and shows why
   file gone from the folder is dropped. Another model, prompt or length (`index_settings`) encodes everything
   again. The index is saved every minute while it grows, so a killed run keeps what it had encoded.
 - **Before encoding** `update_index` says what it will encode (files, functions, tokens counted with the tokenizer,
-  how many are cut), measures the model on a short sample of those functions spread over their lengths and states
-  the time the rest should take at that rate, then shows a progress bar. `search_max_files` bounds the files (in the
-  walk's sorted order).
+  how many are cut), measures the model on a short sample of those functions spread over their lengths (the first
+  one untimed) and states the time the rest should take at that rate, then shows a progress bar.
+  `search_max_files` bounds the files (in the walk's sorted order).
 - **A query** (`Searcher.search`) is embedded with the text->code instruction and ranked by cosine against every
   document, beside BM25 (`bm25s`, the scorer of `eval.evaluate_bm25` and the hard-negative miner, over the same
   code) with its scores. Model hits under `search_min_score` (a cosine) are not shown, and a query with none above
@@ -443,10 +443,12 @@ def _encode_pending(encoder, pending, settings, batch_size, report, log, checkpo
     attention: list[Any] = [None] * len(texts)
     order = sorted(range(len(texts)), key=lambda i: lengths[i])
     probe = order[:: max(1, len(order) // PROBE)][:PROBE]  # spread over the token lengths
+    warm, timed = (probe[:1], probe[1:]) if len(probe) > 1 else ([], probe)
+    _store(encoder, warm, texts, instruction, max_length, batch_size, vectors, attention)  # first-call costs, untimed
     tick = time.perf_counter()
-    _store(encoder, probe, texts, instruction, max_length, batch_size, vectors, attention)
+    _store(encoder, timed, texts, instruction, max_length, batch_size, vectors, attention)
+    rate = sum(lengths[i] for i in timed) / max(time.perf_counter() - tick, 1e-9)
     probe_tokens = sum(lengths[i] for i in probe)
-    rate = probe_tokens / max(time.perf_counter() - tick, 1e-9)
     rest = sum(lengths) - probe_tokens
     report.probe_tokens_per_s, report.estimated_seconds = rate, rest / rate
     then = f"the other {rest:,} tokens should take about {_duration(rest / rate)}" if rest else "that was all of them"
