@@ -654,7 +654,10 @@ def pick_queries(stage: SearchStage, sources: Sources, index: SearchIndex) -> li
     if stage.search_queries:
         return [KnownQuery(q) for q in stage.search_queries]
     candidates = sources.heldout if sources.heldout is not None else documented_queries(index)
-    unique = [q for q in candidates if q.known and sum(q.matches(d) for d in index.documents) == 1]
+    named: dict[tuple[str, str], list[Document]] = {}
+    for d in index.documents:
+        named.setdefault((d.file, d.function), []).append(d)
+    unique = [q for q in candidates if q.known and sum(map(q.matches, named.get((q.file, q.function), []))) == 1]
     if not unique:
         raise DataError(f"none of the {len(candidates)} known-answer queries has its function among the "
                         f"{len(index.files)} files indexed: raise search_max_files or give search_queries")  # fmt: skip
