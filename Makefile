@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PARAMS ?= params/default.yaml
 
-.PHONY: setup run preflight compare test lint bench lab clean-venv
+.PHONY: setup run preflight compare test browser-test lint bench lab clean-venv
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ compare: setup
 
 test: setup lint
 	$(PY) -m pytest
+
+# Notebook 07 in JupyterLab, driven in Debian's headless chromium (part of `make test` too, skipped there without
+# chromium); this target also writes the screenshot benchmarks/results/search-jupyterlab.png.
+browser-test: setup
+	@command -v chromium >/dev/null || { echo "browser-test needs Debian's chromium: apt-get install -y chromium"; exit 1; }
+	C2LLM_SCREENSHOT_DIR=benchmarks/results $(PY) -m pytest tests/test_browser.py
 
 lint: setup
 	$(PY) -m ruff check c2llm_lib tests benchmarks

@@ -8,9 +8,10 @@ has a range, and every float must be finite (`.inf` and `.nan` are refused); lea
 
 `ModelConfig` holds the encoder of section 3 of the paper, `TrainConfig` the recipe of section 4.1,
 `LaunchConfig` how many processes and machines notebook 02 trains on, and the `*Stage` classes the remaining
-parameters of notebooks 01, 03, 04, 05 and 06; the defaults are the released C2LLM-0.5B's architecture
-(Qwen2.5-Coder-0.5B-Instruct, PMA with 32 heads, d = d_LLM, left padding) and the paper's LoRA (section 4.1:
-r = 64, alpha = 32 on every projection).
+parameters of notebooks 01, 03, 04, 05, 06 and 07 (a key two notebooks read, such as `eval_limit` or notebook 07's
+`data_source`, is declared by both and given the same value by the runner); the defaults are the released
+C2LLM-0.5B's architecture (Qwen2.5-Coder-0.5B-Instruct, PMA with 32 heads, d = d_LLM, left padding) and the paper's
+LoRA (section 4.1: r = 64, alpha = 32 on every projection).
 """
 
 from __future__ import annotations
@@ -493,3 +494,42 @@ class CompareStage:
         require(self.eval_limit is None or self.eval_limit > 0, "eval_limit", "must be positive")
         require(self.eval_batch_size > 0, "eval_batch_size", "must be positive")
         length_range(self.eval_max_length, "eval_max_length")
+
+
+@dataclass
+class SearchStage:
+    """Notebook 07: which folder is indexed with the run's model, and the queries searched (headless)."""
+
+    search_roots: list[str] = field(default_factory=list)  # folders to index; []: the run's held-out source files
+    search_queries: list[str] = field(default_factory=list)  # []: search_query_count known-answer held-out queries
+    search_query_count: int = 5
+    search_top_k: int = 5  # hits shown per ranker
+    search_min_score: float = 0.2  # cosine under which a model hit is not shown ("no hit")
+    search_max_files: int | None = 12  # files indexed at most (walk order); None: every file
+    search_max_length: int = 256  # tokens per function (a longer one is cut)
+    search_batch_size: int = 16
+    # notebook 01's keys, shared: where the run's held-out source files are when search_roots is empty
+    data_source: Literal["offline", "hub", "files", "code"] = "offline"
+    code_roots: list[str] = field(default_factory=list)
+    code_test_percent: int = 20
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        bad = [r for r in self.search_roots if not r.strip() or "\0" in r]
+        require(not bad, "search_roots", f"must be folder paths, got {bad} (a relative path is from notebooks/)")
+        require(len(set(self.search_roots)) == len(self.search_roots), "search_roots",
+                f"repeats a folder: {self.search_roots}")  # fmt: skip
+        require(all(q.strip() for q in self.search_queries), "search_queries", "holds an empty query")
+        require(len(set(self.search_queries)) == len(self.search_queries), "search_queries", "repeats a query")
+        require(1 <= self.search_query_count <= 1000, "search_query_count",
+                f"must be from 1 to 1000, got {self.search_query_count}")  # fmt: skip
+        require(1 <= self.search_top_k <= 100, "search_top_k", f"must be from 1 to 100, got {self.search_top_k}")
+        require(-1.0 <= self.search_min_score <= 1.0, "search_min_score",
+                f"is a cosine, from -1 to 1, got {self.search_min_score}")  # fmt: skip
+        require(self.search_max_files is None or self.search_max_files >= 1, "search_max_files",
+                f"must be at least 1, or None for every file, got {self.search_max_files}")  # fmt: skip
+        require(8 <= self.search_max_length <= MAX_TOKENS, "search_max_length",
+                f"must be from 8 to {MAX_TOKENS} tokens, got {self.search_max_length}")  # fmt: skip
+        require(self.search_batch_size >= 1, "search_batch_size", "must be at least 1")
+        require(1 <= self.code_test_percent <= 99, "code_test_percent",
+                f"must be from 1 to 99, got {self.code_test_percent}")  # fmt: skip

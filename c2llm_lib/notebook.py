@@ -27,6 +27,7 @@ from .config import (
     LaunchConfig,
     MergeStage,
     ModelConfig,
+    SearchStage,
     TrainConfig,
     from_dict,
 )
@@ -41,7 +42,9 @@ STAGES: dict[str, tuple[type, ...]] = {
     "04_eval_mteb_code": (EvalStage,),
     "05_pma_attention": (AttentionStage,),
     "06_recipe_comparison": (CompareStage,),
+    "07_search_code": (SearchStage,),
 }
+ON_REQUEST = ("07_search_code",)  # run only when named (--only 07): a plain run of the pipeline stops before them
 
 
 def stage_keys(name: str) -> list[str]:

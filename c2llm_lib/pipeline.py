@@ -1,4 +1,4 @@
-"""The pipeline runner: notebooks/01..06 in order through papermill, one run directory per params file.
+"""The pipeline runner: notebooks/01..07 in order through papermill, one run directory per params file.
 
     python -m c2llm_lib.pipeline params/<run>.yaml [--only 02 03] [--set key=value ...]
                                  [--resume | --overwrite | --preflight] [--outputs DIR]
@@ -14,7 +14,10 @@ directory, and the error says so.
 Numbers such as `1e-3` read as floats (plain YAML 1.1 reads them as strings). Each notebook receives
 exactly the keys it declares.
 
+A plain run executes notebooks 01-06; notebook 07 (search) runs only when named, `--only 07` (`notebook.ON_REQUEST`).
 A new run refuses an existing run directory. `--resume` keeps a notebook that finished with the same
+A plain run executes notebooks 01-06; notebook 07 (search) runs only when named, `--only 07` (`notebook.ON_REQUEST`),
+and `--resume` always reruns it, since the folders it searches lie outside the run (`runs.OUTSIDE_INPUTS`).
 parameters and the same inputs, and reruns the rest. Its inputs (`input_fingerprints`) are the run files it
 reads (`runs.INPUTS`), the code cells of its notebook, and for notebook 06 the recipe files it reads
 (`params/<recipe>.yaml`). A notebook that reruns first loses its earlier products (`RunDir.remove_products`; its
@@ -67,8 +70,8 @@ import yaml
 from .config import ConfigError, LaunchConfig, from_dict, unknown_keys
 from .files import CorruptFile
 from .memory import PeakMemory
-from .notebook import NOTEBOOK_DIR, RUN_KEYS, STAGES, read_parameters, stage_keys
-from .runs import PRODUCTS, RunDir, RunInUse, check_run_name, upstream
+from .notebook import NOTEBOOK_DIR, ON_REQUEST, RUN_KEYS, STAGES, read_parameters, stage_keys
+from .runs import OUTSIDE_INPUTS, PRODUCTS, RunDir, RunInUse, check_run_name, upstream
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = list(STAGES)
@@ -541,10 +544,18 @@ def resolve_run(
         given = apply_overlay(given, overlay, notebook_dir)
     given = {**given, **(sets or {})}
     resolved = resolve(given, str(params_file), notebook_dir)
-    selected = NOTEBOOKS if not only else [n for n in NOTEBOOKS if any(n.startswith(p) for p in only)]
-    if only and len(selected) != len(only):
+    return name, given, resolved, select_notebooks(only)
+
+
+def select_notebooks(only: list[str] | None) -> list[str]:
+    """The notebooks a run executes, in order: those named by `--only` (their numbers), else every notebook but the
+    ones that run only when named (`notebook.ON_REQUEST`: notebook 07)."""
+    if not only:
+        return [n for n in NOTEBOOKS if n not in ON_REQUEST]
+    selected = [n for n in NOTEBOOKS if any(n.startswith(p) for p in only)]
+    if len(selected) != len(only):
         raise ConfigError(f"--only {only}: choose among {', '.join(n[:2] for n in NOTEBOOKS)}")
-    return name, given, resolved, selected
+    return selected
 
 
 def run_pipeline(
@@ -615,6 +626,8 @@ def _run_notebooks(
         executed = run.root / "notebooks" / f"{name}.ipynb"
         inputs = input_fingerprints(run, name, resolved[name], notebook_dir)
         reason = reason_to_rerun(earlier.get(name, {}), executed, resolved[name], inputs) if resume else ""
+        reason = reason or (OUTSIDE_INPUTS.get(name, "") if resume else "")
+        reason = reason or (OUTSIDE_INPUTS.get(name, "") if resume else "")
         if resume and not reason:
             records[name] = {k: v for k, v in earlier[name].items() if k != "reason"} | {"status": "finished"}
             log(f"[{name}] done earlier with the same parameters and inputs: kept")

@@ -12,6 +12,7 @@ Layout:
     logs/02_train/         notebook 02's launcher with several processes: trainer params, step log, each rank's output
     merged/                the merged encoder (merge.evaluation_form): base + one LoRA adapter, or dense float32
     export/                the merged model for sentence-transformers and transformers, with its card (export.py)
+    search/index/          notebook 07's search index of a folder's functions (search.py): JSON and safetensors
     metrics/*.json         numbers each stage reports
     figures/*.png          figures each stage draws
     .lock                  held (fcntl) by the pipeline runner working in the run; released when it exits. It holds
@@ -26,7 +27,9 @@ missing input, so running notebook 03 before 02 says what to run instead of fail
 notebook's inputs to know whether a finished notebook is still current (`upstream` names the notebook each
 input comes from), `--overwrite --only NN` replaces only notebook NN's products, and a notebook that reruns
 first loses its earlier products (`remove_products`), but for the caches it reads back (`KEPT_ON_RERUN`),
-so that no table of an earlier run stays beside the new ones.
+so that no table of an earlier run stays beside the new ones. `OUTSIDE_INPUTS` names the notebooks that
+also read folders outside the run (notebook 07 searches one), which `--resume` always reruns (its search index is
+one of the caches kept).
 
 A deleted lock file would let a second runner in, so the manifest also names the runner working in the run (pid,
 its start time, host): a runner finding the lock free but the manifest "running" under a live runner on this host
@@ -77,7 +80,11 @@ INPUTS = {
     "04_eval_mteb_code": ("merged", "data/train", "metrics/train.json"),  # the last two for the ablations
     "05_pma_attention": ("merged",),
     "06_recipe_comparison": ("data/train", "metrics/train.json"),
+    "07_search_code": ("merged",),
 }
+# Notebooks that also read files outside the run, which the runner cannot fingerprint: --resume always reruns them
+# (notebook 07 keeps an index of what it searched, so a rerun encodes only what changed).
+OUTSIDE_INPUTS = {"07_search_code": "the folders it searches lie outside the run"}
 PRODUCTS = {
     "01_data_prep": ("data", "metrics/data.json", "figures/data_lengths.png"),
     "02_train_lora_contrastive": ("checkpoints", "metrics/train.json", "figures/loss.png", "logs/02_train"),
@@ -95,6 +102,7 @@ PRODUCTS = {
     ),
     "05_pma_attention": ("metrics/attention.json", "figures/attention_*"),
     "06_recipe_comparison": ("comparison", "metrics/comparison.*", "figures/comparison.png"),
+    "07_search_code": ("search", "metrics/search.json", "figures/search.html"),
 }
 # Products a rerun reads back rather than recomputes, each keyed by what it holds: notebook 02's checkpoints (it
 # resumes its own training, moves another's aside), mteb's results (by model, settings and task data), notebook 06's
@@ -103,6 +111,7 @@ KEPT_ON_RERUN = {
     "02_train_lora_contrastive": ("checkpoints", "logs/02_train"),
     "04_eval_mteb_code": ("mteb",),
     "06_recipe_comparison": ("comparison",),
+    "07_search_code": ("search",),  # the index: a rerun encodes only the files that changed
 }
 LOCK_FILE = ".lock"
 LOCK_NOTE = (
@@ -426,6 +435,10 @@ class RunDir:
     def merged_dir(self) -> Path:
         return self.root / "merged"
 
+    @property
+    def search_index_dir(self) -> Path:
+        return self.root / "search" / "index"
+
     def data_path(self, name: str) -> Path:
         return self.root / "data" / name
 
@@ -516,6 +529,18 @@ class RunDir:
         path = self.root / "notebooks" / f"{notebook}.html"
         path.write_text(html)
         return path
+
+    def save_search_index(self, files: dict[str, bytes]) -> Path:
+        """search/index/ (notebook 07, `search.index_payload`): the index's files written at once, replacing the old
+        index whole, so a killed run leaves the previous or the new one, never a mix."""
+        from .atomic import atomic_directory
+
+        with atomic_directory(self.search_index_dir) as staging:
+            for name, data in files.items():
+                if not name or Path(name).name != name:
+                    raise ValueError(f"save_search_index: {name!r} is not a plain file name")
+                (staging / name).write_bytes(data)
+        return self.search_index_dir
 
     def save_dataset(self, name: str, table) -> Path:
         path = self.data_path(name)

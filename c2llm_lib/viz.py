@@ -10,6 +10,10 @@ and the document prefix / instruction and special tokens are marked. A token bel
 characters lie wholly inside it: byte-level BPE fuses the prefix's last character with the first code token
 (`:def`), and such a token counts as code.
 
+`attention_spans` is the shaded code alone (the `<pre>` of `attention_html`), and `stored_attention` rebuilds a
+`TokenAttention` from weights computed earlier (notebook 07's search index keeps each function's), checking they
+count the text's tokens.
+
 `loss_curves` titles the training loss with the loss the recipe trained (section 4.1's in-batch + hard-negative
 InfoNCE, an in-batch-only or joint-softmax variant, or a Matryoshka sum over widths) and draws per-width curves.
 
@@ -104,14 +108,38 @@ def pma_attention(
         batch = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
         with torch.no_grad():
             _, attn = encoder(**batch, return_attention=True)  # (1, H, T)
-        out.append(TokenAttention(
-            tokens=[readable_token(tok.decode([i])) for i in ids],
-            weights=attn[0].float().cpu().numpy(),  # (H, T)
-            prefix_tokens=sum(1 for o in offsets if o is not None and o[1] <= prefix_chars),
-            special=[i in special for i in ids],
-            full_tokens=full_tokens,
-        ))  # fmt: skip
+        out.append(_token_attention(tok, special, ids, offsets, prefix_chars, full_tokens,
+                                    attn[0].float().cpu().numpy()))  # (H, T)  # fmt: skip
     return out
+
+
+def _token_attention(tok, special: set[int], ids: list[int], offsets: list, prefix_chars: int, full_tokens: int,
+                     weights: np.ndarray) -> TokenAttention:  # fmt: skip
+    return TokenAttention(
+        tokens=[readable_token(tok.decode([i])) for i in ids],
+        weights=weights,  # (H, T)
+        prefix_tokens=sum(1 for o in offsets if o is not None and o[1] <= prefix_chars),
+        special=[i in special for i in ids],
+        full_tokens=full_tokens,
+    )
+
+
+def stored_attention(
+    encoder, text: str, weights: np.ndarray, kind: str = "document", instruction: str | None = None,
+    max_tokens: int = 80,
+) -> TokenAttention:  # fmt: skip
+    """A `TokenAttention` for attention computed earlier over `text`'s tokens (e.g. kept in a search index): weights
+    (H, T) or (T,) (one row, e.g. the mean over heads), for the T tokens `encode` gives the text at `max_tokens`. A
+    count of weights that is not T (another tokenizer, prompt or length) is an error."""
+    _, ids, offsets, prefix_chars, full_tokens = tokenize_with_offsets(encoder, text, kind, instruction, max_tokens)
+    weights = np.asarray(weights, dtype=np.float32)
+    weights = weights[None, :] if weights.ndim == 1 else weights  # (H, T)
+    if weights.ndim != 2 or weights.shape[1] != len(ids):
+        raise ValueError(f"stored_attention: {weights.shape[-1]} weights for the {len(ids)} tokens this encoder gives "
+                         f"the text at {max_tokens} tokens ({text[:40]!r}): computed with another tokenizer, prompt "
+                         "or length")  # fmt: skip
+    tok = encoder.tokenizer
+    return _token_attention(tok, set(tok.all_special_ids), ids, offsets, prefix_chars, full_tokens, weights)
 
 
 UNIFORM_RANGE = 8.0  # the heatmaps' colour scale runs from 1/8 to 8 times uniform attention
@@ -365,6 +393,19 @@ def attention_html(item: TokenAttention, title: str = "") -> str:
     times more or less."""
     import html
 
+    T = len(item.tokens)
+    cut = f" Truncated: only the first {T} of {item.full_tokens} tokens were used." if item.truncated else ""
+    legend = (f"Shade: attention relative to uniform (1/{T} per token): none = uniform, red = more, blue = less, "
+              f"full colour at {UNIFORM_RANGE:g}x more or less. Hover a token for its weight.{cut}")  # fmt: skip
+    return (f"<html><body><h3>{html.escape(title)}</h3><p>{html.escape(legend)}</p>"
+            + attention_spans(item) + "</body></html>")  # fmt: skip
+
+
+def attention_spans(item: TokenAttention, style: str = "font-size:13px;line-height:1.6") -> str:
+    """The `<pre>` of `attention_html`: each token in a span shaded by its mean attention relative to uniform (red
+    more, blue less, full colour at UNIFORM_RANGE times), its weight in the span's title; special tokens boxed."""
+    import html
+
     weights = item.weights.mean(0)  # (T,)
     relative = relative_to_uniform(weights)  # (T,)
     strength = np.clip(np.log(np.maximum(relative, 1e-12)) / np.log(UNIFORM_RANGE), -1.0, 1.0)  # (T,) in [-1, 1]
@@ -374,12 +415,7 @@ def attention_html(item: TokenAttention, title: str = "") -> str:
         border = "border:1px solid crimson;" if special else ""
         colour = f"rgba(178,24,43,{a:.2f})" if a >= 0 else f"rgba(33,102,172,{-a:.2f})"
         spans.append(f'<span title="{w:.4f} = {r:.2f} x uniform" style="background:{colour};{border}">{text}</span>')
-    T = len(item.tokens)
-    cut = f" Truncated: only the first {T} of {item.full_tokens} tokens were used." if item.truncated else ""
-    legend = (f"Shade: attention relative to uniform (1/{T} per token): none = uniform, red = more, blue = less, "
-              f"full colour at {UNIFORM_RANGE:g}x more or less. Hover a token for its weight.{cut}")  # fmt: skip
-    return (f"<html><body><h3>{html.escape(title)}</h3><p>{html.escape(legend)}</p>"
-            "<pre style='font-size:13px;line-height:1.6'>" + "".join(spans) + "</pre></body></html>")  # fmt: skip
+    return f"<pre style='{style}'>" + "".join(spans) + "</pre>"
 
 
 def dimension_curves(table, hidden: int, dims: Sequence[int]):

@@ -54,3 +54,17 @@ def right_pad(batch: dict[str, torch.Tensor], pad_id: int) -> dict[str, torch.Te
             new_ids[i, :n] = ids[i, ids.shape[1] - n :]
             new_mask[i, :n] = 1
     return {"input_ids": new_ids, "attention_mask": new_mask}
+
+
+@pytest.fixture(scope="session")
+def smoke_merged(tmp_path_factory):
+    """An outputs folder holding the smoke run through notebook 03 (data, checkpoints, merged model): what notebook 07
+    needs, shared by its pipeline and browser tests."""
+    from pathlib import Path
+
+    from c2llm_lib.pipeline import run_pipeline
+
+    outputs = tmp_path_factory.mktemp("smoke-outputs")
+    smoke = Path(__file__).resolve().parent.parent / "params" / "smoke.yaml"
+    run_pipeline(smoke, only=["01", "02", "03"], outputs=outputs, log=lambda *_: None)
+    return outputs

@@ -17,10 +17,10 @@ import pytest
 from c2llm_lib.config import ConfigError, DataStage
 from c2llm_lib.data import code_trees
 from c2llm_lib.data.build import build_training_data
-from c2llm_lib.data.code_trees import MiningReport, code_roots, mine, prepare_code
+from c2llm_lib.data.code_trees import MiningReport, code_roots, every_function, mine, prepare_code, source_files
 from c2llm_lib.data.grammars import summary_of
 from c2llm_lib.data.offline import split_of
-from c2llm_lib.data.records import DataError, text_key
+from c2llm_lib.data.records import DataError, SkipReport, text_key
 from c2llm_lib.data.sources import TABLE_1
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "own-code"
@@ -146,6 +146,41 @@ def test_undocumented_functions_and_non_doc_comments_give_no_pair(mined):
     assert not functions & undocumented
     assert report.documented["javascript"] < report.functions["javascript"]  # capitalize's // comment, last
     assert report.documented["rust"] == 2 and report.functions["rust"] == 3  # //// is not documentation
+
+
+def test_every_function_documented_or_not_through_the_same_walk(mined):
+    """The documents of a search (search.py): every named function, with mining's lines and code for the documented
+    ones, found by the same walk and skip rules."""
+    rows, mining = mined
+    report = SkipReport()
+    found = {(s.file, f.name, f.start_line): f for s in source_files(code_roots([FIXTURE]), report)
+             for f in every_function(s, report) or []}  # fmt: skip
+    undocumented = {"count_word_chars", "_is_word_char", "longest_sentence", "wrapper", "capitalize", "last",
+                    "siftDown", "countVowels", "abs", "ring_clear", "valid?", "square", "decorate"}  # fmt: skip
+    assert undocumented <= {name for _, name, _ in found}
+    for row in rows:
+        if row["dataset"] == T2C:
+            function = found[row["file"], row["function"], row["start_line"]]
+            assert (function.code, function.end_line) == (row["positive"], row["end_line"]) and function.doc
+    count = next(f for (file, name, _), f in found.items() if name == "count_word_chars")
+    assert count.doc == "" and count.code.startswith("def count_word_chars(")
+    assert report.kept == mining.files.kept and report.skipped == mining.files.skipped  # the same rules
+
+
+def test_source_files_selects_files_and_names_a_root_left_empty(tmp_path):
+    root = write(tmp_path / "proj", {"a.py": DOCUMENTED, "b.py": CLAMP, "notes.txt": "x"})
+    report = SkipReport()
+    kept = [s.file for s in source_files(code_roots([root]), report, keep=lambda f: f.endswith("/b.py"))]
+    assert kept == ["proj/b.py"] and report.skipped["code root proj"].total() == 0  # unselected: not counted
+    other = write(tmp_path / "other", {"c.py": DOCUMENTED})
+    both = [s.file for s in source_files(code_roots([root, other]), SkipReport(), keep=lambda f: f.startswith("o"))]
+    assert both == ["other/c.py"]  # a root the selection leaves empty is no error while another has files
+    with pytest.raises(DataError, match=r"code roots 'proj' \(.*\): no source file among the files selected"):
+        list(source_files(code_roots([root]), SkipReport(), keep=lambda f: False))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataError, match=r"code root 'empty' \(.*\) has no source file \(extensions .*skipped: nothing"):
+        list(source_files(code_roots([empty]), SkipReport()))
 
 
 def test_every_skip_rule_is_counted_with_examples(mined):

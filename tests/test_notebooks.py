@@ -10,7 +10,7 @@ from c2llm_lib.notebook import NOTEBOOK_DIR, STAGES, read_parameters, stage_keys
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 
 
-def test_the_six_notebooks_exist_in_order():
+def test_the_notebooks_exist_in_stage_order():
     assert [p.stem for p in NOTEBOOKS] == list(STAGES)
 
 

@@ -21,7 +21,8 @@ def test_the_expected_params_files_exist():
 def test_params_file_validates(path):
     resolved = resolve(load_params(path), str(path))
     assert set(resolved) == {"01_data_prep", "02_train_lora_contrastive", "03_merge_checkpoints",
-                             "04_eval_mteb_code", "05_pma_attention", "06_recipe_comparison"}  # fmt: skip
+                             "04_eval_mteb_code", "05_pma_attention", "06_recipe_comparison",
+                             "07_search_code"}  # fmt: skip
     train = resolved["02_train_lora_contrastive"]
     assert resolved["01_data_prep"]["num_negatives"] == train["num_negatives"]  # one K for mining and training
     if path.stem.startswith("c2llm-"):  # the paper's recipe (section 4.1)

@@ -30,7 +30,7 @@ ALL = ["01", "02", "03", "04", "05", "06"]
 MEANT_FOR = {
     "c2llm-0.5b": ALL,
     "c2llm-7b": ALL,
-    "default": ALL,
+    "default": ALL + ["07"],  # and the search of its held-out code (make run stops before 07; --only 07 runs it)
     "jina-code-0.5b": ["01", "02", "03", "04"],  # last-token pooling: no PMA attention for notebook 05
     "codexembed-style": ["01", "02", "03", "04"],
     "released-c2llm-0.5b": ["04"],  # evaluates a release; trains nothing
@@ -86,6 +86,10 @@ def test_rehearsal(stem, mirror, release, tmp_path):
         for key, value in params.items():
             if key in values and key not in swapped:
                 assert values[key] == value, (notebook, key)
+    if "07" in only:
+        search = json.loads((run.root / "metrics" / "search.json").read_text())
+        assert search["index"]["files"] == 12 and search["summary"]["known"] == 5  # notebook 07's defaults
+        assert all(q["model_rank"] for q in search["queries"])  # each expected function was indexed
     if "01" in only:
         check_data(run.root, params)
     if "03" in only:

@@ -66,6 +66,7 @@ BODIES = {
     "if mteb_tasks:\n    write('metrics/mteb_code.md', 'benchmarks')",
     "05_pma_attention": "write('metrics/attention.json', json.dumps({'merged': read('merged/m.txt')}))",
     "06_recipe_comparison": "write('metrics/comparison.json', read('metrics/train.json'))",
+    "07_search_code": "write('metrics/search.json', json.dumps({'merged': read('merged/m.txt')}))",
 }
 KILL = "if (root / 'kill-me').exists():\n    os.kill(os.getpid(), 9)  # as the out-of-memory killer would"
 GROW = (

@@ -37,6 +37,10 @@ A file that does not parse (tree-sitter reports a syntax error) is skipped whole
 first error, never fatal: near a syntax error, tree-sitter's recovery can move a function's boundaries, and a pair
 with a wrong boundary teaches the wrong thing.
 
+The same walk serves search (`search.py`, notebook 07): `source_files` yields each file the rules keep (optionally
+only the files a `keep` predicate selects, e.g. a held-out split) and `every_function` lists all its functions,
+documented or not, with their lines, the code without its documentation as in the pairs.
+
 A root that is missing, a file, unreadable, given twice, inside another root or named like another (file ids are
 the folder name and the path; a folder name that is not UTF-8 is refused too), a root with no file of a supported
 language, and a root that yields no pair, are `DataError`s naming the root; `prepare_code` also refuses roots
@@ -54,7 +58,7 @@ import os
 import re
 import stat
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -62,7 +66,7 @@ from typing import Any
 
 import pathspec
 
-from .grammars import BY_EXTENSION, Grammar, error_line, functions, parser_for, summary_of
+from .grammars import BY_EXTENSION, Function, Grammar, error_line, functions, parser_for, summary_of
 from .mix import Prepared, _generate, fingerprint_of, prepare_rows
 from .offline import TEST_PERCENT, pair_records
 from .records import DataError, RowChecker, SkipReport
@@ -286,9 +290,11 @@ def _file_skip(entry: os.DirEntry, rel: str, specs: tuple) -> str | None:
     return None
 
 
-def _walk(root: Path, name: str, report: SkipReport) -> Iterator[tuple[str, str]]:
+def _walk(root: Path, name: str, report: SkipReport, keep: Callable[[str], bool] | None = None
+          ) -> Iterator[tuple[str, str]]:  # fmt: skip
     """(path inside the root, full path) of each file to read, depth first in sorted order, applying the path rules
-    (folders, tests, .gitignore, links, languages) and counting what they skip."""
+    (folders, tests, .gitignore, links, languages) and counting what they skip; with `keep`, only the files whose
+    id (`name/path`) it accepts, the others passed over uncounted."""
     where = f"code root {name}"
     stack: list[tuple[Iterator[os.DirEntry], str, tuple]] = []
 
@@ -323,7 +329,7 @@ def _walk(root: Path, name: str, report: SkipReport) -> Iterator[tuple[str, str]
                 enter(entry.path, rel, specs)
             else:
                 report.skip(where, reason, shown + "/")
-        elif entry.name != ".gitignore":
+        elif entry.name != ".gitignore" and (keep is None or keep(f"{name}/{rel}")):
             reason = _file_skip(entry, rel, specs)
             if reason is None:
                 yield rel, entry.path
@@ -331,15 +337,97 @@ def _walk(root: Path, name: str, report: SkipReport) -> Iterator[tuple[str, str]
                 report.skip(where, reason, shown)
 
 
-def _file_records(rel: str, name: str, data: bytes, grammar: Grammar, test_percent: int, report: MiningReport):
-    """The records of one parsed file's documented functions."""
-    parser, _ = parser_for(grammar)
-    tree = parser.parse(data)
+@dataclass
+class SourceFile:
+    """One file that passed the skip rules: its id (the root's name and the path inside it), bytes and grammar."""
+
+    root: str  # the root's name, which starts the file's id
+    rel: str  # the path inside the root
+    path: str  # the file on disk
+    data: bytes  # its content, without a UTF-8 byte order mark
+    grammar: Grammar
+
+    @property
+    def file(self) -> str:
+        return f"{self.root}/{self.rel}"
+
+
+def _root_files(name: str, root: Path, report: SkipReport, max_file_bytes: int,
+                keep: Callable[[str], bool] | None = None) -> Iterator[SourceFile]:  # fmt: skip
+    """Each file of one root that the path and content rules keep, read once; what they skip is counted."""
     where = f"code root {name}"
+    for rel, path in _walk(root, name, report, keep):
+        data = _read(path, max_file_bytes)
+        reason = data if isinstance(data, str) else _content_skip(data, max_file_bytes)
+        if reason is not None:
+            report.skip(where, reason, f"{name}/{rel}")
+            continue
+        grammar = BY_EXTENSION[os.path.splitext(rel)[1].lower()]
+        yield SourceFile(name, rel, path, data.removeprefix(b"\xef\xbb\xbf"), grammar)
+
+
+def _skipped(name: str, report: SkipReport) -> str:
+    """What a root's files and folders were skipped for, most frequent first ("nothing" when none was)."""
+    return ", ".join(f"{n} {reason}" for reason, n in report.skipped[f"code root {name}"].most_common()) or "nothing"
+
+
+def _no_source(name: str, root: Path, report: SkipReport, what: str = "source file to mine") -> DataError:
+    return DataError(f"code root {name!r} ({root}) has no {what} (extensions {' '.join(sorted(BY_EXTENSION))}); "
+                     f"skipped: {_skipped(name, report)}")  # fmt: skip
+
+
+def _parse(source: SourceFile, report: SkipReport) -> Any:
+    """The file's tree-sitter tree, counted as passed; None for a file that does not parse (counted, with its first
+    error line)."""
+    parser, _ = parser_for(source.grammar)
+    tree = parser.parse(source.data)
+    where = f"code root {source.root}"
     if tree.root_node.has_error:
-        report.files.skip(where, NOT_PARSED, f"{name}/{rel}:{error_line(tree.root_node)}")
+        report.skip(where, NOT_PARSED, f"{source.file}:{error_line(tree.root_node)}")
+        return None
+    report.passed[where] += 1
+    return tree
+
+
+def source_files(
+    roots: Sequence[tuple[str, Path]],
+    report: SkipReport,
+    max_file_bytes: int = MAX_FILE_BYTES,
+    keep: Callable[[str], bool] | None = None,
+) -> Iterator[SourceFile]:
+    """Every file under the checked roots (`code_roots`' (name, folder) pairs) that mining would read, root by root in
+    sorted order, through the same path, .gitignore and content rules, `report` counting what they skip; `keep`
+    (given a file id, `name/path`) selects files without counting the others. A root with no file left is a
+    `DataError` naming it, raised once its walk is done (with `keep`, when no root has a selected file)."""
+    total = 0
+    for name, root in roots:
+        found = 0
+        for source in _root_files(name, root, report, max_file_bytes, keep):
+            found += 1
+            yield source
+        if not found and keep is None:
+            raise _no_source(name, root, report, "source file")
+        total += found
+    if not total and keep is not None:  # a selection (a held-out split) may leave one root empty, not all
+        names = ", ".join(f"{name!r} ({root})" for name, root in roots)
+        raise DataError(f"code roots {names}: no source file among the files selected; skipped: "
+                        f"{'; '.join(_skipped(name, report) for name, _ in roots)}")  # fmt: skip
+
+
+def every_function(source: SourceFile, report: SkipReport) -> list[Function] | None:
+    """Every named function of a file, documented or not, in source order (`grammars.functions(every=True)`: the
+    code without its documentation, with 1-based lines); None when the file does not parse (counted in `report`)."""
+    tree = _parse(source, report)
+    return None if tree is None else list(functions(tree, source.data, source.grammar, Counter(), every=True))
+
+
+def _file_records(source: SourceFile, test_percent: int, report: MiningReport):
+    """The records of one parsed file's documented functions."""
+    rel, name, data, grammar = source.rel, source.root, source.data, source.grammar
+    tree = _parse(source, report.files)
+    if tree is None:
         return
-    report.files.passed[where] += 1
+
     counts: Counter = Counter()
     for function in functions(tree, data, grammar, counts):
         summary = summary_of(function.doc, comment=not function.docstring)
@@ -352,21 +440,13 @@ def _file_records(rel: str, name: str, data: bytes, grammar: Grammar, test_perce
 
 
 def _root_records(name: str, root: Path, test_percent: int, report: MiningReport, max_file_bytes: int):
-    where = f"code root {name}"
     pairs = sum(report.pairs.values())
-    for rel, path in _walk(root, name, report.files):
-        data = _read(path, max_file_bytes)
-        reason = data if isinstance(data, str) else _content_skip(data, max_file_bytes)
-        if reason is not None:
-            report.files.skip(where, reason, f"{name}/{rel}")
-            continue
-        grammar = BY_EXTENSION[os.path.splitext(rel)[1].lower()]
-        yield from _file_records(rel, name, data.removeprefix(b"\xef\xbb\xbf"), grammar, test_percent, report)
-    skipped = ", ".join(f"{n} {reason}" for reason, n in report.files.skipped[where].most_common()) or "nothing"
+    for source in _root_files(name, root, report.files, max_file_bytes):
+        yield from _file_records(source, test_percent, report)
+    where = f"code root {name}"
     if not report.files.passed[where] and not report.files.skipped[where][NOT_PARSED]:
-        extensions = " ".join(sorted(BY_EXTENSION))
-        raise DataError(f"code root {name!r} ({root}) has no source file to mine (extensions {extensions}); "
-                        f"skipped: {skipped}")  # fmt: skip
+        raise _no_source(name, root, report.files)
+    skipped = _skipped(name, report.files)
     if sum(report.pairs.values()) == pairs:
         raise DataError(f"code root {name!r} ({root}) yields no pair: no file has a function with a documentation "
                         f"long enough (3+ words) or a function of 6+ lines; skipped: {skipped}")  # fmt: skip

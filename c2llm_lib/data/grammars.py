@@ -24,6 +24,7 @@ tool directives (`//go:`, `# rubocop:`) removed, the text up to the first tag li
 `<see cref="Foo"/>`), C#'s `<summary>` taken when present, HTML tags dropped (`<p>` starts a paragraph), then
 the first paragraph (`offline.first_paragraph`). The document is the function's lines (decorators, annotations
 and `export` included; any code before it on its first line blanked) without a Python docstring, dedented.
+`functions(..., every=True)` also yields the undocumented functions (their `doc` empty): a search indexes them all.
 """
 
 from __future__ import annotations
@@ -96,12 +97,12 @@ COMMENTS = frozenset({"comment", "line_comment", "block_comment"})
 
 @dataclass
 class Function:
-    """One documented function of a file: its name, 1-based lines, documentation and code without it."""
+    """One function of a file: its name, 1-based lines, documentation and code without it."""
 
     name: str
     start_line: int
     end_line: int
-    doc: str  # the documentation's text, comment markers included (summary_of cleans it)
+    doc: str  # the documentation's text, comment markers included (summary_of cleans it); "" when undocumented
     code: str  # dedented, without a Python docstring
     docstring: bool = False  # the documentation is a docstring, not a comment
 
@@ -255,8 +256,11 @@ def _lines(source_lines: list[bytes], first: Any, last: Any, drop: tuple[int, in
     return textwrap.dedent("\n".join(lines)).rstrip()
 
 
-def functions(tree: Any, source: bytes, grammar: Grammar, counts: dict[str, int]) -> Iterator[Function]:
-    """The documented functions of a parsed file, in source order; `counts` gains "functions" and "documented"."""
+def functions(
+    tree: Any, source: bytes, grammar: Grammar, counts: dict[str, int], every: bool = False
+) -> Iterator[Function]:
+    """The documented functions of a parsed file, in source order; `counts` gains "functions" and "documented".
+    With `every`, undocumented functions too (their `doc` empty): the documents a search indexes (`search.py`)."""
     _, query = parser_for(grammar)
     nodes = tree_sitter.QueryCursor(query).captures(tree.root_node).get("function", [])
     source_lines = source.split(b"\n")
@@ -272,17 +276,16 @@ def functions(tree: Any, source: bytes, grammar: Grammar, counts: dict[str, int]
         drop = None
         if grammar.language == "python":
             found = _docstring(node, source)
-            if found is None:
-                continue
-            doc, statement = found
-            drop = (statement.start_point.row, _last_row(statement))
+            doc, statement = found if found is not None else (None, None)
+            drop = (statement.start_point.row, _last_row(statement)) if statement is not None else None
         else:
             doc = _comment_doc(top, source, grammar)
-            if doc is None:
-                continue
-        counts["documented"] += 1
+        if doc is None and not every:
+            continue
+        counts["documented"] += doc is not None
         code = _lines(source_lines, top, outer, drop)
-        yield Function(name, top.start_point.row + 1, _last_row(outer) + 1, doc, code, grammar.language == "python")
+        yield Function(name, top.start_point.row + 1, _last_row(outer) + 1, doc or "", code,
+                       grammar.language == "python" and doc is not None)  # fmt: skip
 
 
 _BLOCK_STAR = re.compile(r"^\s*\*+ ?")
