@@ -123,7 +123,9 @@ def check_merge(root: Path, params: dict) -> None:
     assert merged[-1] == f"step-{train['steps']:06d}"  # the merge ends at the final step
     if params.get("checkpoint_fractions"):  # the paper's four checkpoints, late in training, evenly spaced
         assert len(merged) == params["merge_last"] == len(params["checkpoint_fractions"])
-    assert train["model_config"]["dtype"] == params.get("dtype", "auto")
+    assert train["dtype_asked"] == params.get("dtype", "auto")  # as shipped, bf16 where the file says so...
+    resolved = train["model_config"]["dtype"]  # ...recorded as the dtype the training resolved, never "auto"
+    assert resolved == params["dtype"] if params.get("dtype", "auto") != "auto" else resolved in ("bfloat16", "float32")
 
 
 def check_evaluation(root: Path, params: dict) -> None:
