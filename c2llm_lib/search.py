@@ -322,7 +322,7 @@ def _scan(sources: Sources, earlier: dict[str, _Part], max_files: int | None, re
         old = earlier.get(source.file)
         digest = hashlib.sha256(source.data).hexdigest()
         if old is not None and old.state.sha256 == digest:
-            report.files.kept[f"code root {source.root}"] += 1
+            report.files.passed[f"code root {source.root}"] += 1
             report.reused_files += 1
             stat = os.stat(source.path, follow_symlinks=False)
             old.state = FileState(stat.st_size, stat.st_mtime_ns, digest, old.state.documents)
