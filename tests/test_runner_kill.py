@@ -39,11 +39,14 @@ def start(params: Path, outputs: Path, *extra: str) -> subprocess.Popen:
                             env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})  # fmt: skip
 
 
-def wait_for_steps(log: Path, steps: int = 3, timeout: float = 240) -> None:
+def wait_for_steps(runner: subprocess.Popen, log: Path, steps: int = 3, timeout: float = 240) -> None:
+    """Returns once `log` holds `steps` steps; a runner that ended first fails the test at once with its output."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if log.is_file() and len(log.read_text().splitlines()) > steps:  # a header, then one line per step
             return
+        if runner.poll() is not None:
+            raise AssertionError(f"the runner ended (exit {runner.returncode}) before training:\n{runner.stdout.read()}")
         time.sleep(1)
     raise AssertionError(f"{log} did not reach {steps} steps in {timeout}s")
 
@@ -72,8 +75,9 @@ def test_a_killed_runner_takes_its_training_processes_with_it(prepared, sig):
     params, run = prepared
     logs = run / "logs" / "02_train"
     (logs / "steps.jsonl").unlink(missing_ok=True)
-    runner = start(params, run.parent, "--only", "02", "--resume", "--set", f"seed={int(sig)}")
-    wait_for_steps(logs / "steps.jsonl")
+    # 02 reruns for a new learning rate (not a new seed, which notebook 01 declares too: `--only 02` would refuse it)
+    runner = start(params, run.parent, "--only", "02", "--resume", "--set", f"learning_rate={int(sig)}e-4")
+    wait_for_steps(runner, logs / "steps.jsonl")
     assert len(processes_mentioning(str(logs))) >= 3  # torchrun and its 2 ranks are running
     runner.send_signal(sig)
     output = runner.communicate(timeout=120)[0]
