@@ -406,9 +406,14 @@ class EvalStage:
     ablations: bool = False  # train PMA, last-token and mean poolers the same way, and PMA at smaller d
     ablation_dims: list[int] = field(default_factory=lambda: [512, 256, 128])  # PMA's d vs truncation
     hub_mirror: str | None = None  # a local folder laid out as the hub datasets (data/mirror.py) instead of the hub
+    beir_sets: list[str] = field(default_factory=list)  # local retrieval sets in the BEIR layout (data/beir.py)
+    beir_instruction: str = FILES_INSTRUCTION  # the c2llm style's query instruction for beir_sets ("": none)
 
     def __post_init__(self) -> None:
         check_types(self)
+        bad = [b for b in self.beir_sets if not b.strip() or "\0" in b]
+        require(not bad, "beir_sets", f"must be folder paths (corpus.jsonl, queries.jsonl, qrels/test.tsv), got {bad}")
+        require(len(set(self.beir_sets)) == len(self.beir_sets), "beir_sets", f"repeats a folder: {self.beir_sets}")
         require(self.eval_limit is None or self.eval_limit > 0, "eval_limit", "must be positive")
         require(self.eval_max_documents is None or self.eval_max_documents >= 500, "eval_max_documents",
                 "must be at least 500 (fewer distractors make retrieval too easy to compare) or None")  # fmt: skip

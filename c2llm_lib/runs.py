@@ -77,6 +77,7 @@ PRODUCTS = {
         "mteb",
         "metrics/eval.json",
         "metrics/results.md",
+        "metrics/beir*.json",
         "figures/scores.png",
         "metrics/ablations.*",
         "figures/ablation_*",

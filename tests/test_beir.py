@@ -150,3 +150,15 @@ def test_a_missing_folder_or_a_file_is_named(tmp_path):
     (tmp_path / "file.jsonl").write_text("{}")
     with pytest.raises(DataError, match="not a folder"):
         read_beir(tmp_path / "file.jsonl", "")
+
+
+def test_the_beir_keys_of_notebook_04_are_validated_by_name():
+    from c2llm_lib.config import ConfigError, EvalStage
+
+    assert EvalStage(beir_sets=["a", "b"]).beir_instruction.startswith("Given a query")
+    with pytest.raises(ConfigError, match="'beir_sets' must be folder paths"):
+        EvalStage(beir_sets=[" "])
+    with pytest.raises(ConfigError, match="'beir_sets' repeats a folder"):
+        EvalStage(beir_sets=["a", "a"])
+    with pytest.raises(ConfigError, match="beir_sets"):
+        EvalStage(beir_sets="a")  # a list of folders, not one
