@@ -334,7 +334,8 @@ class DataStage:
         self.file_entries()  # names the entry and key of a bad data_files entry, before the generic type check
         check_types(self)
         require(bool(self.data_files) or self.data_source != "files", "data_files",
-                "must name at least one file or folder for data_source 'files'")  # fmt: skip
+                "must name at least one file or folder for data_source 'files', e.g. --set "
+                "data_files=[/path/to/pairs.jsonl] (a relative path resolves from notebooks/)")  # fmt: skip
         require(not self.data_files or self.data_source == "files", "data_files",
                 f"is read only with data_source 'files', but data_source is {self.data_source!r}")  # fmt: skip
         require(bool(self.files_instruction.strip()), "files_instruction", "must not be empty")
@@ -360,7 +361,8 @@ class DataStage:
         are mined, in the folder the notebook runs in)."""
         where = "(a relative path resolves from the folder the notebook runs in: notebooks/ in the pipeline)"
         if self.data_source == "code":
-            require(bool(self.code_roots), "code_roots", f"must name at least one folder of source code {where}")
+            require(bool(self.code_roots), "code_roots", "must name at least one folder of source code, e.g. "
+                    f"--set code_roots=[/path/to/your/repo] {where}")  # fmt: skip
         else:
             require(not self.code_roots, "code_roots",
                     f"is mined only with data_source 'code', not {self.data_source!r}")  # fmt: skip
