@@ -354,7 +354,8 @@ class DataStage:
         self.file_entries()  # names the entry and key of a bad data_files entry, before the generic type check
         check_types(self)
         require(bool(self.data_files) or self.data_source != "files", "data_files",
-                "must name at least one file or folder for data_source 'files'")  # fmt: skip
+                "must name at least one file or folder for data_source 'files', e.g. --set "
+                "data_files=[/path/to/pairs.jsonl] (a relative path resolves from notebooks/)")  # fmt: skip
         require(not self.data_files or self.data_source == "files", "data_files",
                 f"is read only with data_source 'files', but data_source is {self.data_source!r}")  # fmt: skip
         require(bool(self.files_instruction.strip()), "files_instruction", "must not be empty")
@@ -381,7 +382,8 @@ class DataStage:
         are mined, in the folder the notebook runs in)."""
         where = "(a relative path resolves from the folder the notebook runs in: notebooks/ in the pipeline)"
         if self.data_source == "code":
-            require(bool(self.code_roots), "code_roots", f"must name at least one folder of source code {where}")
+            require(bool(self.code_roots), "code_roots", "must name at least one folder of source code, e.g. "
+                    f"--set code_roots=[/path/to/your/repo] {where}")  # fmt: skip
         else:
             require(not self.code_roots, "code_roots",
                     f"is mined only with data_source 'code', not {self.data_source!r}")  # fmt: skip
@@ -430,9 +432,14 @@ class EvalStage:
     ablations: bool = False  # train PMA, last-token and mean poolers the same way, and PMA at smaller d
     ablation_dims: list[int] = field(default_factory=lambda: [512, 256, 128])  # PMA's d vs truncation
     hub_mirror: str | None = None  # a local folder laid out as the hub datasets (data/mirror.py) instead of the hub
+    beir_sets: list[str] = field(default_factory=list)  # local retrieval sets in the BEIR layout (data/beir.py)
+    beir_instruction: str = FILES_INSTRUCTION  # the c2llm style's query instruction for beir_sets ("": none)
 
     def __post_init__(self) -> None:
         check_types(self)
+        bad = [b for b in self.beir_sets if not b.strip() or "\0" in b]
+        require(not bad, "beir_sets", f"must be folder paths (corpus.jsonl, queries.jsonl, qrels/test.tsv), got {bad}")
+        require(len(set(self.beir_sets)) == len(self.beir_sets), "beir_sets", f"repeats a folder: {self.beir_sets}")
         require(self.eval_limit is None or self.eval_limit > 0, "eval_limit", "must be positive")
         require(self.eval_max_documents is None or self.eval_max_documents >= 500, "eval_max_documents",
                 "must be at least 500 (fewer distractors make retrieval too easy to compare) or None")  # fmt: skip

@@ -8,9 +8,16 @@ adapter), never the other way round (the pieces both need, `RetrievalTask`, `cor
   (recipe, language)) and from HumanEval. Every held-out positive is in the corpus, also when `limit`
   caps the queries, so each query competes against all held-out documents of its task (or, with
   `max_documents`, for a CPU budget: every positive of the evaluated queries and a fixed seeded sample of
-  the other documents); `task_sizes` counts queries and documents, and with an encoder how many of them
-  its evaluation length cuts (`truncation_counts`), which every results table shows with that length
-  (`results_markdown`);
+  the other documents; `limit_task` does both, for any task); `task_sizes` counts queries and documents, and with
+  an encoder how many of them its evaluation length cuts (`truncation_counts`), which every results table shows
+  with that length (`results_markdown`);
+- `heldout_tasks`: the same tasks built from a run's own held-out split (`data/heldout` of a `files` or `code` run),
+  one per (dataset, language) group: `heldout-text2code-<language>` and `heldout-code2code-<language>` for code,
+  `heldout-<group>-<language>` for a user's files; a query repeated with several positives is one query with all of
+  them relevant. No HumanEval beside them: it measures the offline recipe, not the user's data. `evaluation_tasks`
+  picks the run's tasks (its own held-out split when it has one, else the offline ones);
+- `instruction_overrides`: in the c2llm prompt style, a task whose instruction is its own (a user's files' groups,
+  a local BEIR set, `data/beir.py`) is evaluated with that instruction, as its rows trained;
 - `chunked_topk`: exact top-k by cosine over a corpus scored in chunks. Memory is bounded by
   queries x chunk plus queries x k, never queries x corpus, because a CodeSearchNet corpus has about
   1M documents;
@@ -29,7 +36,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +46,32 @@ import torch
 
 from .data.offline import TEXT_TO_CODE, humaneval_records, load_snapshot
 from .data.sources import TABLE_1
-from .retrieval import RetrievalTask, corpus_text, truncate
+from .prompts import HELDOUT_RECIPES, recipe_task
+from .retrieval import RetrievalTask, corpus_text, file_safe, truncate
+
+
+def limit_task(
+    task: RetrievalTask, limit: int | None = None, max_documents: int | None = None, seed: int = 0
+) -> RetrievalTask:
+    """`task` with its first `limit` queries (all when None) and their qrels; the corpus keeps every document, so a
+    limit shortens the query list and never the corpus. With `max_documents`, the corpus keeps every document judged
+    for an evaluated query and a sample of the others (seeded by `seed` and the task name, so the same on every run)
+    up to `max_documents`; documents keep their ids and order."""
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be a positive number of queries or None, got {limit}")
+    if max_documents is not None and max_documents < 1:
+        raise ValueError(f"max_documents must be a positive number of documents or None, got {max_documents}")
+    kept_queries = list(task.queries)[:limit]
+    queries = {q: task.queries[q] for q in kept_queries}
+    qrels = {q: task.qrels[q] for q in kept_queries}
+    corpus = task.corpus
+    if max_documents is not None and len(corpus) > max_documents:
+        judged = {d for relevant in qrels.values() for d in relevant}
+        distractors = [d for d in corpus if d not in judged]
+        k = min(len(distractors), max(0, max_documents - len(judged)))
+        kept = judged | set(random.Random(f"{seed}:{task.name}").sample(distractors, k))
+        corpus = {d: text for d, text in corpus.items() if d in kept}
+    return RetrievalTask(task.name, queries, corpus, qrels, task.instruction)
 
 
 def task_from_rows(
@@ -48,29 +81,21 @@ def task_from_rows(
     limit: int | None = None,
     max_documents: int | None = None,
     seed: int = 0,
+    distinct_queries: bool = False,
 ) -> RetrievalTask:
     """Queries from the first `limit` rows (all when None); the corpus holds every row's positive, so a limit
-    shortens the query list and never the corpus. Identical documents share an id. With `max_documents`, the
-    corpus keeps every positive of the evaluated queries and a sample of the other documents (seeded by `seed`
-    and the task name, so the same on every run) up to `max_documents`; documents keep their ids and order."""
-    if limit is not None and limit < 1:
-        raise ValueError(f"limit must be a positive number of queries or None, got {limit}")
-    if max_documents is not None and max_documents < 1:
-        raise ValueError(f"max_documents must be a positive number of documents or None, got {max_documents}")
-    corpus, ids, queries, qrels = {}, {}, {}, {}
+    shortens the query list and never the corpus. Identical documents share an id. With `distinct_queries`, rows
+    sharing a query text are one query, relevant to each of their positives (a query's other correct answers are
+    not counted as misses). `max_documents` as in `limit_task`."""
+    corpus, ids, queries, qrels, query_ids = {}, {}, {}, {}, {}
     for row in rows:
         doc_id = ids.setdefault(row["positive"], f"d{len(ids)}")
         corpus[doc_id] = row["positive"]
-    for i, row in enumerate(rows[:limit]):
-        queries[f"q{i}"] = row["query"]
-        qrels[f"q{i}"] = {ids[row["positive"]]: 1}
-    if max_documents is not None and len(corpus) > max_documents:
-        positives = {d for relevant in qrels.values() for d in relevant}
-        distractors = [d for d in corpus if d not in positives]
-        k = min(len(distractors), max(0, max_documents - len(positives)))
-        kept = positives | set(random.Random(f"{seed}:{name}").sample(distractors, k))
-        corpus = {d: text for d, text in corpus.items() if d in kept}
-    return RetrievalTask(name, queries, corpus, qrels, instruction)
+    for i, row in enumerate(rows):
+        query_id = query_ids.setdefault(row["query"], f"q{len(query_ids)}") if distinct_queries else f"q{i}"
+        queries[query_id] = row["query"]
+        qrels.setdefault(query_id, {})[ids[row["positive"]]] = 1
+    return limit_task(RetrievalTask(name, queries, corpus, qrels, instruction), limit, max_documents, seed)
 
 
 def offline_tasks(
@@ -95,6 +120,87 @@ def offline_tasks(
     return tasks
 
 
+HELDOUT_COLUMNS = ("dataset", "language", "query", "positive", "instruction")
+
+
+def heldout_task_names(groups: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """{(dataset, language): task name} of a run's held-out groups: `heldout-text2code-<language>` and
+    `heldout-code2code-<language>` for the two code recipes (`prompts.HELDOUT_RECIPES`), `heldout-<group>-<language>`
+    for a user's group (its name made file-safe; a group that would read as a code recipe's task is prefixed
+    `files-`, and names that coincide get `-2`, `-3`, ...)."""
+    short = {recipe: name for name, recipe in HELDOUT_RECIPES.items()}
+    names: dict[tuple[str, str], str] = {}
+    for dataset, language in sorted(set(groups)):
+        if dataset in short:
+            name = f"heldout-{short[dataset]}-{language}"
+        else:
+            name = f"heldout-{file_safe(dataset)}-{file_safe(language)}"
+            if recipe_task(name) != name:
+                name = f"heldout-files-{file_safe(dataset)}-{file_safe(language)}"
+        base, n = name, 1
+        while name in names.values():
+            n += 1
+            name = f"{base}-{n}"
+        names[(dataset, language)] = name
+    return names
+
+
+def heldout_tasks(
+    heldout, limit: int | None = None, max_documents: int | None = None, seed: int = 0
+) -> list[RetrievalTask]:
+    """Tasks from a run's held-out split (a `datasets.Dataset` or rows in the record schema, `data/heldout`), one per
+    (dataset, language) group as `offline_tasks` builds them (`heldout_task_names`; `limit` and `max_documents` as in
+    `limit_task`), each query once with all its positives relevant. A task's instruction is its rows' (the most
+    frequent one where a files group's rows differ); an empty split is an error."""
+    from .data.records import DataError
+
+    rows = heldout.select_columns(list(HELDOUT_COLUMNS)).to_list() if hasattr(heldout, "select_columns") else heldout
+    missing = sorted(set(HELDOUT_COLUMNS) - set(rows[0])) if rows else []
+    if not rows or missing:
+        raise DataError(f"the held-out split has {'no rows' if not rows else f'no column {missing}'}: "
+                        "rebuild it with notebook 01")  # fmt: skip
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["dataset"], row["language"]), []).append(row)
+    names = heldout_task_names(groups)
+    tasks = []
+    for group, members in sorted(groups.items(), key=lambda item: names[item[0]]):
+        instruction = Counter(r["instruction"] for r in members).most_common(1)[0][0]
+        tasks.append(task_from_rows(names[group], members, instruction, limit, max_documents, seed,
+                                    distinct_queries=True))  # fmt: skip
+    return tasks
+
+
+def evaluation_tasks(
+    heldout=None, limit: int | None = None, max_documents: int | None = None, seed: int = 0
+) -> list[RetrievalTask]:
+    """The tasks notebook 04 evaluates a run on: its own held-out split's (`heldout_tasks`) when it has one (a
+    `files` or `code` run), else the offline snapshot's held-out tasks and HumanEval (`offline_tasks`)."""
+    if heldout is not None:
+        return heldout_tasks(heldout, limit, max_documents, seed)
+    return offline_tasks(limit, max_documents=max_documents, seed=seed)
+
+
+def instruction_overrides(config, tasks: Sequence[RetrievalTask]) -> dict[str, str]:
+    """{task: its own query instruction} for the tasks whose instruction the c2llm prompt set does not give: a
+    user's files' groups and local BEIR sets (the offline and code held-out tasks' instructions are table 1's, the
+    set's own). The c2llm style trains on each row's instruction, so it evaluates such a task with the task's; the
+    peer styles evaluate with their own prompt sets, as they trained (`prompts.prompts`), and get none."""
+    from .prompts import prompts
+
+    if config.prompt_style != "c2llm":
+        return {}
+    overrides = {}
+    for task in tasks:
+        try:
+            query, _ = prompts("c2llm", task.name, config.document_prefix)
+        except ValueError:
+            query = None
+        if query != task.instruction:
+            overrides[task.name] = task.instruction
+    return overrides
+
+
 def task_sizes(
     tasks: Sequence[RetrievalTask], encoder=None, max_length: int | None = None
 ) -> dict[str, dict[str, int]]:
@@ -117,7 +223,7 @@ def truncation_counts(encoder, tasks: Sequence[RetrievalTask], max_length: int) 
     limit = max_length - (1 if encoder.config.eos_appended else 0)
     counts = {}
     for task in tasks:
-        query, document = task_prompts(encoder.config, task.name)
+        query, document = task_prompts(encoder.config, task.name, instruction_overrides(encoder.config, [task]))
         texts = {
             "truncated queries": encoder.format_texts(list(task.queries.values()), "query", query),
             "truncated documents": encoder.format_texts([corpus_text(t) for t in task.corpus.values()], "document",
@@ -193,9 +299,9 @@ def evaluate_encoder(
 
 def task_embeddings(encoder, task: RetrievalTask, batch_size: int = 16, max_length: int | None = None):
     """Unnormalised (queries (Q, d), documents (N, d)) of a task, with the prompts of the encoder's prompt style."""
-    from .prompts import prompts
+    from .mteb_code import task_prompts
 
-    query, document = prompts(encoder.config.prompt_style, task.name, encoder.config.document_prefix)
+    query, document = task_prompts(encoder.config, task.name, instruction_overrides(encoder.config, [task]))
     kwargs = {"batch_size": batch_size, "max_length": max_length, "normalize": False}
     docs = encoder.encode([corpus_text(t) for t in task.corpus.values()], kind="document", instruction=document,
                           **kwargs)  # fmt: skip
@@ -281,7 +387,8 @@ def evaluate_all(
     log=print,
 ) -> dict[str, dict[str, float]]:
     """{model: {task: nDCG@10}}: each encoder through mteb.evaluate on the tasks (cached under `cache_dir`,
-    one folder per model name), and BM25 through our scorer, which prepares documents the same way.
+    one folder per model name), and BM25 through our scorer, which prepares documents the same way. A task with a
+    query instruction of its own is evaluated with it (`instruction_overrides`).
     The models share an `EncodingCache`: no model encodes a text twice, models on one backbone object (the
     baselines) share its forward pass, and a `Truncated` view reads its encoder's embeddings."""
     from .mteb_code import EncodingCache, MTEBEncoder, offline_task, run_mteb
@@ -292,7 +399,8 @@ def evaluate_all(
     cache = EncodingCache(list(models.values()))  # every model registered first, so siblings share each pass
     for label, encoder in models.items():
         slug = "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")
-        model = MTEBEncoder(encoder, batch_size=batch_size, max_length=max_length, name=f"local/{slug}", cache=cache)
+        model = MTEBEncoder(encoder, instruction_overrides(encoder.config, tasks), batch_size=batch_size,
+                            max_length=max_length, name=f"local/{slug}", cache=cache)  # fmt: skip
         scores[label] = run_mteb(model, [offline_task(t) for t in tasks], cache_dir)
         log(f"evaluated {label}")
     return scores

@@ -377,7 +377,7 @@ def notebook_configs(params: Path, overlay: str | None, sets: dict[str, Any]):
 
     given = load_params(params)
     if overlay is not None:
-        given = apply_overlay(given, overlay)
+        given = apply_overlay(given, overlay, sets=sets)
     values = resolve({**given, **sets}, str(params))["02_train_lora_contrastive"]
     configs = []
     for cls in (ModelConfig, TrainConfig, LaunchConfig):

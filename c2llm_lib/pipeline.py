@@ -176,17 +176,21 @@ def _takes_a_list(key: str) -> bool:
     return False
 
 
-def apply_overlay(params: dict[str, Any], path: str | Path, notebook_dir: Path = NOTEBOOK_DIR) -> dict[str, Any]:
+def apply_overlay(
+    params: dict[str, Any], path: str | Path, notebook_dir: Path = NOTEBOOK_DIR, sets: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """`params` with an overlay file laid over it (e.g. params/overlays/rehearsal.yaml): its keys replace the file's,
     and the keys under `where_nonempty:` replace only a list the run has non-empty (in the file or as the notebook's
-    default), so that an overlay scales what a recipe asks for without switching on what it does not. A key there
-    must be a list parameter and be given a list: anything else would be ignored, so it is refused."""
+    default), so that an overlay scales what a recipe asks for without switching on what it does not. The run's
+    `--set` values (`sets`, applied after the overlay) take part in that validation, since a params file may need
+    one to be valid (params/own-code.yaml's code_roots). A key under `where_nonempty` must be a list parameter and
+    be given a list: anything else would be ignored, so it is refused."""
     overlay = load_params(path)
     conditional = overlay.pop("where_nonempty", {})
     if not isinstance(conditional, dict):
         raise ConfigError(f"{path}: where_nonempty must be a mapping of parameter names to lists")
     merged = {**params, **overlay}
-    resolved = resolve(merged, str(path), notebook_dir, across=False)  # the run resolves the result again, whole
+    resolved = resolve({**merged, **(sets or {})}, str(path), notebook_dir, across=False)  # the run resolves it again
     for key, value in conditional.items():
         current = [v[key] for v in resolved.values() if key in v]
         if not current:
@@ -541,7 +545,7 @@ def resolve_run(
     name = check_run_name(params_file.stem, f"{params_file}: the run name (the file's stem)")
     given = load_params(params_file)
     if overlay is not None:
-        given = apply_overlay(given, overlay, notebook_dir)
+        given = apply_overlay(given, overlay, notebook_dir, sets)
     given = {**given, **(sets or {})}
     resolved = resolve(given, str(params_file), notebook_dir)
     return name, given, resolved, select_notebooks(only)

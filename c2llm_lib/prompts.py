@@ -12,13 +12,23 @@
   (our reading of "prepend ... in the format"), and no document prefix.
 
 `prompts(style, task)` gives (query instruction, document prefix) for a task (an MTEB(Code) task, one of
-our offline tasks, or a training dataset of the same name). Training (`train.Trainer`) and evaluation
-(`mteb_code.MTEBEncoder`) both call it with the encoder's `prompt_style`, so a model is evaluated with the
-prompts it was trained with.
+our offline tasks, a run's held-out task, or a training dataset of the same name). Training (`train.Trainer`) and
+evaluation (`mteb_code.MTEBEncoder`) both call it with the encoder's `prompt_style`, so a model is evaluated with the
+prompts it was trained with. A held-out task of a `code` run (`heldout-text2code-<language>`,
+`heldout-code2code-<language>`, `eval.heldout_tasks`) takes the prompts of the recipe that mined it
+(`recipe_task`).
+
+Names no prompt set lists (a user's own group in a `files` run, its held-out tasks, a local BEIR set, a task of
+another mteb benchmark): the jina style gives them its text-to-code category, NL2Code (`USER_CATEGORY`): a user's
+pairs are queries for code or text, and the category's prefixes ask for "the most relevant code snippet"; the same
+fallback in training and in evaluation keeps the two alike. The codexembed style has one instruction for every task.
+The c2llm style raises for them: it trains on each row's own instruction, and evaluation gives such a task its own
+instruction (`mteb_code.task_prompts` with the task's override, `eval.instruction_overrides`).
 """
 
 from __future__ import annotations
 
+from .data.records import LANGUAGES
 from .data.sources import TABLE_1
 
 DOCUMENT_PREFIX = "Retrieved Answer:"
@@ -44,23 +54,40 @@ OFFLINE_TASKS = {  # our offline tasks -> the MTEB(Code) task whose recipe made 
     "offline-code2code-python": "CodeSearchNetCCRetrieval", "offline-code2code-javascript": "CodeSearchNetCCRetrieval",
     "HumanEval": "CodeSearchNetRetrieval",
 }  # fmt: skip
+HELDOUT_RECIPES = {"text2code": "CodeSearchNetRetrieval", "code2code": "CodeSearchNetCCRetrieval"}  # code runs
+USER_CATEGORY = "NL2Code"  # jina's category for a name its table does not list (a user's group, a BEIR set)
 CODEXEMBED_INSTRUCTION = "Instruct: Given Code or Text, retrieve relevant content. Query:"
 STYLES = ("c2llm", "jina", "codexembed")
+
+
+def recipe_task(task: str) -> str:
+    """The task or dataset whose prompts `task` takes: an offline task's recipe (`OFFLINE_TASKS`), a code run's
+    held-out task's recipe (`heldout-text2code-<language>` -> CodeSearchNetRetrieval, `heldout-code2code-<language>`
+    -> CodeSearchNetCCRetrieval), else `task` itself."""
+    if task in OFFLINE_TASKS:
+        return OFFLINE_TASKS[task]
+    for short, recipe in HELDOUT_RECIPES.items():
+        if task.startswith(f"heldout-{short}-") and task.removeprefix(f"heldout-{short}-") in LANGUAGES:
+            return recipe
+    return task
 
 
 def prompts(style: str, task: str, document_prefix: str = DOCUMENT_PREFIX) -> tuple[str, str]:
     """(query instruction, document prefix) of a prompt style for a task; `document_prefix` is the c2llm style's
     (an encoder passes its configured one). An instruction ending in a space or newline is used as is; the
-    encoder puts a newline after any other."""
+    encoder puts a newline after any other. A name the style's set does not list: jina's `USER_CATEGORY`, and a
+    ValueError naming it for the c2llm style (see the module docstring)."""
     if style not in STYLES:
         raise ValueError(f"unknown prompt style {style!r}; choose one of {', '.join(STYLES)}")
     if style == "codexembed":  # one instruction for every task
         return CODEXEMBED_INSTRUCTION + " ", ""
-    name = OFFLINE_TASKS.get(task, task)
+    name = recipe_task(task)
+    if style == "jina":  # a name jina's table does not list takes the text-to-code category
+        return JINA_CATEGORIES[JINA_TASKS.get(name, USER_CATEGORY)]
     if name not in C2LLM_PROMPTS:
         raise ValueError(
-            f"no {style} prompts for task {task!r}; known: {sorted(C2LLM_PROMPTS) + sorted(OFFLINE_TASKS)}"
+            f"no {style} prompts for task {task!r} (the c2llm style takes a user's task's instruction from its rows "
+            f"or an override); known: {sorted(C2LLM_PROMPTS) + sorted(OFFLINE_TASKS)} and heldout-text2code-<language>"
+            ", heldout-code2code-<language>"
         )
-    if style == "c2llm":
-        return C2LLM_PROMPTS[name], document_prefix
-    return JINA_CATEGORIES[JINA_TASKS[name]]
+    return C2LLM_PROMPTS[name], document_prefix

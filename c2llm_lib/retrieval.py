@@ -8,6 +8,7 @@ import this module, which imports neither.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +21,12 @@ class RetrievalTask:
     corpus: dict[str, str]  # doc id -> text
     qrels: dict[str, dict[str, int]]  # query id -> {doc id: relevance}
     instruction: str  # the query instruction (table 1)
+
+
+def file_safe(name: str) -> str:
+    """A task name usable as a file name in mteb's result cache: letters, digits and . _ + # - kept, any other run of
+    characters '-' (a user's group or folder name may hold a slash or spaces)."""
+    return re.sub(r"[^A-Za-z0-9._+#-]+", "-", name).strip("-.") or "unnamed"
 
 
 def corpus_text(text: str, title: str = "") -> str:

@@ -7,7 +7,8 @@ Layout:
                            and per notebook its status, seconds and peak resident memory
     notebooks/NN_*.ipynb   the executed notebooks
     notebooks/NN_*.html    the same as HTML pages, to read without a kernel
-    data/                  prepared datasets (Arrow), e.g. data/train
+    data/                  prepared datasets (Arrow): data/train, and data/heldout when the run's source holds rows
+                           out to evaluate on (data_source files or code)
     checkpoints/step-*/    training checkpoints (adapter + head + trainer state)
     logs/02_train/         notebook 02's launcher with several processes: trainer params, step log, each rank's output
     merged/                the merged encoder (merge.evaluation_form): base + one LoRA adapter, or dense float32
@@ -66,19 +67,22 @@ from .files import load_json
 
 PRODUCERS = {
     "data/train": "01_data_prep",
+    "data/heldout": "01_data_prep",
     "data/eval": "01_data_prep",
     "checkpoints": "02_train_lora_contrastive",
     "metrics/train.json": "02_train_lora_contrastive",
     "merged": "03_merge_checkpoints",
 }
 # What each notebook reads from the run directory (fingerprinted: a finished notebook whose inputs changed
-# reruns on --resume) and what it writes (replaced by --overwrite --only). Globs relative to the run root.
+# reruns on --resume) and what it writes (replaced by --overwrite --only). Globs relative to the run root. An input
+# that is absent fingerprints as "missing" (data/heldout of an offline or hub run); 01's "data" holds data/heldout.
 INPUTS = {
     "01_data_prep": (),
     "02_train_lora_contrastive": ("data/train",),
     "03_merge_checkpoints": ("checkpoints", "metrics/train.json"),
-    "04_eval_mteb_code": ("merged", "data/train", "metrics/train.json"),  # the last two for the ablations
-    "05_pma_attention": ("merged",),
+    # data/heldout: the run's own held-out tasks; data/train and metrics/train.json: the ablations
+    "04_eval_mteb_code": ("merged", "data/heldout", "data/train", "metrics/train.json"),
+    "05_pma_attention": ("merged", "data/heldout"),
     "06_recipe_comparison": ("data/train", "metrics/train.json"),
     "07_search_code": ("merged",),
 }
@@ -94,6 +98,7 @@ PRODUCTS = {
         "metrics/eval.json",
         "metrics/eval_tasks.json",
         "metrics/results.md",
+        "metrics/beir*.json",
         "figures/scores.png",
         "metrics/ablations.*",
         "figures/ablation_*",
@@ -549,7 +554,21 @@ class RunDir:
         table.save_to_disk(str(path))
         return path
 
+    def drop_dataset(self, name: str) -> bool:
+        """Deletes data/<name> if it is there (whether it was); notebook 01 drops data/heldout when its source holds
+        nothing out, so that no later notebook reads an earlier source's split."""
+        path = self.data_path(name)
+        if not path.exists() and not path.is_symlink():
+            return False
+        _delete_inside(path, self.root.resolve())
+        return True
+
     def load_dataset(self, name: str):
         from datasets import load_from_disk
 
         return load_from_disk(str(self.require(f"data/{name}")))
+
+    def optional_dataset(self, name: str):
+        """data/<name> as a Dataset, or None when the run has none (data/heldout of an offline or hub run)."""
+        path = self.data_path(name)
+        return self.load_dataset(name) if path.exists() or path.is_symlink() else None

@@ -14,6 +14,13 @@ characters lie wholly inside it: byte-level BPE fuses the prefix's last characte
 `TokenAttention` from weights computed earlier (notebook 07's search index keeps each function's), checking they
 count the text's tokens.
 
+Over a corpus (`attention_documents`: a files or code run's own held-out documents, any language, else the offline
+snapshot's held-out Python functions) the attention is shared out by token category. Python is read by Python's
+`tokenize` (`char_categories`); the other languages mined from code by their tree-sitter grammar (`data.grammars`),
+whose leaf nodes give the same categories (`grammar_char_categories`): one scheme per language from that language's
+own parser, never Python's rules applied to Go. A text in a language with neither (a files run's "mixed" rows) has no
+categories and is left out of the shares, which say how many texts they cover.
+
 `loss_curves` titles the training loss with the loss the recipe trained (section 4.1's in-batch + hard-negative
 InfoNCE, an in-batch-only or joint-softmax variant, or a Matryoshka sum over widths) and draws per-width curves.
 
@@ -271,6 +278,37 @@ def score_bars(frame):
     return detached(fig)
 
 
+def attention_documents(heldout=None) -> list[tuple[str, str]]:
+    """(text, language) of the held-out documents notebook 05 draws attention over. With a run's held-out split
+    (`data/heldout` of a files or code run, a Dataset or rows) its distinct positives: whole documents before a code
+    run's code->code continuations (fragments of a function), and within each the languages in turn, so that the
+    first few examples span them. Without one, the offline snapshot's held-out Python functions (the corpus of
+    the default run's figures)."""
+    if heldout is None:
+        from .data.offline import load_snapshot
+
+        wanted = ("test", "CodeSearchNetRetrieval", "python")
+        return [(r["positive"], "python") for r in load_snapshot()
+                if (r["split"], r["dataset"], r["language"]) == wanted]  # fmt: skip
+    from .prompts import HELDOUT_RECIPES
+
+    columns = ["dataset", "language", "positive"]
+    rows = heldout.select_columns(columns).to_list() if hasattr(heldout, "select_columns") else list(heldout)
+    tiers: list[dict[str, list[str]]] = [{}, {}]  # [whole documents, continuations]: language -> texts
+    seen: set[str] = set()
+    for row in rows:
+        if row["positive"] not in seen:
+            seen.add(row["positive"])
+            tier = tiers[row["dataset"] == HELDOUT_RECIPES["code2code"]]
+            tier.setdefault(row["language"], []).append(row["positive"])
+    out = []
+    for tier in tiers:
+        queues = [[(text, language) for text in texts] for language, texts in sorted(tier.items())]
+        for turn in range(max(map(len, queues), default=0)):
+            out += [queue[turn] for queue in queues if turn < len(queue)]
+    return out
+
+
 CATEGORIES = ("identifier", "keyword", "operator/punctuation", "literal", "comment/docstring", "whitespace",
               "instruction/prefix", "special")  # fmt: skip
 
@@ -312,14 +350,75 @@ def char_categories(code: str) -> list[str]:
     return cats
 
 
+LITERAL_NODES = ("string", "char", "number", "integer", "float", "literal", "escape", "rune", "regex", "heredoc")
+LITERAL_WORDS = ("true", "false", "nil", "null", "none", "undefined")
+PARSE_PREFIX = {"php": "<?php\n"}  # a PHP function parses as PHP only after the opening tag
+
+
+def _leaves(node):
+    if node.child_count == 0:
+        yield node
+    for child in node.children:
+        yield from _leaves(child)
+
+
+def _leaf_category(node, text: str) -> str:
+    """The category of one tree-sitter leaf: comments, literals (string, number, character nodes, their quotes, and
+    true/false/nil/null), identifiers (any `*identifier` node, a name or constant), keywords (any other word: the
+    grammar's keywords, `this`/`self`, and built-in type names such as `int` or `i32`), else operator/punctuation."""
+    kind = node.type.lower()
+    if node.is_named and "comment" in kind:
+        return "comment/docstring"
+    if (node.is_named and any(w in kind for w in LITERAL_NODES)) or kind in LITERAL_WORDS or text[:1] in "\"'`":
+        return "literal"
+    if node.is_named and ("identifier" in kind or kind in ("name", "constant")):
+        return "identifier"
+    return "keyword" if text.isidentifier() else "operator/punctuation"
+
+
+def grammar_char_categories(code: str, language: str) -> list[str] | None:
+    """The category of every character of `code` from the leaves of its parse by `language`'s tree-sitter grammar
+    (`data.grammars`, the grammars that mine your code; `_leaf_category`), "whitespace" between leaves; None for a
+    language with no grammar there. A fragment (a code->code continuation) parses with error nodes, whose leaves are
+    classified all the same."""
+    from .data.grammars import GRAMMARS, parser_for
+
+    grammar = next((g for g in GRAMMARS if g.language == language), None)
+    if grammar is None:
+        return None
+    prefix = PARSE_PREFIX.get(language, "").encode()
+    source = prefix + code.encode()
+    char_of = [i for i, ch in enumerate(code) for _ in ch.encode()] + [len(code)]  # byte -> character index
+    cats = ["whitespace"] * len(code)
+    parser, _ = parser_for(grammar)
+    for leaf in _leaves(parser.parse(source).root_node):
+        begin, end = max(leaf.start_byte - len(prefix), 0), max(leaf.end_byte - len(prefix), 0)
+        if end <= begin:
+            continue
+        first, last = char_of[begin], char_of[end]
+        category = _leaf_category(leaf, source[leaf.start_byte : leaf.end_byte].decode(errors="replace"))
+        cats[first:last] = [category] * (last - first)
+    return cats
+
+
+def code_char_categories(code: str, language: str) -> list[str] | None:
+    """The category of every character of `code`: Python's own `tokenize` for Python (`char_categories`), the
+    language's tree-sitter grammar for the other languages mined from code (`grammar_char_categories`), and None
+    for a language with neither (a files run's "mixed" rows, SQL, prose): no scheme pretends to read it."""
+    return char_categories(code) if language == "python" else grammar_char_categories(code, language)
+
+
 def token_categories(encoder, text: str, kind: str = "document", instruction: str | None = None,
-                     max_tokens: int = 512) -> list[str]:  # fmt: skip
+                     max_tokens: int = 512, language: str = "python") -> list[str] | None:  # fmt: skip
     """The category of each token `pma_attention` shows for `text`, from character offsets: a token lying wholly
     inside the instruction or document prefix is "instruction/prefix"; any other token takes the category of the
     first non-space character of its code part (a token fusing the prefix's end with code, as `:def`, counts as
-    code); special tokens are "special"."""
+    code); special tokens are "special". The characters' categories come from `code_char_categories` for the
+    text's `language`; None when that language has no scheme."""
+    chars = code_char_categories(text, language)
+    if chars is None:
+        return None
     formatted, ids, offsets, prefix, _ = tokenize_with_offsets(encoder, text, kind, instruction, max_tokens)
-    chars = char_categories(text)
     special = set(encoder.tokenizer.all_special_ids)
     cats = []
     for tok_id, span in zip(ids, offsets, strict=True):
@@ -335,19 +434,22 @@ def token_categories(encoder, text: str, kind: str = "document", instruction: st
     return cats
 
 
-def attention_shares(items: Sequence[TokenAttention], categories: Sequence[Sequence[str]]):
+def attention_shares(items: Sequence[TokenAttention], categories: Sequence[Sequence[str] | None]):
     """Share of attention (mean over heads, then over texts) by token category; the shares sum to 1. The shares
-    are over the tokens each text was cut to (`truncation_summary` says how many texts were cut)."""
+    are over the tokens each text was cut to (`truncation_summary` says how many texts were cut). A text whose
+    categories are None (a language with no scheme, `token_categories`) is left out; with none left every share is
+    NaN."""
     import pandas as pd
 
-    totals = dict.fromkeys(CATEGORIES, 0.0)
-    for item, cats in zip(items, categories, strict=True):
+    kept = [(item, cats) for item, cats in zip(items, categories, strict=True) if cats is not None]
+    totals = dict.fromkeys(CATEGORIES, 0.0 if kept else float("nan"))
+    for item, cats in kept:
         if len(cats) != len(item.tokens):
             raise ValueError(f"attention_shares: {len(cats)} categories for {len(item.tokens)} tokens "
                              "(token_categories and pma_attention need the same max_tokens)")  # fmt: skip
         weights = item.weights.mean(0)  # (T,)
         for w, c in zip(weights, cats, strict=True):
-            totals[c] += float(w) / len(items)
+            totals[c] += float(w) / len(kept)
     return pd.Series(totals, name="attention share")
 
 

@@ -10,6 +10,10 @@ from c2llm_lib.train import split_params
 
 PARAMS_DIR = Path(__file__).resolve().parent.parent / "params"
 PARAMS = sorted(PARAMS_DIR.glob("*.yaml"))
+FIXTURES = PARAMS_DIR.parent / "tests" / "fixtures"
+# the params files that run on a folder or file of the user's, named with --set (the rehearsal's fixtures here)
+USERS = {"own-code": {"code_roots": [str(FIXTURES / "own-code")]},
+         "own-pairs": {"data_files": [str(FIXTURES / "own-pairs.jsonl")]}}  # fmt: skip
 
 
 def test_the_expected_params_files_exist():
@@ -19,7 +23,7 @@ def test_the_expected_params_files_exist():
 
 @pytest.mark.parametrize("path", PARAMS, ids=lambda p: p.stem)
 def test_params_file_validates(path):
-    resolved = resolve(load_params(path), str(path))
+    resolved = resolve({**load_params(path), **USERS.get(path.stem, {})}, str(path))
     assert set(resolved) == {"01_data_prep", "02_train_lora_contrastive", "03_merge_checkpoints",
                              "04_eval_mteb_code", "05_pma_attention", "06_recipe_comparison",
                              "07_search_code"}  # fmt: skip
@@ -53,3 +57,16 @@ def test_the_peer_recipes_are_their_papers():
         5e-5, "linear", 50, True)  # fmt: skip
     assert codex["learning_rate"] * codex["min_lr_ratio"] == pytest.approx(5e-6)
     assert codex["global_batch_size"] == 1024 and not codex["mrl_dims"]
+
+
+@pytest.mark.parametrize("stem", USERS)
+def test_a_params_file_for_your_own_data_names_the_key_to_set(stem, tmp_path, capsys):
+    from c2llm_lib.pipeline import main
+
+    (key,) = USERS[stem]
+    text = (PARAMS_DIR / f"{stem}.yaml").read_text()
+    assert f"--set {key}=[" in text and f"# {key}: [" in text  # the header says how to point it at yours
+    assert main([str(PARAMS_DIR / f"{stem}.yaml"), "--outputs", str(tmp_path)]) == 1
+    error = capsys.readouterr().err
+    assert f"parameter {key!r} must name at least one" in error and f"e.g. --set {key}=[/path/to/" in error
+    assert not any(tmp_path.iterdir())  # refused before a run directory was made

@@ -49,8 +49,26 @@ def test_prompt_sets_cover_every_task():
     assert prompts("c2llm", "CosQA", document_prefix="Doc:")[1] == "Doc:"
     with pytest.raises(ValueError, match="unknown prompt style"):
         prompts("e5", "CosQA")
-    with pytest.raises(ValueError, match="no jina prompts for task"):
-        prompts("jina", "NoSuchTask")
+    with pytest.raises(ValueError, match="no c2llm prompts for task 'NoSuchTask'"):
+        prompts("c2llm", "NoSuchTask")
+
+
+def test_a_users_group_and_heldout_tasks_take_the_documented_fallback():
+    from c2llm_lib.data.sources import TABLE_1
+    from c2llm_lib.prompts import JINA_CATEGORIES, USER_CATEGORY, recipe_task
+
+    assert USER_CATEGORY == "NL2Code"
+    for name in ("own-pairs", "heldout-own-pairs-python", "my-beir-set", "NoSuchTask"):  # not in jina's table
+        assert prompts("jina", name) == JINA_CATEGORIES["NL2Code"]
+    # a code run's held-out tasks take the prompts of the recipe that mined them, in every style
+    assert recipe_task("heldout-code2code-go") == "CodeSearchNetCCRetrieval"
+    assert recipe_task("heldout-text2code-c++") == "CodeSearchNetRetrieval"
+    assert recipe_task("heldout-text2code-klingon") == "heldout-text2code-klingon"  # not a language: a user's name
+    assert prompts("jina", "heldout-code2code-go") == JINA_CATEGORIES["Code2Completion"]
+    assert prompts("jina", "heldout-text2code-go") == JINA_CATEGORIES["NL2Code"]
+    assert prompts("c2llm", "heldout-code2code-rust") == (TABLE_1["CodeSearchNetCCRetrieval"], "Retrieved Answer:")
+    with pytest.raises(ValueError, match="no c2llm prompts for task 'own-pairs'.*from its rows or an override"):
+        prompts("c2llm", "own-pairs")  # c2llm trains on the rows' own instructions: evaluation gives the task's
 
 
 # the peer recipes wired into training and evaluation -----------------------------------------------------------
@@ -79,9 +97,11 @@ def test_the_trainer_formats_each_prompt_style():
     assert texts["jina"][2] == "Candidate code snippet:\n" + positive
     assert texts["codexembed"][0] == "Instruct: Given Code or Text, retrieve relevant content. Query: " + query
     assert texts["codexembed"][2] == positive  # no document prefix
-    jina = Trainer(build_tiny(**TINY_LORA, prompt_style="jina"), _rows("Set0"), TrainConfig(global_batch_size=4))
-    with pytest.raises(ValueError, match="no jina prompts for task 'Set0'"):
-        jina.texts(_rows("Set0")[:2])
+    # a user's own group (data_source files): jina's text-to-code category, not an error
+    jina = Trainer(build_tiny(**TINY_LORA, prompt_style="jina"), _rows("own-pairs"), TrainConfig(global_batch_size=4))
+    own, _ = jina.texts(_rows("own-pairs")[:2])
+    assert own[0] == "Find the most relevant code snippet given the following query:\n" + query
+    assert own[2] == "Candidate code snippet:\n" + positive
 
 
 def test_the_trainer_applies_mrl_and_refuses_a_width_it_cannot_cut():
@@ -132,8 +152,7 @@ def test_the_mteb_wrapper_uses_the_encoders_prompt_style():
     jina = MTEBEncoder(build_tiny(pooling="last_token", prompt_style="jina"))
     assert jina.task_prompts("CodeFeedbackMT") == JINA_CATEGORIES["TechQA"]
     assert jina.task_prompts("offline-code2code-python") == JINA_CATEGORIES["Code2Completion"]
-    with pytest.raises(ValueError, match="no jina prompts"):
-        jina.task_prompts("MockRetrievalTask")
+    assert jina.task_prompts("MockRetrievalTask") == JINA_CATEGORIES["NL2Code"]  # a task jina's table lacks
     assert MTEBEncoder(jina.model, prompts={"MockRetrievalTask": "Q:"}).task_prompts("MockRetrievalTask")[0] == "Q:"
 
 

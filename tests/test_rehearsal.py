@@ -4,8 +4,11 @@
 scales the sizes down; the hub datasets come from a local mirror laid out as the hub repositories
 (tests/hub_mirror.py), and the release from a checkpoint folder in the released layout. Everything else runs as
 shipped: bf16 where the file says so, decontamination against the MTEB(Code) test data as mteb loads it, the
-checkpoints the file selects and their merge, the prompts, the evaluation settings. A params file that no rehearsal
-covers fails `test_every_params_file_is_rehearsed`.
+checkpoints the file selects and their merge, the prompts, the evaluation settings. The params files for a user's own
+data (own-code, own-pairs) get what a user names with --set from the repository's fixtures: a multi-language source
+tree and a FlagEmbedding JSONL (with a BEIR set beside it), which must come out unchanged. A params file that no
+rehearsal covers fails `test_every_params_file_is_rehearsed`. metrics/train.json records the dtype `auto` resolved
+to on this CPU, so a file shipping `auto` is checked for bfloat16 or float32.
 """
 
 from __future__ import annotations
@@ -35,7 +38,16 @@ MEANT_FOR = {
     "codexembed-style": ["01", "02", "03", "04"],
     "released-c2llm-0.5b": ["04"],  # evaluates a release; trains nothing
     "compare-recipes": ["01", "06"],
+    "own-code": ["01", "02", "03", "04", "05"],  # your code: trained, evaluated on its held-out files, drawn
+    "own-pairs": ["01", "02", "03", "04", "05"],  # your pairs: the same on its held-out queries
     "smoke": None,  # runs whole, exactly as shipped, in tests/test_pipeline.py
+}
+FIXTURES = REPO / "tests" / "fixtures"
+# What a user names with --set for the params files that run on their own data: here the repository's fixtures,
+# a multi-language source tree and a FlagEmbedding JSONL of pairs.
+USER_DATA = {
+    "own-code": {"code_roots": [str(FIXTURES / "own-code")]},
+    "own-pairs": {"data_files": [str(FIXTURES / "own-pairs.jsonl")]},
 }
 
 
@@ -70,11 +82,17 @@ def shipped(stem: str) -> dict:
 @pytest.mark.parametrize("stem", [s for s, only in MEANT_FOR.items() if only], ids=str)
 def test_rehearsal(stem, mirror, release, tmp_path):
     only = MEANT_FOR[stem]
-    sets = {"hub_mirror": str(mirror)}
+    sets = {"hub_mirror": str(mirror), **USER_DATA.get(stem, {})}
+    if stem == "own-pairs":  # and a local retrieval set in the BEIR layout beside the held-out split
+        from test_beir import write_set
+
+        sets["beir_sets"] = [str(write_set(tmp_path / "beir" / "my-set"))]
     if "eval_released" in shipped(stem):
         sets["eval_released"] = str(release)
+    before = fixtures_snapshot()
     run = run_pipeline(PARAMS / f"{stem}.yaml", only=only, sets=sets, overlay=OVERLAY, outputs=tmp_path,
                        log=lambda *_: None)  # fmt: skip
+    assert fixtures_snapshot() == before  # nothing in the user's folder or file changed, nothing was added
     executed_without_error(run.root, only)
     manifest = json.loads((run.root / "manifest.json").read_text())
     assert manifest["status"] == "finished" and manifest["overlay"].endswith("rehearsal.yaml")
@@ -96,6 +114,57 @@ def test_rehearsal(stem, mirror, release, tmp_path):
         check_merge(run.root, params)
     if "04" in only:
         check_evaluation(run.root, params)
+    if stem in USER_DATA:
+        check_own_data(run.root, params["eval_limit"])
+    if sets.get("beir_sets"):
+        check_beir(run.root)
+
+
+def fixtures_snapshot() -> dict[str, tuple[bytes, int]]:
+    """{path: (bytes, mtime_ns)} of every file and folder under tests/fixtures, links not followed."""
+    return {str(p.relative_to(FIXTURES)): (p.read_bytes() if p.is_file() and not p.is_symlink() else b"",
+                                           p.lstat().st_mtime_ns) for p in FIXTURES.rglob("*")}  # fmt: skip
+
+
+def check_beir(root: Path) -> None:
+    """The BEIR set was scored by every model beside the held-out tasks, in a table of its own stating its size."""
+    scores = json.loads((root / "metrics" / "beir.json").read_text())
+    assert set(scores) == set(json.loads((root / "metrics" / "eval.json").read_text()))  # the same models
+    assert all(set(s) == {"beir-my-set"} for s in scores.values())
+    assert json.loads((root / "metrics" / "beir_tasks.json").read_text())["beir-my-set"]["queries"] == 3
+    results = (root / "metrics" / "results.md").read_text()
+    table = results[results.index("### Local BEIR sets") :]
+    assert "| model | beir-my-set | mean |" in table and "| *queries per task* | 3 |" in table
+    assert "| *documents per task* | 4 |" in table
+
+
+def check_own_data(root: Path, eval_limit: int) -> None:
+    """A run on the user's own data saved its held-out split, was evaluated on it (one task per dataset and
+    language, no HumanEval), every table stating each task's queries and documents, and drew attention over it."""
+    from datasets import load_from_disk
+
+    from c2llm_lib.eval import heldout_task_names
+
+    heldout = load_from_disk(str(root / "data" / "heldout"))
+    data = json.loads((root / "metrics" / "data.json").read_text())
+    assert data["heldout_rows"] == len(heldout) > 0
+    names = heldout_task_names(zip(heldout["dataset"], heldout["language"], strict=True))
+    sizes = json.loads((root / "metrics" / "eval_tasks.json").read_text())
+    assert sorted(sizes) == sorted(names.values()) and "HumanEval" not in sizes
+    for name, counts in sizes.items():
+        group = [r for r in heldout if names[(r["dataset"], r["language"])] == name]
+        assert counts["documents"] == len({r["positive"] for r in group})  # every held-out document of the group
+        assert counts["queries"] == min(len({r["query"] for r in group}), eval_limit)  # each distinct query once
+    lines = (root / "metrics" / "results.md").read_text().split("### Local BEIR sets")[0].splitlines()
+    assert "on the run's own held-out split" in lines[0]
+    columns = [c.strip() for c in lines[2].strip("|").split("|")][1:]
+    assert sorted(columns[:-1]) == sorted(sizes) and columns[-1] == "mean"
+    for count in ("queries", "documents"):
+        (row,) = [line for line in lines if line.startswith(f"| *{count} per task* |")]
+        cells = [c.strip() for c in row.strip("|").split("|")][1:]
+        assert cells[: len(sizes)] == [str(sizes[task][count]) for task in columns[:-1]]
+    attention = json.loads((root / "metrics" / "attention.json").read_text())
+    assert set(attention["corpus_languages"]) <= set(heldout["language"]) and attention["category_texts"]
 
 
 def check_data(root: Path, params: dict) -> None:
@@ -135,3 +204,16 @@ def check_evaluation(root: Path, params: dict) -> None:
         benchmark = (root / "metrics" / "mteb_code.md").read_text()
         for task in ("AppsRetrieval", "CodeEditSearchRetrieval", "SyntheticText2SQL"):
             assert task in benchmark
+
+
+def test_the_overlay_is_validated_with_the_runs_sets():
+    """A params file that needs a --set to be valid (your folder or file) takes the overlay: the sets take part in
+    the overlay's validation, and are laid over it afterwards, as on the command line."""
+    from c2llm_lib.config import ConfigError
+    from c2llm_lib.pipeline import apply_overlay, load_params
+
+    for stem, sets in USER_DATA.items():
+        merged = apply_overlay(load_params(PARAMS / f"{stem}.yaml"), OVERLAY, sets=sets)
+        assert merged["backbone"] == "tiny-random-qwen2" and not set(sets) & set(merged)
+        with pytest.raises(ConfigError, match=f"{next(iter(sets))}' must name at least one"):
+            apply_overlay(load_params(PARAMS / f"{stem}.yaml"), OVERLAY)

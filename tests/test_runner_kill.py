@@ -46,7 +46,7 @@ def wait_for_steps(runner: subprocess.Popen, log: Path, steps: int = 3, timeout:
         if log.is_file() and len(log.read_text().splitlines()) > steps:  # a header, then one line per step
             return
         if runner.poll() is not None:
-            raise AssertionError(f"the runner ended (exit {runner.returncode}) before training:\n{runner.stdout.read()}")
+            raise AssertionError(f"the runner ended ({runner.returncode}) before training:\n{runner.stdout.read()}")
         time.sleep(1)
     raise AssertionError(f"{log} did not reach {steps} steps in {timeout}s")
 

@@ -182,3 +182,61 @@ def test_a_token_fusing_the_prefix_with_code_counts_as_code(make_encoder):
     assert cats[:4] == ["instruction/prefix"] * 3 + ["keyword"]  # ":def" is the keyword def
     query = token_categories(enc, "def f(): pass", kind="query", instruction="Find the code.\n")
     assert query == ["instruction/prefix"] * 4 + ["keyword", "identifier", "operator/punctuation", "keyword"]
+
+
+# token categories of the languages mined from your code, and notebook 05's documents ----------------------------
+GO = 'func Clamp(v int) string {\n\t// the café of v\n\treturn fmt.Sprint("é", v + 1, true)\n}\n'
+
+
+def test_other_languages_are_classed_by_their_own_grammar_known_answer():
+    from c2llm_lib.viz import code_char_categories
+
+    cats = code_char_categories(GO, "go")
+    assert len(cats) == len(GO)
+    at = {word: cats[GO.index(word)] for word in ("func", "Clamp", "(", "int", "// the", "return", "fmt", '"é"',
+                                                  "1", "true", "+")}  # fmt: skip
+    assert at == {
+        "func": "keyword", "Clamp": "identifier", "(": "operator/punctuation", "int": "identifier",
+        "// the": "comment/docstring", "return": "keyword", "fmt": "identifier", '"é"': "literal", "1": "literal",
+        "true": "literal", "+": "operator/punctuation",
+    }  # fmt: skip
+    assert cats[GO.index("v + 1")] == "identifier"  # the characters after a non-ASCII one stay aligned
+    assert cats[GO.index("\treturn")] == "whitespace"
+    php = "function add($a) {\n    return $a + 1;\n}"  # parsed after PHP's opening tag, which it lacks
+    php_cats = code_char_categories(php, "php")
+    assert php_cats[0] == "keyword" and php_cats[php.index("add")] == "identifier" and php_cats[-1] != "whitespace"
+    java = "int half(int n) { return n / 2; }"
+    assert code_char_categories(java, "java")[0] == "keyword"  # a built-in type name is a word of the grammar
+    assert code_char_categories(SNIPPET, "python") == char_categories(SNIPPET)  # Python keeps its own tokenize
+
+
+def test_a_language_with_no_scheme_is_left_out_of_the_shares(make_encoder):
+    from c2llm_lib.viz import code_char_categories
+
+    assert code_char_categories("SELECT 1", "sql") is None and code_char_categories("some prose", "mixed") is None
+    enc = make_encoder(pma_heads=4)
+    assert token_categories(enc, "some prose", language="mixed") is None
+    texts = [SNIPPET, "some prose"]
+    items = pma_attention(enc, texts, max_tokens=512)
+    cats = [token_categories(enc, SNIPPET), None]
+    shares = attention_shares(items, cats)
+    np.testing.assert_allclose(shares.to_numpy(), attention_shares(items[:1], cats[:1]).to_numpy())  # prose ignored
+    assert attention_shares(items[1:], [None]).isna().all()  # nothing classed: no shares, not zeros
+
+
+def test_attention_documents_span_the_languages_whole_functions_first():
+    from c2llm_lib.data.offline import load_snapshot
+    from c2llm_lib.viz import attention_documents
+
+    def row(dataset, language, positive):
+        return {"dataset": dataset, "language": language, "positive": positive, "query": "q"}
+
+    heldout = [row("CodeSearchNetCCRetrieval", "go", "go rest"), row("CodeSearchNetRetrieval", "python", "py 1"),
+               row("CodeSearchNetRetrieval", "python", "py 2"), row("CodeSearchNetRetrieval", "go", "go 1"),
+               row("CodeSearchNetRetrieval", "python", "py 1"), row("own-pairs", "mixed", "an answer")]  # fmt: skip
+    assert attention_documents(heldout) == [("go 1", "go"), ("an answer", "mixed"), ("py 1", "python"),
+                                            ("py 2", "python"), ("go rest", "go")]  # fmt: skip
+    offline = attention_documents(None)  # the default run's corpus, as before: held-out Python functions
+    first = next(r for r in load_snapshot() if r["split"] == "test" and r["dataset"] == "CodeSearchNetRetrieval"
+                 and r["language"] == "python")  # fmt: skip
+    assert offline[0] == (first["positive"], "python") and {language for _, language in offline} == {"python"}

@@ -1,0 +1,118 @@
+"""Evaluation on a run's own held-out split (`data/heldout` of a files or code run): the tasks it makes, known answers
+of which documents and qrels each holds, their names and instructions, and the offline tasks kept for the others."""
+
+from pathlib import Path
+
+import pytest
+
+from c2llm_lib.data.records import DataError
+from c2llm_lib.data.sources import TABLE_1
+from c2llm_lib.eval import (
+    evaluation_tasks,
+    heldout_task_names,
+    heldout_tasks,
+    instruction_overrides,
+    offline_tasks,
+    task_sizes,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+FILES = "Given a query, retrieve relevant code or text that answers it:"
+
+
+def row(dataset, language, query, positive, instruction=FILES):
+    return {"dataset": dataset, "language": language, "query": query, "positive": positive, "negatives": [],
+            "instruction": instruction, "file": "pairs.jsonl", "row": 0}  # fmt: skip
+
+
+ROWS = [
+    row("pairs", "python", "read json", "def load(p): ..."),
+    row("pairs", "python", "count words", "def count(t): ..."),
+    row("pairs", "python", "read json", "def load_json(p): ..."),  # the same query, a second positive
+    row("pairs", "python", "parse json", "def load(p): ..."),  # the same document, a second query
+    row("pairs", "python", "sum a list", "def total(xs): ...", instruction="Find the function:"),
+    row("pairs", "go", "reverse a slice", "func Reverse(s []int) {}"),
+    row("tickets", "mixed", "login fails", "check the session cookie"),
+]
+
+
+def test_heldout_tasks_known_answer():
+    tasks = {t.name: t for t in heldout_tasks(ROWS)}
+    assert list(tasks) == ["heldout-pairs-go", "heldout-pairs-python", "heldout-tickets-mixed"]
+    python = tasks["heldout-pairs-python"]
+    assert python.queries == {"q0": "read json", "q1": "count words", "q2": "parse json", "q3": "sum a list"}
+    assert python.corpus == {"d0": "def load(p): ...", "d1": "def count(t): ...", "d2": "def load_json(p): ...",
+                             "d3": "def total(xs): ..."}  # fmt: skip
+    assert python.qrels == {"q0": {"d0": 1, "d2": 1}, "q1": {"d1": 1}, "q2": {"d0": 1}, "q3": {"d3": 1}}
+    assert python.instruction == FILES  # the group's most frequent instruction
+    assert tasks["heldout-pairs-go"].corpus == {"d0": "func Reverse(s []int) {}"}
+    assert task_sizes(tasks.values())["heldout-pairs-python"] == {"queries": 4, "documents": 4}
+    limited = {t.name: t for t in heldout_tasks(ROWS, limit=1)}["heldout-pairs-python"]
+    assert limited.queries == {"q0": "read json"} and limited.corpus == python.corpus  # the corpus stays whole
+    assert limited.qrels == {"q0": {"d0": 1, "d2": 1}}
+
+
+def test_max_documents_keeps_the_evaluated_positives_and_samples_the_rest():
+    rows = [row("pairs", "python", f"query {i}", f"document {i}") for i in range(30)]
+    (task,) = heldout_tasks(rows, limit=2, max_documents=10)
+    assert len(task.corpus) == 10 and {"d0", "d1"} <= set(task.corpus)
+    assert [t.corpus for t in heldout_tasks(rows, limit=2, max_documents=10)] == [task.corpus]  # fixed
+    assert heldout_tasks(rows, limit=2, max_documents=10, seed=1)[0].corpus != task.corpus
+
+
+def test_task_names_for_code_recipes_and_user_groups():
+    groups = [("CodeSearchNetRetrieval", "go"), ("CodeSearchNetCCRetrieval", "c++"), ("my pairs/v2", "python"),
+              ("text2code", "python"), ("a b", "x"), ("a/b", "x")]  # fmt: skip
+    names = heldout_task_names(groups)
+    assert names[("CodeSearchNetRetrieval", "go")] == "heldout-text2code-go"
+    assert names[("CodeSearchNetCCRetrieval", "c++")] == "heldout-code2code-c++"
+    assert names[("my pairs/v2", "python")] == "heldout-my-pairs-v2-python"  # a file name in mteb's cache
+    assert names[("text2code", "python")] == "heldout-files-text2code-python"  # never read as the code recipe
+    assert sorted([names[("a b", "x")], names[("a/b", "x")]]) == ["heldout-a-b-x", "heldout-a-b-x-2"]
+
+
+def test_a_code_runs_heldout_split_makes_one_task_per_recipe_and_language():
+    from c2llm_lib.data.code_trees import prepare_code
+
+    heldout = prepare_code([str(REPO / "tests" / "fixtures" / "own-code")]).heldout
+    tasks = {t.name: t for t in evaluation_tasks(heldout, limit=3)}
+    groups = {(r["dataset"], r["language"]) for r in heldout}
+    assert len(tasks) == len(groups) and "HumanEval" not in tasks  # HumanEval measures the offline recipe only
+    assert {"heldout-text2code-go", "heldout-code2code-go", "heldout-text2code-python"} <= set(tasks)
+    for (dataset, language), name in heldout_task_names(groups).items():
+        task = tasks[name]
+        positives = {r["positive"] for r in heldout if (r["dataset"], r["language"]) == (dataset, language)}
+        assert set(task.corpus.values()) == positives  # every held-out positive of the group, each once
+        assert len(task.queries) == min(3, len({r["query"] for r in heldout if r["dataset"] == dataset
+                                                and r["language"] == language}))  # fmt: skip
+        assert task.instruction == TABLE_1[dataset]
+    code_instructions = instruction_overrides(_config("c2llm"), list(tasks.values()))
+    assert code_instructions == {}  # table 1's instructions: what the c2llm prompt set gives these tasks anyway
+
+
+def test_a_files_task_is_evaluated_with_its_own_instruction_in_the_c2llm_style():
+    from c2llm_lib.mteb_code import task_prompts
+
+    tasks = heldout_tasks(ROWS)
+    overrides = instruction_overrides(_config("c2llm"), tasks)
+    assert overrides == {t.name: FILES for t in tasks}
+    assert task_prompts(_config("c2llm"), "heldout-pairs-python", overrides) == (FILES, "Retrieved Answer:")
+    assert instruction_overrides(_config("jina"), tasks) == {}  # jina evaluates as it trained: its NL2Code prefixes
+
+
+def test_without_a_heldout_split_the_offline_tasks_and_humaneval():
+    assert [t.name for t in evaluation_tasks(None, limit=2)] == [t.name for t in offline_tasks(limit=2)]
+    assert "HumanEval" in [t.name for t in evaluation_tasks(None, limit=2)]
+
+
+def test_an_empty_or_foreign_heldout_split_is_an_error():
+    with pytest.raises(DataError, match="the held-out split has no rows"):
+        heldout_tasks([])
+    with pytest.raises(DataError, match=r"no column \['instruction'\]"):
+        heldout_tasks([{k: v for k, v in ROWS[0].items() if k != "instruction"}])
+
+
+def _config(style):
+    from c2llm_lib.config import ModelConfig
+
+    return ModelConfig(backbone="tiny-random-qwen2", prompt_style=style)
