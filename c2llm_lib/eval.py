@@ -206,11 +206,14 @@ def evaluate_encoder(
     return score_embeddings(task, queries, docs, k)
 
 
-def task_embeddings(encoder, task: RetrievalTask, batch_size: int = 16, max_length: int | None = None):
-    """Unnormalised (queries (Q, d), documents (N, d)) of a task, with the prompts of the encoder's prompt style."""
+def task_embeddings(
+    encoder, task: RetrievalTask, batch_size: int = 16, max_length: int | None = None, prompt: tuple | None = None
+):
+    """Unnormalised (queries (Q, d), documents (N, d)) of a task, with the prompts of the encoder's prompt style, or
+    `prompt` = (query instruction, document prefix) when given (a validation task's, `validation.py`)."""
     from .prompts import prompts
 
-    query, document = prompts(encoder.config.prompt_style, task.name, encoder.config.document_prefix)
+    query, document = prompt or prompts(encoder.config.prompt_style, task.name, encoder.config.document_prefix)
     kwargs = {"batch_size": batch_size, "max_length": max_length, "normalize": False}
     docs = encoder.encode([corpus_text(t) for t in task.corpus.values()], kind="document", instruction=document,
                           **kwargs)  # fmt: skip

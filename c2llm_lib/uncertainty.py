@@ -170,3 +170,54 @@ def sentence(a: str, b: str, where: str, interval: Interval) -> str:
         return f"{where}: {a} - {b} = {i.value:+.1f} ({span}): within noise."
     ahead = a if i.value > 0 else b
     return f"{where}: {a} - {b} = {i.value:+.1f} ({span}): {ahead} is ahead."
+
+
+Differences = Mapping[tuple[str, str], Mapping[str, Interval]]  # {(A, B): {task: Interval, MEAN: Interval}}
+
+
+def differences(
+    rows: Mapping[str, QueryScores], pairs: Sequence[tuple[str, str]], resamples: int = RESAMPLES, seed: int = SEED
+) -> dict[tuple[str, str], dict[str, Interval]]:
+    """{(A, B): {task: Interval, MEAN: Interval}} of A - B for each pair, A and B named rows of `rows` ({model: {task:
+    {query id: score}}}); a pair naming a model without per-query scores is an error naming it."""
+    missing = sorted({m for pair in pairs for m in pair} - set(rows))
+    if missing:
+        raise KeyError(f"no per-query scores for {missing}; known: {sorted(rows)}")
+    return {(a, b): paired_bootstrap(rows[a], rows[b], resamples, seed, names=(a, b)) for a, b in pairs}
+
+
+def differences_markdown(diffs: Differences, title: str) -> str:
+    """The differences as a markdown table, x 100: one row per comparison, the mean over tasks first, then each task,
+    then whether the mean's interval holds 0."""
+    if not diffs:
+        return ""
+    first = next(iter(diffs.values()))
+    tasks = [t for t in first if t != MEAN]
+    header = "| A - B | mean | " + " | ".join(tasks) + " | mean within noise? |\n|---|" + "---|" * (len(tasks) + 2)
+    lines = []
+    for (a, b), d in diffs.items():
+        noise = "yes" if d[MEAN].within_noise else "no"
+        lines.append(f"| {a} - {b} | " + " | ".join(cell(d[t]) for t in (MEAN, *tasks)) + f" | {noise} |")
+    example = first[MEAN]
+    note = (f"nDCG@10 x 100: the difference of means A - B (positive when A scores higher) and its {example.level:.0%} "
+            f"interval, a paired bootstrap over queries ({example.resamples:,} resamples, seed {SEED}; the mean over "
+            "tasks resamples every task at once). Within noise: the interval holds 0.")  # fmt: skip
+    return f"#### {title}\n\n{note}\n\n{header}\n" + "\n".join(lines) + "\n"
+
+
+def differences_record(diffs: Differences) -> list[dict]:
+    """The differences as JSON (nDCG@10 in [0, 1]): [{"a", "b", "intervals": {task: Interval as a dict}}]."""
+    return [{"a": a, "b": b, "intervals": {task: i.to_dict() for task, i in d.items()}} for (a, b), d in diffs.items()]
+
+
+def difference_sentences(diffs: Differences) -> list[str]:
+    """Per comparison, the mean over tasks in words (`sentence`) and the tasks where one side is ahead beyond noise."""
+    out = []
+    for (a, b), d in diffs.items():
+        tasks = {t: i for t, i in d.items() if t != MEAN}
+        groups = {f"{a} ahead on": [t for t, i in tasks.items() if i.low > 0],
+                  f"{b} ahead on": [t for t, i in tasks.items() if i.high < 0],
+                  "within noise on": [t for t, i in tasks.items() if i.within_noise]}  # fmt: skip
+        parts = [f"{what} {', '.join(names)}" for what, names in groups.items() if names]
+        out.append(f"{sentence(a, b, 'mean over tasks', d[MEAN])} Per task: {'; '.join(parts)}.")
+    return out

@@ -35,8 +35,13 @@ MEANT_FOR = {
     "codexembed-style": ["01", "02", "03", "04"],
     "released-c2llm-0.5b": ["04"],  # evaluates a release; trains nothing
     "compare-recipes": ["01", "06"],
+    "ablation-cpu": ["01", "06"],  # the pooling study: notebook 06 on notebook 01's rows
+    "ablation-0.5b": ["01", "06"],
     "smoke": None,  # runs whole, exactly as shipped, in tests/test_pipeline.py
 }
+# Sizes a rehearsal scales beyond the overlay, per file: a study trains every model of its grid, seeds and widths (11
+# trainings with the overlay's grid), each capped here at a few steps so that the rehearsal stays near a minute.
+SIZES = {"ablation-cpu": {"max_steps": 3}, "ablation-0.5b": {"max_steps": 3}}
 
 
 def test_every_params_file_is_rehearsed():
@@ -70,7 +75,7 @@ def shipped(stem: str) -> dict:
 @pytest.mark.parametrize("stem", [s for s, only in MEANT_FOR.items() if only], ids=str)
 def test_rehearsal(stem, mirror, release, tmp_path):
     only = MEANT_FOR[stem]
-    sets = {"hub_mirror": str(mirror)}
+    sets = {"hub_mirror": str(mirror), **SIZES.get(stem, {})}
     if "eval_released" in shipped(stem):
         sets["eval_released"] = str(release)
     run = run_pipeline(PARAMS / f"{stem}.yaml", only=only, sets=sets, overlay=OVERLAY, outputs=tmp_path,
@@ -92,6 +97,8 @@ def test_rehearsal(stem, mirror, release, tmp_path):
         check_merge(run.root, params)
     if "04" in only:
         check_evaluation(run.root, params)
+    if params.get("compare_poolings"):
+        check_study(run.root, resolved["06_recipe_comparison"])
 
 
 def check_data(root: Path, params: dict) -> None:
@@ -130,3 +137,23 @@ def check_evaluation(root: Path, params: dict) -> None:
         benchmark = (root / "metrics" / "mteb_code.md").read_text()
         for task in ("AppsRetrieval", "CodeEditSearchRetrieval", "SyntheticText2SQL"):
             assert task in benchmark
+
+
+def check_study(root: Path, params: dict) -> None:
+    """The pooling study ran whole: every pooler chosen on validation and trained with every seed, PMA projected to
+    each width, every difference with its interval, the figure, and the setting a publication needs."""
+    study = json.loads((root / "metrics" / "pooling_study.json").read_text())
+    seeds, dims = params["compare_seeds"], params["compare_pma_dims"]
+    poolers = {"pma": "PMA", "last_token": "last token", "mean": "mean"}
+    assert set(study["poolers"]) == {poolers[p] for p in params["compare_poolings"]}
+    assert set(study["sweeps"]) == set(study["poolers"])
+    assert all(len(model["seeds"]) == len(seeds) for model in study["models"].values())
+    assert {f"PMA d={d}" for d in dims} <= set(study["models"])
+    pairs = {(d["a"], d["b"]) for d in study["differences"]}
+    assert ("PMA", "last token") in pairs and ("PMA", "mean") in pairs
+    assert all({"value", "low", "high", "within_noise"} <= set(i) for d in study["differences"]
+               for i in d["intervals"].values())  # fmt: skip
+    assert study["setting"]["cpu"]["model"] and study["setting"]["timings"] and study["setting"]["validation"]
+    text = (root / "metrics" / "pooling_study.md").read_text()
+    assert "95 % interval" in text and "Rates chosen on the validation split" in text
+    assert (root / "figures" / "pooling_study.png").stat().st_size > 1000
