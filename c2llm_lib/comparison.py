@@ -13,17 +13,28 @@ seed. Three adjustments fit the files to a short run on any backbone; `adjustmen
   and dims [512, 256, 128, 64] that is jina's own list);
 - K: a recipe asks for K hard negatives and gets min(K, the run's mined K).
 
+The same engine runs the pooling study (`pooling_entries`, `compare_poolings`): notebook 02's own recipe with each
+pooler, and PMA projecting to each width (`ablations.py` makes its tables). With `compare_sweep`, each full-width
+model first trains at every point of one grid of learning rates on the training rows without a validation split
+(`validation.py`, `sweep.py`) and keeps the point with the best validation score (`sweep_entries`); a projection
+trains at its full width's rates (`final_trainings`). Every model then trains once per seed of `compare_seeds`.
+
 Each training runs in its own process (`python -m c2llm_lib.train`) in a folder named by a hash of its configs and
 of the rows it trains on (`config_key`), and a finished training there is reused only when the rows it recorded
-are the rows given (another is moved aside and trained again). Its peak memory is its own;
+are the rows given (another is moved aside and trained again); the sweep's chosen point at the first seed is
+therefore the first seed's final training, not trained twice. Its peak memory is its own;
 throughput counts real tokens embedded with a graph per second of training steps, and memory is the peak
 from the end of loading to the end of training (weights, optimizer state and activations; GPU memory on a
 GPU, resident memory on a CPU), so a loader's transient spike does not hide the recipes' differences.
 Quality is nDCG@10 on the offline held-out tasks with each recipe's own prompts, from one encoding pass per
-model, scored at the full width and at each compared dimension (truncated and re-normalised;
-`eval.truncation_scores` scores exactly as the mteb path does). For a dimension d the comparison has: a PMA
+model, scored query by query at the full width and at each compared dimension (truncated and re-normalised;
+`eval.truncation_query_scores` scores exactly as the mteb path does), and kept beside the training
+(`scored_training`: `scores-<evaluation_key>.json`, read back while the tasks, prompts, widths, length and training are
+the same), so a killed comparison resumes without training or scoring anything twice. Several seeds are one model
+whose per-query score is the mean of the seeds' (`over_seeds`). For a dimension d the comparison has: a PMA
 recipe trained to project to d (equations 2-3), every recipe's full embedding truncated to d, and so jina's
-MRL-trained truncation beside plain ones.
+MRL-trained truncation beside plain ones. Each difference the table states (`recipe_pairs`) comes with its 95 %
+interval from a paired bootstrap over queries (`uncertainty.py`).
 """
 
 from __future__ import annotations
@@ -353,7 +364,7 @@ def scored_training(
     summary; so a resumed study re-encodes nothing it has scored."""
     import time
 
-    from .files import load_json
+    from .files import CorruptFile, load_json
     from .train import encoder_from_checkpoint
 
     training = train_recipe(model, train, setup.rows_dir, setup.work_dir, setup.log)
@@ -363,7 +374,11 @@ def scored_training(
     cached = folder / f"scores-{key}.json"
     if cached.is_file():
         setup.log(f"reusing the scores in {cached}")
-        return {**load_json(cached, "cached comparison scores"), "training": training, "folder": str(folder)}
+        found = load_json(cached, "cached comparison scores")
+        missing = [k for k in ("width", "scores", "queries", "encode") if k not in found]
+        if missing:
+            raise CorruptFile(f"{cached}: cached scores without {missing}; delete it to score the training again")
+        return {**found, "training": training, "folder": str(folder)}
     start = time.perf_counter()
     encoder = encoder_from_checkpoint(training["final_checkpoint"]).eval()
     loaded = time.perf_counter() - start

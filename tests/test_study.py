@@ -261,3 +261,55 @@ def test_a_sweep_result_records_its_choice():
                          SweepPoint({"learning_rate": 1e-3}, 0.3, {"t": 0.3}, "b")], 1)  # fmt: skip
     record = json.loads(json.dumps(found.to_dict()))
     assert record["chosen"] == 1 and record["chosen_rates"] == {"learning_rate": 1e-3}
+
+
+def test_cached_scores_are_read_back_and_a_crafted_one_is_named(tmp_path, monkeypatch):
+    from c2llm_lib import comparison
+    from c2llm_lib.eval import offline_tasks
+    from c2llm_lib.files import CorruptFile
+    from c2llm_lib.runs import RunDir
+
+    run = RunDir.open("study", tmp_path)
+    folder = run.root / "comparison" / "abc"
+    (folder / "checkpoints" / "step-000003").mkdir(parents=True)
+    (folder / "checkpoints" / "train_summary.json").write_text('{"steps": 3}')
+    summary = {"final_checkpoint": str(folder / "checkpoints" / "step-000003"), "train_seconds": 1.0}
+    monkeypatch.setattr(comparison, "train_recipe", lambda *args, **kwargs: summary)  # a finished training
+
+    def no_encoding(*args, **kwargs):
+        raise AssertionError("scores already kept were computed again")
+
+    monkeypatch.setattr("c2llm_lib.train.encoder_from_checkpoint", no_encoding)
+    setup = comparison.Setup(run, tmp_path / "rows", run.root / "comparison", 8, 64, log=lambda *_: None)
+    tasks = offline_tasks(limit=2, include_humaneval=False, max_documents=10)
+    key = evaluation_key(tasks, {t.name: None for t in tasks}, [16], 8, 64, folder / "checkpoints")
+    kept = {"width": 64, "scores": {"64": {"t": 0.5}}, "queries": {"64": {"t": {"q0": 0.5}}}, "encode": {"seconds": 1}}
+    run.save_json(f"comparison/abc/scores-{key}.json", kept)
+    found = comparison.scored_training(setup, BASE_MODEL, BASE_TRAIN, tasks, [16])
+    assert found["scores"] == kept["scores"] and found["folder"] == str(folder) and found["training"] == summary
+    (folder / f"scores-{key}.json").write_text('{"width": 64}')
+    with pytest.raises(CorruptFile, match=r"scores-.*\.json: cached scores without \['scores', 'queries', 'encode'\]"):
+        comparison.scored_training(setup, BASE_MODEL, BASE_TRAIN, tasks, [16])
+
+
+def test_the_run_writes_the_comparisons_files_inside_itself_and_keeps_saved_rows(tmp_path):
+    from datasets import load_from_disk
+
+    from c2llm_lib.runs import RunDir
+
+    from training_rows import make_rows
+
+    run = RunDir.open("study", tmp_path)
+    with pytest.raises(ValueError, match="not a path inside the run directory"):
+        run.save_json("../elsewhere.json", {})
+    (tmp_path / "outside").mkdir()
+    (run.root / "comparison").mkdir()
+    (run.root / "comparison" / "link").symlink_to(tmp_path / "outside")
+    with pytest.raises(ValueError, match="not a path inside the run directory"):
+        run.save_json("comparison/link/x.json", {})
+    assert not list((tmp_path / "outside").iterdir())
+    first = run.save_rows("comparison/rows-1", make_rows())
+    marker = first / "dataset_info.json"
+    before = marker.read_bytes()
+    run.save_rows("comparison/rows-1", make_rows().select(range(2)))  # keyed by content: never rewritten
+    assert marker.read_bytes() == before and len(load_from_disk(str(first))) == 16
