@@ -1,18 +1,28 @@
-"""The paper's two claims about the head, tested on equal terms (section 3's takeaway).
+"""The paper's claims about its head, tested on equal terms (section 3's takeaway).
 
 1. PMA pools better than the EOS (last) token and the mean: the three poolers are trained the same way (same
    rows, steps, seed, LoRA and learning rate) and evaluated on the same tasks.
 2. PMA's projection gives compact embeddings without MRL training: PMA trained with output dimension d
    (equations 2-3 project to d) against the full-width PMA embedding truncated to its first d coordinates.
+3. Its overhead is negligible: encoding throughput of PMA against last-token pooling on the same backbone.
 
-`variants` names the model configurations, `train_variant` trains one with a run's training recipe,
-and `Truncated` presents a truncated encoder to the evaluation code.
+Two places test them:
+- notebook 04 (`ablations: true`): `variants` names the model configurations, `train_variant` trains one in the
+  kernel with the run's recipe (one rate for all, one seed), and `Truncated` presents a truncated encoder to the
+  evaluation code; the table gives each variant's difference to PMA with its interval (`ablation_pairs`);
+- notebook 06's pooling study (`compare_poolings`), the one to read: every pooler gets the learning rates its own
+  sweep chose on a validation split (`sweep.py`, `validation.py`), trains in its own process with every seed of
+  `compare_seeds`, and is scored on the held-out test tasks; PMA projecting to each d trains at PMA's chosen rates.
+  `pooling_frame`, `dimension_frame` and `study_sentences` turn the results (`comparison.over_seeds`) into the
+  tables and sentences, each difference with its 95 % paired-bootstrap interval over queries (`uncertainty.py`;
+  several seeds enter as the per-query mean of their scores); `study_record` is `metrics/pooling_study.json`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,3 +67,212 @@ class Truncated:
         normalize = kwargs.pop("normalize", True)
         full = self.encoder.encode(texts, normalize=False, **kwargs)  # (N, d)
         return truncate(full, self.embedding_dim) if normalize else full[:, : self.embedding_dim]
+
+
+def ablation_pairs(dims: Sequence[int]) -> list[tuple[str, str]]:
+    """The comparisons of notebook 04's ablation table (rows named as `variants` and the notebook name them): PMA
+    against each other pooler, and PMA trained to each d against the full PMA embedding truncated to d."""
+    return [("PMA (trained)", "last token (trained)"), ("PMA (trained)", "mean (trained)")] + [
+        (f"PMA d={d} (trained)", f"PMA truncated to {d}") for d in dims
+    ]
+
+
+def study_pairs(entries) -> list[tuple[str, str]]:
+    """The pooling study's comparisons (`comparison.Entry` labels): PMA against each other pooler at full width, and
+    each PMA projection against the full PMA embedding truncated to its width."""
+    full = [e.label for e in entries if e.study == "poolings" and not e.projected]
+    pairs = [("PMA", other) for other in full if other != "PMA"] if "PMA" in full else []
+    return pairs + [(e.label, f"{e.parent}, truncated to {e.model.embedding_dim}")
+                    for e in entries if e.study == "poolings" and e.projected]  # fmt: skip
+
+
+def _mean(per_task: dict[str, float]) -> float:
+    return 100 * sum(per_task.values()) / len(per_task)
+
+
+def pooling_frame(results: dict[str, dict[str, Any]], chosen: dict[str, Any] | None = None):
+    """One row per pooler at full width: the rates it trained at (chosen on validation when swept, with the
+    validation score x 100), each seed's mean nDCG@10 x 100 on the test tasks, the mean over seeds and its per-task
+    scores (per query the mean over seeds), and the encoding throughput (real tokens/s) of the evaluation."""
+    import pandas as pd
+
+    from .sweep import rates_label
+
+    rows = {}
+    for label, result in results.items():
+        if result["projected"]:
+            continue
+        width = str(result["width"])
+        row: dict[str, Any] = {}
+        if chosen and label in chosen:
+            sweep_result, _ = chosen[label]
+            row["rates"], row["validation"] = rates_label(sweep_result.best.rates), 100 * sweep_result.best.score
+        row.update({f"seed {s}": _mean(scores[width]) for s, scores in result["seeds"].items()})
+        row["mean"] = _mean(result["scores"][width])
+        row.update({t: 100 * v for t, v in result["scores"][width].items()})
+        row["encode tokens/s"] = result["encode"].get("tokens_per_second")
+        rows[label] = row
+    return pd.DataFrame(rows).T
+
+
+def dimension_frame(results: dict[str, dict[str, Any]], full: str = "PMA"):
+    """Mean nDCG@10 x 100 against the embedding width d: PMA trained to project to d, and the full PMA embedding
+    truncated to d (at the full width both are the full PMA), each the mean over seeds and per seed."""
+    import pandas as pd
+
+    base = results[full]
+    width = base["width"]
+    projected = {r["width"]: r for r in results.values() if r["projected"]}
+    rows = {}
+    for d in sorted({width, *projected, *(int(x) for x in base["scores"])}, reverse=True):
+        source = base if d == width else projected.get(d)
+        truncated = base["scores"].get(str(d))
+        row = {"PMA projection": _mean(source["scores"][str(d)]) if source else None,
+               "truncation": _mean(truncated) if truncated else None}  # fmt: skip
+        for s in base["seeds"]:
+            row[f"projection, seed {s}"] = _mean(source["seeds"][s][str(d)]) if source else None
+        for s, scores in base["seeds"].items():
+            row[f"truncation, seed {s}"] = _mean(scores[str(d)]) if str(d) in scores else None
+        rows[d] = row
+    return pd.DataFrame(rows).T.rename_axis("d").astype(float)
+
+
+def mean_intervals(results: dict[str, dict[str, Any]], full: str = "PMA") -> dict[str, dict[Any, Any]]:
+    """The figure's error bars: each mean (over tasks, of the per-query means over seeds) with its 95 % bootstrap
+    interval over queries (`uncertainty.bootstrap_mean`): {"poolers": {label: Interval}, "PMA projection": {d:
+    Interval}, "truncation": {d: Interval}}, in nDCG@10 x 100."""
+    from .uncertainty import MEAN, bootstrap_mean
+
+    def interval(per_task):
+        return bootstrap_mean(per_task)[MEAN].scaled(100)
+
+    out: dict[str, dict[Any, Any]] = {"poolers": {}, "PMA projection": {}, "truncation": {}}
+    for label, r in results.items():
+        if r["projected"]:
+            out["PMA projection"][r["width"]] = interval(r["queries"][str(r["width"])])
+        else:
+            out["poolers"][label] = interval(r["queries"][str(r["width"])])
+    if full in results:
+        base = results[full]
+        for d, per_task in base["queries"].items():
+            out["truncation"][int(d)] = interval(per_task)
+        out["PMA projection"][base["width"]] = out["truncation"][base["width"]]
+    return out
+
+
+def overhead(results: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """{pooler: real tokens encoded per second in its test evaluation} at full width (mean over seeds)."""
+    return {label: r["encode"]["tokens_per_second"] for label, r in results.items()
+            if not r["projected"] and r["encode"].get("tokens_per_second")}  # fmt: skip
+
+
+def study_sentences(frame, dims, diffs, speeds: dict[str, float], seeds: Sequence[int]) -> str:
+    """The pooling study's outcome in sentences built from its numbers: the chosen rates, the test means with each
+    seed's, each difference with its interval ("within noise" where it holds 0), the dimension curves, and the
+    encoding throughput of PMA against last-token pooling."""
+    import pandas as pd
+
+    from .uncertainty import difference_sentences
+
+    lines = []
+    if "rates" in frame.columns:
+        lines.append("Rates chosen on the validation split: " + "; ".join(
+            f"{p} {r['rates']} (validation {r['validation']:.1f})" for p, r in frame.iterrows()) + ".")  # fmt: skip
+    seed_columns = [c for c in frame.columns if c.startswith("seed ")]
+    lines.append(f"Test mean nDCG@10 over {len(seeds)} seed(s) ({', '.join(map(str, seeds))}): " + "; ".join(
+        f"{p} {r['mean']:.1f} (" + ", ".join(f"{c} {r[c]:.1f}" for c in seed_columns) + ")"
+        for p, r in frame.sort_values("mean", ascending=False).iterrows()) + ".")  # fmt: skip
+    lines += difference_sentences(diffs)
+    for d, row in dims.iterrows() if dims is not None else ():
+        if pd.notna(row["PMA projection"]) and pd.notna(row["truncation"]) and d != dims.index.max():
+            lines.append(f"At d={d}: PMA projection {row['PMA projection']:.1f}, truncation {row['truncation']:.1f}.")
+    if "PMA" in speeds and "last token" in speeds:
+        ratio = speeds["PMA"] / speeds["last token"]
+        lines.append(f"Encoding throughput in the test evaluation: PMA {speeds['PMA']:.0f} real tokens/s, last token "
+                     f"{speeds['last token']:.0f} ({100 * (ratio - 1):+.0f} %); one measurement per seed on a shared "
+                     "machine, so a few percent either way is timing noise.")  # fmt: skip
+    lines.append("Seeds enter each interval as the per-query mean of their scores: the interval is over queries, and "
+                 "the seed columns show how far the seeds themselves differ.")  # fmt: skip
+    return "\n".join(f"- {line}" for line in lines)
+
+
+def study_record(frame, dims, diffs, results, chosen, setting: dict[str, Any]) -> dict[str, Any]:
+    """What `metrics/pooling_study.json` holds: the tables, the differences with their intervals, every model's
+    per-seed scores, per-query scores (mean over seeds), training and encoding figures, the sweeps, and the setting
+    (CPU, steps, seeds, grid, splits, timings)."""
+    import json
+
+    from .uncertainty import differences_record
+
+    tables = {
+        "poolers": json.loads(frame.to_json(orient="index")),
+        "dimensions": json.loads(dims.to_json(orient="index")),
+    }
+    return {**tables, "differences": differences_record(diffs), "models": results,
+            "sweeps": {label: found.to_dict() for label, (found, _) in (chosen or {}).items()},
+            "setting": setting}  # fmt: skip
+
+
+def study_setting(base_model, base_train, seeds, grid, split, tasks, per_seed, chosen=None) -> dict[str, Any]:
+    """What a reader needs beside the numbers: the machine (CPU model and capabilities, threads, the dtype `auto`
+    resolved to), the compute every model shared, the seeds and grid, the validation split and the test tasks' sizes,
+    and the time each training and each scoring took, the sweep's included (a reused training keeps the time it took
+    when it ran, and is counted once)."""
+    from .comparison import timings as times
+    from .hardware import cpu_info
+    from .model.backbone import resolve_device, resolve_dtype
+    from .sweep import rates_label
+
+    device = resolve_device(base_model.device)
+    timings = {f"{label}, seed {seed}": {**times(found), "folder": found["folder"]}
+               for label, by_seed in per_seed.items() for seed, found in by_seed.items()}  # fmt: skip
+    for label, (found, _) in (chosen or {}).items():
+        for point in found.points:
+            timings[f"sweep: {label}, {rates_label(point.rates)}"] = {**point.seconds, "folder": point.folder}
+    trained = {t["folder"]: t.get("train s") or 0 for t in timings.values()}  # a training counts once (the sweep's
+    # chosen point is its first seed's final training)
+    total = sum(trained.values()) + sum((t.get("evaluate s") or 0) + (t.get("load s") or 0) for t in timings.values())
+    dtype = str(resolve_dtype(base_model.dtype, device)).removeprefix("torch.")
+    return {"cpu": cpu_info(), "device": str(device), "dtype": dtype,
+            "backbone": base_model.backbone, "steps": base_train.max_steps, "global_batch_size":
+            base_train.global_batch_size, "max_length": base_train.max_length, "num_negatives":
+            base_train.num_negatives, "seeds": list(seeds), "grid": dataclasses.asdict(grid) if grid else None,
+            "validation": split.summary() if split else None,
+            "test tasks": {t.name: {"queries": len(t.queries), "documents": len(t.corpus)} for t in tasks},
+            "timings": timings, "timed seconds": total}  # fmt: skip
+
+
+def frame_markdown(frame, digits: int = 1) -> str:
+    """A table of numbers and labels as markdown (numbers to `digits`, blanks for missing ones)."""
+    columns = list(frame.columns)
+
+    def cell(value) -> str:
+        if value is None or (isinstance(value, float) and value != value):
+            return ""
+        return f"{value:.{digits}f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+    lines = [f"| {frame.index.name or ''} | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    lines += [f"| {i} | " + " | ".join(cell(row[c]) for c in columns) + " |" for i, row in frame.iterrows()]
+    return "\n".join(lines) + "\n"
+
+
+def study_markdown(run: str, frame, dims, diffs, sentences: str, setting: dict[str, Any], sweeps=None) -> str:
+    """`metrics/pooling_study.md`: the pooler table, the dimension table, the differences with their intervals, the
+    sweep, the sentences, and the setting in one page."""
+    from .sweep import sweep_frame, sweep_markdown
+    from .uncertainty import differences_markdown
+
+    cpu = setting["cpu"]
+    lines = [f"### The pooling study, run {run}", "",
+             f"Machine: {cpu.get('model')} ({', '.join(cpu.get('capabilities', [])) or 'no listed capability'}), "
+             f"{cpu.get('threads')} threads, {setting['device']}, {setting['dtype']}. Backbone {setting['backbone']}; "
+             f"{setting['steps']} steps of {setting['global_batch_size']} rows, K = {setting['num_negatives']}, length "
+             f"{setting['max_length']}; seeds {setting['seeds']}. Timed trainings and evaluations: "
+             f"{setting['timed seconds'] / 60:.0f} min.", "",
+             "nDCG@10 x 100 on the held-out test tasks; each seed's mean, and the mean over seeds (per query the mean "
+             "of the seeds' scores).", "", frame_markdown(frame.rename_axis("pooler")),
+             "Mean nDCG@10 x 100 against the embedding width d.", "", frame_markdown(dims),
+             differences_markdown(diffs, "Differences with 95 % intervals")]  # fmt: skip
+    if sweeps:
+        lines += ["#### The sweep (validation split, first seed)", "", sweep_markdown(sweep_frame(sweeps))]
+    return "\n".join(lines) + "\n" + sentences + "\n"

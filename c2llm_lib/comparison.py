@@ -13,17 +13,28 @@ seed. Three adjustments fit the files to a short run on any backbone; `adjustmen
   and dims [512, 256, 128, 64] that is jina's own list);
 - K: a recipe asks for K hard negatives and gets min(K, the run's mined K).
 
+The same engine runs the pooling study (`pooling_entries`, `compare_poolings`): notebook 02's own recipe with each
+pooler, and PMA projecting to each width (`ablations.py` makes its tables). With `compare_sweep`, each full-width
+model first trains at every point of one grid of learning rates on the training rows without a validation split
+(`validation.py`, `sweep.py`) and keeps the point with the best validation score (`sweep_entries`); a projection
+trains at its full width's rates (`final_trainings`). Every model then trains once per seed of `compare_seeds`.
+
 Each training runs in its own process (`python -m c2llm_lib.train`) in a folder named by a hash of its configs and
 of the rows it trains on (`config_key`), and a finished training there is reused only when the rows it recorded
-are the rows given (another is moved aside and trained again). Its peak memory is its own;
+are the rows given (another is moved aside and trained again); the sweep's chosen point at the first seed is
+therefore the first seed's final training, not trained twice. Its peak memory is its own;
 throughput counts real tokens embedded with a graph per second of training steps, and memory is the peak
 from the end of loading to the end of training (weights, optimizer state and activations; GPU memory on a
 GPU, resident memory on a CPU), so a loader's transient spike does not hide the recipes' differences.
 Quality is nDCG@10 on the offline held-out tasks with each recipe's own prompts, from one encoding pass per
-model, scored at the full width and at each compared dimension (truncated and re-normalised;
-`eval.truncation_scores` scores exactly as the mteb path does). For a dimension d the comparison has: a PMA
+model, scored query by query at the full width and at each compared dimension (truncated and re-normalised;
+`eval.truncation_query_scores` scores exactly as the mteb path does), and kept beside the training
+(`scored_training`: `scores-<evaluation_key>.json`, read back while the tasks, prompts, widths, length and training are
+the same), so a killed comparison resumes without training or scoring anything twice. Several seeds are one model
+whose per-query score is the mean of the seeds' (`over_seeds`). For a dimension d the comparison has: a PMA
 recipe trained to project to d (equations 2-3), every recipe's full embedding truncated to d, and so jina's
-MRL-trained truncation beside plain ones.
+MRL-trained truncation beside plain ones. Each difference the table states (`recipe_pairs`) comes with its 95 %
+interval from a paired bootstrap over queries (`uncertainty.py`).
 """
 
 from __future__ import annotations
@@ -33,14 +44,14 @@ import hashlib
 import json
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .config import ConfigError, ModelConfig, TrainConfig
-from .eval import RetrievalTask, task_embeddings, truncation_scores
+from .eval import RetrievalTask, task_embeddings, truncation_query_scores
 
 REPO = Path(__file__).resolve().parent.parent
 PARAMS_DIR = REPO / "params"
@@ -108,13 +119,32 @@ def recipe_configs(
 
 @dataclasses.dataclass
 class Entry:
-    """One model to train: a recipe on the run's compute, or a PMA recipe projecting to a smaller width."""
+    """One model to train: a recipe on the run's compute, the run's own recipe with one pooler (`study`
+    "poolings"), or a PMA model projecting to a smaller width, which trains at the rates of its `parent` (the
+    full-width entry of the same recipe) when rates are chosen by a sweep."""
 
     label: str
     recipe: str
     model: ModelConfig
     train: TrainConfig
     projected: bool = False
+    parent: str | None = None
+    study: str = "recipes"
+
+
+RUN_RECIPE = "run recipe"  # the recipe of the pooling study's entries: notebook 02's own configuration
+POOLING_LABELS = {"pma": "PMA", "last_token": "last token", "mean": "mean"}
+
+
+def projections(entry: Entry, pma_dims: Sequence[int], label: str) -> list[Entry]:
+    """`entry` (a PMA model) projecting to each d in `pma_dims` (equations 2-3), MRL kept below d; labelled
+    `label.format(d=d)`."""
+    out = []
+    for d in pma_dims:
+        small = dataclasses.replace(entry.train, mrl_dims=[x for x in entry.train.mrl_dims if x < d], mrl_weights=[])
+        projecting = dataclasses.replace(entry.model, embedding_dim=d)
+        out.append(Entry(label.format(d=d), entry.recipe, projecting, small, True, entry.label, entry.study))
+    return out
 
 
 def plan(
@@ -124,18 +154,39 @@ def plan(
     dims: Sequence[int],
     pma_dims: Sequence[int],
     params_dir: str | Path = PARAMS_DIR,
+    poolings: Sequence[str] = (),
 ) -> list[Entry]:
-    """The trainings of a comparison: each recipe, and each PMA recipe again at every width in `pma_dims`."""
+    """The trainings of a comparison: each recipe, and each PMA recipe again at every width in `pma_dims`; then the
+    pooling study (`pooling_entries`)."""
     entries = []
     for name in recipes:
         source = str(Path(params_dir) / f"{name}.yaml")
         model, train = recipe_configs(base_model, base_train, load_recipe(name, params_dir), dims, source)
         entries.append(Entry(name, name, model, train))
         if model.pooling == "pma":
-            for d in pma_dims:
-                small = dataclasses.replace(train, mrl_dims=[x for x in train.mrl_dims if x < d], mrl_weights=[])
-                projecting = dataclasses.replace(model, embedding_dim=d)
-                entries.append(Entry(f"{name}, PMA d={d}", name, projecting, small, projected=True))
+            entries += projections(entries[-1], pma_dims, name + ", PMA d={d}")
+    return entries + pooling_entries(base_model, base_train, poolings, pma_dims)
+
+
+def pooling_entries(
+    base_model: ModelConfig, base_train: TrainConfig, poolings: Sequence[str], pma_dims: Sequence[int]
+) -> list[Entry]:
+    """The pooling study (section 3's takeaway): the run's own recipe (notebook 02's model and training) with each
+    pooler in `poolings`, LoRA on, at full width, and PMA also projecting to each d in `pma_dims`. A pooler without
+    parameters gets no head rates (it has no head)."""
+    unknown = sorted(set(poolings) - set(POOLING_LABELS))
+    if unknown:
+        raise ConfigError(f"compare_poolings: unknown poolers {unknown}; choose from {sorted(POOLING_LABELS)}")
+    model = dataclasses.replace(base_model, use_lora=True, embedding_dim=None, append_eos=None)
+    train = dataclasses.replace(base_train, checkpoint_steps=[], checkpoint_fractions=[])
+    entries = []
+    for pooling in poolings:
+        rates = {} if pooling == "pma" else {"pma_learning_rate": None, "pma_attention_learning_rate": None}
+        entry = Entry(POOLING_LABELS[pooling], RUN_RECIPE, dataclasses.replace(model, pooling=pooling),
+                      dataclasses.replace(train, **rates), study="poolings")  # fmt: skip
+        entries.append(entry)
+        if pooling == "pma":
+            entries += projections(entry, pma_dims, "PMA d={d}")
     return entries
 
 
@@ -151,14 +202,22 @@ def recipe_frame(entries: Sequence[Entry]):
     return frame[frame.nunique(axis=1) > 1] if len(rows) > 1 else frame
 
 
-def adjustments(base_train: TrainConfig, mined_negatives: int) -> list[str]:
+def adjustments(
+    base_train: TrainConfig, mined_negatives: int, seeds: Sequence[int] = (), swept: bool = False
+) -> list[str]:
     """The fitting rules above, with this run's values, as sentences for the results."""
+    seeds = list(seeds) or [base_train.seed]
+    rates = ("each model trains at the learning rates its own sweep chose on the validation split (a projection at "
+             "its full width's), and no model trains on the validation rows" if swept else
+             "each model trains at its own learning rates: its file's, or the run's for the pooling study")  # fmt: skip
     return [
         f"every recipe warms up for the run's {base_train.warmup_steps} steps, whatever its file says",
         "a recipe with MRL trains at the full width and at each compared dimension",
         f"a recipe asking for K hard negatives gets min(K, {mined_negatives}) (the run mined {mined_negatives})",
         f"all share the run's compute: {base_train.max_steps or 'all'} steps, global batch "
-        f"{base_train.global_batch_size}, sequence length {base_train.max_length}, seed {base_train.seed}",
+        f"{base_train.global_batch_size}, sequence length {base_train.max_length}, seed(s) "
+        f"{', '.join(map(str, seeds))}",
+        rates,
     ]
 
 
@@ -222,36 +281,198 @@ def with_loss_trend(summary: dict[str, Any], checkpoints: Path, window: int = 5)
     return {**summary, "loss_first": sum(losses[:n]) / n, "loss_last": sum(losses[-n:]) / n}
 
 
-def evaluate_model(
-    encoder, tasks: Sequence[RetrievalTask], dims: Sequence[int], batch_size: int = 16, max_length: int | None = None
-) -> dict[str, dict[str, float]]:
-    """{str(d): {task: nDCG@10}} at the encoder's full width and each smaller d in `dims`, from one encoding."""
-    width = encoder.embedding_dim
-    widths = [width, *(d for d in dims if d < width)]
-    out: dict[str, dict[str, float]] = {str(d): {} for d in widths}
-    for task in tasks:
-        queries, documents = task_embeddings(encoder, task, batch_size, max_length)
-        for d, score in truncation_scores(task, queries, documents, widths).items():
-            out[str(d)][task.name] = score
-    return out
-
-
-def evaluate_entry(
-    entry: Entry,
-    training: dict[str, Any],
+def evaluate_queries(
+    encoder,
     tasks: Sequence[RetrievalTask],
     dims: Sequence[int],
     batch_size: int = 16,
     max_length: int | None = None,
+    prompts_of: Callable | None = None,
 ) -> dict[str, Any]:
-    """A trained entry's result for `comparison_frame`: its final checkpoint scored at full width and, unless it
-    projects to a chosen width already, truncated to each smaller d in `dims`."""
+    """One encoding pass of `encoder` on `tasks`, scored at its full width and each smaller d in `dims` (truncated and
+    re-normalised): {"width", "scores": {str(d): {task: nDCG@10}}, "queries": {str(d): {task: {query id: nDCG@10}}}
+    (each score the mean of its queries), "encode": {"seconds", "texts", "tokens", "tokens_per_second"}}: the real
+    tokens embedded (instruction, and EOS where appended, included; cut at the length) per second of encoding, which
+    the pooling study reads as each pooler's inference cost. `prompts_of(config, task)` gives a task's (query
+    instruction, document prefix); None: the prompt set of the encoder's style (`eval.task_embeddings`)."""
+    import time
+
+    width = encoder.embedding_dim
+    widths = [width, *(d for d in dims if d < width)]
+    queries: dict[str, dict[str, dict[str, float]]] = {str(d): {} for d in widths}
+    seconds, texts, tokens = 0.0, 0, 0
+    for task in tasks:
+        prompt = prompts_of(encoder.config, task) if prompts_of else None
+        start = time.perf_counter()
+        q, d = task_embeddings(encoder, task, batch_size, max_length, prompt)  # (Q, width), (N, width)
+        seconds += time.perf_counter() - start
+        texts += len(q) + len(d)
+        tokens += encoded_tokens(encoder, task, max_length or encoder.config.max_length, prompt)
+        for dim, per_query in truncation_query_scores(task, q, d, widths).items():
+            queries[str(dim)][task.name] = per_query
+    scores = {d: {t: sum(v.values()) / len(v) for t, v in by_task.items()} for d, by_task in queries.items()}
+    encode = {"seconds": seconds, "texts": texts, "tokens": tokens, "tokens_per_second": tokens / max(seconds, 1e-9)}
+    return {"width": width, "scores": scores, "queries": queries, "encode": encode}
+
+
+def encoded_tokens(encoder, task: RetrievalTask, max_length: int, prompt: tuple[str, str] | None = None) -> int:
+    """The real tokens `encoder` reads for a task's queries and documents (formatted, cut at `max_length`, EOS
+    included when it appends one)."""
+    from .prompts import prompts
+    from .retrieval import corpus_text
+
+    query, document = prompt or prompts(encoder.config.prompt_style, task.name, encoder.config.document_prefix)
+    eos = 1 if encoder.config.eos_appended else 0
+    texts = encoder.format_texts(list(task.queries.values()), "query", query) + encoder.format_texts(
+        [corpus_text(t) for t in task.corpus.values()], "document", document)  # fmt: skip
+    lengths = [len(ids) for ids in encoder.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    return sum(min(n, max_length - eos) + eos for n in lengths)
+
+
+def evaluate_model(
+    encoder, tasks: Sequence[RetrievalTask], dims: Sequence[int], batch_size: int = 16, max_length: int | None = None
+) -> dict[str, dict[str, float]]:
+    """{str(d): {task: nDCG@10}} at the encoder's full width and each smaller d in `dims`, from one encoding."""
+    return evaluate_queries(encoder, tasks, dims, batch_size, max_length)["scores"]
+
+
+@dataclasses.dataclass
+class Setup:
+    """What every training and scoring of one comparison shares: the run (which writes the cached scores), the rows
+    the trainings read, where they train (`comparison/`), and how models are encoded."""
+
+    run_dir: Any  # runs.RunDir
+    rows_dir: Path
+    work_dir: Path
+    batch_size: int = 16
+    max_length: int | None = None
+    log: Callable = print
+
+
+def scored_training(
+    setup: Setup,
+    model: ModelConfig,
+    train: TrainConfig,
+    tasks: Sequence[RetrievalTask],
+    dims: Sequence[int],
+    prompts_of: Callable | None = None,
+) -> dict[str, Any]:
+    """A training (`train_recipe`: reused when finished on the same rows) and its `evaluate_queries` on `tasks`, with
+    "training" (its summary) and "folder". The evaluation is kept in the training's folder
+    (`scores-<evaluation_key>.json`) and read back while its key holds: the tasks (queries, corpus, qrels), the
+    prompts, the widths, the batch size and length (bf16 embeddings move slightly with padding) and the training's
+    summary; so a resumed study re-encodes nothing it has scored."""
+    import time
+
+    from .files import CorruptFile, load_json
     from .train import encoder_from_checkpoint
 
+    training = train_recipe(model, train, setup.rows_dir, setup.work_dir, setup.log)
+    folder = Path(training["final_checkpoint"]).parent.parent  # <work_dir>/<config_key>
+    prompts = {t.name: list(prompts_of(model, t)) if prompts_of else None for t in tasks}
+    key = evaluation_key(tasks, prompts, dims, setup.batch_size, setup.max_length, folder / "checkpoints")
+    cached = folder / f"scores-{key}.json"
+    if cached.is_file():
+        setup.log(f"reusing the scores in {cached}")
+        found = load_json(cached, "cached comparison scores")
+        missing = [k for k in ("width", "scores", "queries", "encode") if k not in found]
+        if missing:
+            raise CorruptFile(f"{cached}: cached scores without {missing}; delete it to score the training again")
+        return {**found, "training": training, "folder": str(folder)}
+    start = time.perf_counter()
     encoder = encoder_from_checkpoint(training["final_checkpoint"]).eval()
-    scores = evaluate_model(encoder, tasks, [] if entry.projected else dims, batch_size, max_length)
-    return {"recipe": entry.recipe, "width": encoder.embedding_dim, "projected": entry.projected,
-            "mrl": bool(entry.train.mrl_dims), "scores": scores, "training": training}  # fmt: skip
+    loaded = time.perf_counter() - start
+    found = evaluate_queries(encoder, tasks, dims, setup.batch_size, setup.max_length, prompts_of)
+    found["encode"]["load_seconds"] = loaded
+    del encoder
+    setup.run_dir.save_json(cached.relative_to(setup.run_dir.root), found)
+    return {**found, "training": training, "folder": str(folder)}
+
+
+def evaluation_key(tasks, prompts: dict, dims, batch_size: int, max_length: int | None, checkpoints: Path) -> str:
+    """A short hash of what an evaluation of a training depends on (`scored_training`)."""
+    from .mteb_code import task_fingerprint
+
+    summary = (checkpoints / "train_summary.json").read_bytes()
+    blob = json.dumps({"tasks": [task_fingerprint(t) for t in tasks], "prompts": prompts, "dims": sorted(dims),
+                       "batch_size": batch_size, "max_length": max_length,
+                       "training": hashlib.sha256(summary).hexdigest()}, sort_keys=True)  # fmt: skip
+    return hashlib.blake2b(blob.encode(), digest_size=6).hexdigest()
+
+
+def sweep_entries(
+    entries: Sequence[Entry], grid, seed: int, setup: Setup, validation
+) -> dict[str, tuple[Any, TrainConfig]]:
+    """{label: (sweep.SweepResult, the chosen TrainConfig)} of every full-width entry: each point of `grid` trained at
+    `seed` and scored on the validation tasks of `validation` (`validation.ValidationSplit`, with its prompts)."""
+    from .sweep import sweep
+
+    def score(model: ModelConfig, train: TrainConfig) -> tuple[dict[str, float], str, dict[str, float]]:
+        found = scored_training(setup, model, train, validation.tasks, [], validation.prompts)
+        return found["scores"][str(found["width"])], found["folder"], timings(found)
+
+    chosen = {}
+    for entry in entries:
+        if not entry.projected:
+            setup.log(f"sweep: {entry.label}")
+            chosen[entry.label] = sweep(entry.model, dataclasses.replace(entry.train, seed=seed), grid, score)
+    return chosen
+
+
+def timings(found: dict[str, Any]) -> dict[str, float | None]:
+    """{"train s", "evaluate s", "load s"} of a `scored_training` result (a reused one keeps the times it took)."""
+    return {"train s": found["training"].get("train_seconds"), "evaluate s": found["encode"]["seconds"],
+            "load s": found["encode"].get("load_seconds")}  # fmt: skip
+
+
+def final_trainings(
+    entries: Sequence[Entry], seeds: Sequence[int], chosen: dict[str, tuple[Any, TrainConfig]] | None = None
+) -> list[tuple[Entry, int, TrainConfig]]:
+    """(entry, seed, TrainConfig) of every training to score: each entry at each seed, at the rates its sweep chose
+    (a projection at its parent's), or at its own rates when nothing was swept."""
+    from .sweep import RATE_KEYS
+
+    out = []
+    for entry in entries:
+        train = entry.train
+        if chosen:
+            picked = chosen[entry.parent or entry.label][1]
+            train = dataclasses.replace(train, **{k: getattr(picked, k) for k in RATE_KEYS})
+        out += [(entry, seed, dataclasses.replace(train, seed=seed)) for seed in seeds]
+    return out
+
+
+def score_trainings(
+    trainings: Sequence[tuple[Entry, int, TrainConfig]], setup: Setup, tasks: Sequence[RetrievalTask],
+    dims: Sequence[int],
+) -> dict[str, dict[int, dict[str, Any]]]:  # fmt: skip
+    """{label: {seed: `scored_training` result}} on the test tasks; a projection is scored at its own width only."""
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    for entry, seed, train in trainings:
+        setup.log(f"{entry.label}, seed {seed}")
+        found = scored_training(setup, entry.model, train, tasks, [] if entry.projected else dims)
+        out.setdefault(entry.label, {})[seed] = found
+    return out
+
+
+def over_seeds(entry: Entry, per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """An entry's result for the tables: per query the mean over its seeds (`uncertainty.seed_mean`), each task's
+    score the mean of those, each seed's own scores, and the mean of the seeds' training and encoding figures."""
+    from .uncertainty import seed_mean, task_means
+
+    runs = list(per_seed.values())
+    widths = list(runs[0]["queries"])
+    queries = {d: seed_mean([r["queries"][d] for r in runs]) for d in widths}
+
+    def mean_numbers(records: list[dict[str, Any]]) -> dict[str, float]:
+        keys = [k for k, v in records[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        return {k: sum(r[k] for r in records) / len(records) for k in keys if all(k in r for r in records)}
+
+    return {"recipe": entry.recipe, "width": runs[0]["width"], "projected": entry.projected,
+            "mrl": bool(entry.train.mrl_dims), "scores": {d: task_means(q) for d, q in queries.items()},
+            "queries": queries, "training": mean_numbers([r["training"] for r in runs]),
+            "encode": mean_numbers([r["encode"] for r in runs]),
+            "seeds": {str(s): r["scores"] for s, r in per_seed.items()}}  # fmt: skip
 
 
 TRAINING_COLUMNS = ("tokens/s", "peak memory GB", "train s", "loss_first", "loss_last")
@@ -308,8 +529,36 @@ def dimension_table(frame):
     return table[sorted(table.columns, reverse=True)]
 
 
-def verdict(frame, dims_table, notes: Sequence[str] = ()) -> str:
-    """The outcome in plain sentences, whatever it is, from the numbers of `comparison_frame`."""
+def query_rows(
+    results: dict[str, dict[str, Any]], bm25: dict[str, dict[str, float]] | None = None
+) -> dict[str, dict[str, dict[str, float]]]:
+    """{row of `comparison_frame`: {task: {query id: nDCG@10}}}: each model at full width under its label, each
+    truncation as "<label>, truncated to <d>", and BM25: the per-query scores behind the table, for its intervals."""
+    rows = {}
+    for label, result in results.items():
+        for d, per_task in result["queries"].items():
+            rows[label if int(d) == result["width"] else f"{label}, truncated to {d}"] = per_task
+    if bm25:
+        rows["BM25"] = bm25
+    return rows
+
+
+def recipe_pairs(entries: Sequence[Entry], bm25: bool = True) -> list[tuple[str, str]]:
+    """The comparisons the recipe table states with intervals: the first recipe against each other recipe (and BM25)
+    at full width, and each PMA projection against its recipe's full embedding truncated to the same width."""
+    recipes = [e.label for e in entries if e.study == "recipes" and not e.projected]
+    if not recipes:
+        return []
+    pairs = [(recipes[0], other) for other in recipes[1:]] + [(recipes[0], "BM25")] * bm25
+    return pairs + [(e.label, f"{e.parent}, truncated to {e.model.embedding_dim}")
+                    for e in entries if e.study == "recipes" and e.projected]  # fmt: skip
+
+
+def verdict(frame, dims_table, notes: Sequence[str] = (), diffs=None) -> str:
+    """The outcome in plain sentences, whatever it is, from the numbers of `comparison_frame` and, when given, the
+    intervals of the differences (`uncertainty.differences`: "within noise" where the interval holds 0)."""
+    from .uncertainty import difference_sentences
+
     trained = frame.dropna(subset=["tokens/s"])
     full = trained[~trained["curve"].str.endswith("PMA projection")].sort_values("mean", ascending=False)
     lines = ["At full width, mean nDCG@10 ranks " + ", then ".join(
@@ -337,6 +586,7 @@ def verdict(frame, dims_table, notes: Sequence[str] = ()) -> str:
         lines.append("Training loss, mean of the first and the last 5 steps: " + ", ".join(
             f"{m} {r['loss_first']:.2f} to {r['loss_last']:.2f} ({100 * (r['loss_last'] / r['loss_first'] - 1):+.0f} %)"
             for m, r in trained.iterrows()) + ".")  # fmt: skip
+    lines += difference_sentences(diffs or {})
     lines += [f"Setting: {note}." for note in notes]
     return "\n".join(f"- {line}" for line in lines)
 
@@ -359,9 +609,15 @@ def comparison_markdown(frame, title: str) -> str:
     return f"### {title}\n\nnDCG@10 x 100 on the offline held-out tasks.\n\n{header}{rows}"
 
 
-def record(frame, dims_table, trainings: dict[str, Any], notes: Sequence[str], compute_from: str) -> dict[str, Any]:
+def record(
+    frame, dims_table, trainings: dict[str, Any], notes: Sequence[str], compute_from: str, diffs=None
+) -> dict[str, Any]:
     """What `metrics/comparison.json` holds: the table (null where a column does not apply), the curves, each
-    training's summary, the fitting notes, and where the run's compute was read."""
+    training's summary, the fitting notes, where the run's compute was read, and the differences with their
+    intervals (`uncertainty.differences_record`)."""
+    from .uncertainty import differences_record
+
     curves = {c: {int(d): float(v) for d, v in dims_table.loc[c].dropna().items()} for c in dims_table.index}
     return {"table": json.loads(frame.reset_index().to_json(orient="records")), "dimensions": curves,
-            "trainings": trainings, "notes": list(notes), "compute_from": compute_from}  # fmt: skip
+            "trainings": trainings, "notes": list(notes), "compute_from": compute_from,
+            "differences": differences_record(diffs or {})}  # fmt: skip

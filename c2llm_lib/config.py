@@ -478,17 +478,48 @@ class AttentionStage:
 
 @dataclass
 class CompareStage:
-    """Notebook 06: peer recipes (params files) trained on the run's data and compute, and how they are scored."""
+    """Notebook 06: peer recipes (params files) and the run's recipe with each pooler (the pooling study), trained on
+    the run's data and compute, each at the learning rates a sweep on a validation split chose (`compare_sweep`) and
+    with every seed of `compare_seeds`, and how they are scored."""
 
     compare_recipes: list[str] = field(default_factory=list)  # params file stems, e.g. ["c2llm-0.5b", "jina-code-0.5b"]
+    compare_poolings: list[str] = field(default_factory=list)  # the run's own recipe with each pooler
     compare_dims: list[int] = field(default_factory=lambda: [512, 256, 128, 64])  # truncation (and MRL) widths
-    compare_pma_dims: list[int] = field(default_factory=lambda: [128])  # a PMA recipe is also trained to output d
+    compare_pma_dims: list[int] = field(default_factory=lambda: [128])  # a PMA model is also trained to output d
+    compare_seeds: list[int] = field(default_factory=list)  # every model trains with each; []: the run's seed
+    compare_sweep: bool = False  # choose each model's learning rates on a validation split first
+    sweep_learning_rates: list[float] = field(default_factory=lambda: [1e-4, 3e-4, 1e-3])  # LoRA
+    sweep_pma_learning_rates: list[float] = field(default_factory=lambda: [1e-3])  # a PMA head's
+    sweep_pma_attention_learning_rates: list[float] = field(default_factory=lambda: [1e-3, 3e-3])  # its logits'
+    validation_percent: int = 10  # share of the training files (or queries) held out for the sweep
+    validation_limit: int | None = 30  # queries per validation task
+    validation_max_documents: int | None = 150  # documents per validation task
     eval_limit: int | None = None  # the evaluation keys of notebook 04, shared
+    eval_max_documents: int | None = None
     eval_batch_size: int = 16
     eval_max_length: int = 2048
 
     def __post_init__(self) -> None:
         check_types(self)
+        poolers = ("pma", "last_token", "mean")
+        require(all(p in poolers for p in self.compare_poolings) and len(set(self.compare_poolings)) == len(
+            self.compare_poolings), "compare_poolings",
+            f"must be distinct poolers among {list(poolers)}, got {self.compare_poolings}")  # fmt: skip
+        require(len(set(self.compare_seeds)) == len(self.compare_seeds), "compare_seeds",
+                f"repeats a seed: {self.compare_seeds}")  # fmt: skip
+        for seed in self.compare_seeds:
+            seed_range(seed, "compare_seeds")
+        for key in ("sweep_learning_rates", "sweep_pma_learning_rates", "sweep_pma_attention_learning_rates"):
+            rates = getattr(self, key)
+            require(bool(rates) and all(r > 0 for r in rates) and len(set(rates)) == len(rates), key,
+                    f"must be distinct positive learning rates, at least one, got {rates}")  # fmt: skip
+        require(1 <= self.validation_percent <= 50, "validation_percent",
+                f"must be from 1 to 50 (% of training files or queries), got {self.validation_percent}")  # fmt: skip
+        require(self.validation_limit is None or self.validation_limit > 0, "validation_limit", "must be positive")
+        require(self.validation_max_documents is None or self.validation_max_documents >= 10,
+                "validation_max_documents", "must be at least 10 or None")  # fmt: skip
+        require(self.eval_max_documents is None or self.eval_max_documents >= 500, "eval_max_documents",
+                "must be at least 500 (fewer distractors make retrieval too easy to compare) or None")  # fmt: skip
         require(len(set(self.compare_recipes)) == len(self.compare_recipes), "compare_recipes", "repeats a recipe")
         require(not self.compare_recipes or plain_names(self.compare_recipes), "compare_recipes",
                 f"must be params file stems (e.g. 'c2llm-0.5b'), got {self.compare_recipes}")  # fmt: skip

@@ -26,6 +26,9 @@ adapter), never the other way round (the pieces both need, `RetrievalTask`, `cor
   `mteb.evaluate` (cached, resumable; within one call no model encodes a text twice, and the baselines share one
   backbone pass per text: `mteb_code.EncodingCache`) and BM25 through this scorer; `task_embeddings` and
   `truncation_scores` score one encoding pass at several truncated widths (the dimension sweeps).
+  Every score is a mean of per-query nDCG@10, and the per-query values are there for the paired bootstrap
+  (`uncertainty.py`): `query_scores` reads those of `evaluate_all`'s models from mteb's cache (no second encoding)
+  and scores BM25's; `bm25_query_scores`, `embedding_query_scores` and `truncation_query_scores` give the others.
   `baselines` builds the untrained-pooler baselines on the evaluated model's own backbone (a released
   checkpoint's through `C2LLMEncoder.from_released`), loaded once and shared by the poolers.
   Documents are prepared as mteb prepares a corpus (`corpus_text`: stripped), so our scores equal
@@ -280,6 +283,18 @@ def score_rankings(task: RetrievalTask, rankings: dict[str, list[str]], k: int =
     }
 
 
+def query_ndcg(task: RetrievalTask, rankings: dict[str, list[str]], k: int = 10) -> dict[str, float]:
+    """{query id: nDCG@k} of each query's ranking: the per-query values whose mean `score_rankings` reports."""
+    return {q: ndcg_at_k(rankings[q], task.qrels[q], k) for q in task.queries}
+
+
+def embedding_query_scores(task: RetrievalTask, queries: np.ndarray, documents: np.ndarray, k: int = 10):
+    """{query id: nDCG@k} from normalised query (Q, d) and document (N, d) embeddings, in task order."""
+    doc_ids = list(task.corpus)
+    _, top = chunked_topk(queries, documents, k)  # (Q, k)
+    return query_ndcg(task, {q: [doc_ids[j] for j in row] for q, row in zip(task.queries, top, strict=True)}, k)
+
+
 def score_embeddings(task: RetrievalTask, queries: np.ndarray, documents: np.ndarray, k: int = 10) -> dict[str, float]:
     """Scores of a task from its normalised query (Q, d) and document (N, d) embeddings, in task order."""
     doc_ids = list(task.corpus)
@@ -297,11 +312,14 @@ def evaluate_encoder(
     return score_embeddings(task, queries, docs, k)
 
 
-def task_embeddings(encoder, task: RetrievalTask, batch_size: int = 16, max_length: int | None = None):
-    """Unnormalised (queries (Q, d), documents (N, d)) of a task, with the prompts of the encoder's prompt style."""
+def task_embeddings(
+    encoder, task: RetrievalTask, batch_size: int = 16, max_length: int | None = None, prompt: tuple | None = None
+):
+    """Unnormalised (queries (Q, d), documents (N, d)) of a task, with the prompts of the encoder's prompt style, or
+    `prompt` = (query instruction, document prefix) when given (a validation task's, `validation.py`)."""
     from .mteb_code import task_prompts
 
-    query, document = task_prompts(encoder.config, task.name, instruction_overrides(encoder.config, [task]))
+    query, document = prompt or task_prompts(encoder.config, task.name, instruction_overrides(encoder.config, [task]))
     kwargs = {"batch_size": batch_size, "max_length": max_length, "normalize": False}
     docs = encoder.encode([corpus_text(t) for t in task.corpus.values()], kind="document", instruction=document,
                           **kwargs)  # fmt: skip
@@ -319,19 +337,39 @@ def truncation_scores(
     return {d: score_embeddings(task, truncate(queries, d), truncate(documents, d), k)[f"ndcg_at_{k}"] for d in dims}
 
 
+def truncation_query_scores(
+    task: RetrievalTask, queries: np.ndarray, documents: np.ndarray, dims: Sequence[int], k: int = 10
+) -> dict[int, dict[str, float]]:
+    """{d: {query id: nDCG@k}}: `truncation_scores` query by query (its scores are these values' means)."""
+    width = queries.shape[1]
+    bad = [d for d in dims if not 0 < d <= width]
+    if bad:
+        raise ValueError(f"cannot truncate {width}-dimensional embeddings to {bad}")
+    return {d: embedding_query_scores(task, truncate(queries, d), truncate(documents, d), k) for d in dims}
+
+
 def bm25_scores(tasks: Sequence[RetrievalTask]) -> dict[str, float]:
     """{task: nDCG@10} of the BM25 baseline."""
     return {t.name: evaluate_bm25(t)["ndcg_at_10"] for t in tasks}
 
 
-def evaluate_bm25(task: RetrievalTask, k: int = 10) -> dict[str, float]:
-    """The BM25 baseline (bm25s, default parameters, no stopwords) on a task."""
+def bm25_query_scores(tasks: Sequence[RetrievalTask], k: int = 10) -> dict[str, dict[str, float]]:
+    """{task: {query id: nDCG@k}} of the BM25 baseline (the values whose means `bm25_scores` gives)."""
+    return {t.name: query_ndcg(t, bm25_rankings(t, k), k) for t in tasks}
+
+
+def bm25_rankings(task: RetrievalTask, k: int = 10) -> dict[str, list[str]]:
+    """{query id: the ids of BM25's top k documents, best first}."""
     from .data.negatives import bm25_scores_topk
 
     doc_ids = list(task.corpus)
     top = bm25_scores_topk(list(task.queries.values()), [corpus_text(task.corpus[d]) for d in doc_ids], k)
-    rankings = {q: [doc_ids[j] for j in row] for q, row in zip(task.queries, top, strict=True)}
-    return score_rankings(task, rankings, k)
+    return {q: [doc_ids[j] for j in row] for q, row in zip(task.queries, top, strict=True)}
+
+
+def evaluate_bm25(task: RetrievalTask, k: int = 10) -> dict[str, float]:
+    """The BM25 baseline (bm25s, default parameters, no stopwords) on a task."""
+    return score_rankings(task, bm25_rankings(task, k), k)
 
 
 def baseline_encoder(trained, pooling: str):
@@ -391,19 +429,50 @@ def evaluate_all(
     query instruction of its own is evaluated with it (`instruction_overrides`).
     The models share an `EncodingCache`: no model encodes a text twice, models on one backbone object (the
     baselines) share its forward pass, and a `Truncated` view reads its encoder's embeddings."""
-    from .mteb_code import EncodingCache, MTEBEncoder, offline_task, run_mteb
+    from .mteb_code import EncodingCache, offline_task, run_mteb
 
     scores: dict[str, dict[str, float]] = {}
     if bm25:
         scores["BM25"] = bm25_scores(tasks)
     cache = EncodingCache(list(models.values()))  # every model registered first, so siblings share each pass
     for label, encoder in models.items():
-        slug = "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")
-        model = MTEBEncoder(encoder, instruction_overrides(encoder.config, tasks), batch_size=batch_size,
-                            max_length=max_length, name=f"local/{slug}", cache=cache)  # fmt: skip
+        model = mteb_model(label, encoder, tasks, batch_size, max_length, cache)
         scores[label] = run_mteb(model, [offline_task(t) for t in tasks], cache_dir)
         log(f"evaluated {label}")
     return scores
+
+
+def mteb_model(label: str, encoder, tasks: Sequence[RetrievalTask], batch_size: int, max_length: int, cache=None):
+    """The mteb encoder `evaluate_all` evaluates a model as on `tasks`: named `local/<label as a slug>`, with the
+    tasks' own query instructions (`instruction_overrides`), its revision the fingerprint of the encoder and the
+    evaluation settings (so the cache key of its results)."""
+    from .mteb_code import MTEBEncoder
+
+    slug = "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")
+    return MTEBEncoder(encoder, instruction_overrides(encoder.config, tasks), batch_size=batch_size,
+                       max_length=max_length, name=f"local/{slug}", cache=cache)  # fmt: skip
+
+
+def query_scores(
+    models: dict[str, Any],
+    tasks: Sequence[RetrievalTask],
+    cache_dir: str | Path,
+    bm25: bool = True,
+    batch_size: int = 16,
+    max_length: int = 2048,
+) -> dict[str, dict[str, dict[str, float]]]:
+    """{model: {task: {query id: nDCG@10}}} behind `evaluate_all`'s scores, for the paired bootstrap
+    (`uncertainty.py`): each encoder's per-query values from the results mteb cached (no encoding; call
+    `evaluate_all` with the same arguments first), BM25's from our scorer. Each task's mean equals its score."""
+    from .mteb_code import cached_query_scores, offline_task
+
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    if bm25:
+        out["BM25"] = bm25_query_scores(tasks)
+    for label, encoder in models.items():
+        model = mteb_model(label, encoder, tasks, batch_size, max_length)
+        out[label] = cached_query_scores(model, [offline_task(t) for t in tasks], cache_dir)
+    return out
 
 
 def results_frame(scores: dict[str, dict[str, float]]):

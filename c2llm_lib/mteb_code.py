@@ -13,6 +13,8 @@ code (`mteb.evaluate`), not a re-implementation:
 - `offline_task`: our offline retrieval tasks as in-memory `AbsTaskRetrieval`s, so that they run through
   `mteb.evaluate` exactly like the real benchmark. A task's dataset revision is a hash of its queries, corpus and
   qrels (`task_fingerprint`): `eval_limit` or `eval_max_documents` keep a task's name but change what it ranks.
+  Its cached result also keeps every query's nDCG@10 (`QUERY_SCORES`, pytrec_eval's values that mteb averages), and
+  `cached_query_scores` reads them back for the paired bootstrap (`uncertainty.py`) without encoding again.
 - `run_mteb`: evaluates tasks with results cached under a folder in mteb's own layout
   (`ResultCache`); tasks already there are not rerun. The cache is keyed by the model's name and revision, and
   the revision is a `fingerprint` of the weights and of every setting that changes a score (max length,
@@ -46,6 +48,7 @@ MTEB_CODE_V1 = (
     "StackOverflowQA", "SyntheticText2SQL",
 )  # fmt: skip
 CONTAMINATED = ("CodeEditSearchRetrieval",)  # evaluated on its train split
+QUERY_SCORES = "ndcg_at_10_per_query"  # an offline task's result: {query id: nDCG@10} (OfflineTask)
 PROMPTED_TASKS = tuple(sorted({*C2LLM_PROMPTS, *OFFLINE_TASKS}))  # every task a prompt style has prompts for
 # nDCG@10 x 100 from the public MTEB results (reference section 5); C2LLM rows equal the paper's table 2.
 REFERENCE_SCORES = {
@@ -321,9 +324,15 @@ class MTEBEncoder(AbsEncoder):
 
 class OfflineTask(AbsTaskRetrieval):
     """Base of the offline tasks: mteb keeps task metadata on the class, so `offline_task` makes one small
-    subclass per task, carrying its metadata and its in-memory data."""
+    subclass per task, carrying its metadata and its in-memory data. Its results also hold every query's nDCG@10
+    (`QUERY_SCORES`), for the paired bootstrap of `uncertainty.py`."""
 
     task: RetrievalTask
+
+    def task_specific_scores(self, scores, qrels, results, hf_split, hf_subset) -> dict[str, Any]:
+        """{QUERY_SCORES: {query id: nDCG@10}}: pytrec_eval's per-query values, the ones mteb averages into
+        `ndcg_at_10`, kept in the result mteb caches (so a result read back brings them, with no encoding)."""
+        return {QUERY_SCORES: {q: float(s["ndcg_cut_10"]) for q, s in scores.items()}}
 
     def load_data(self, num_proc: int | None = None, **kwargs: Any) -> None:
         from datasets import Dataset
@@ -387,13 +396,44 @@ def run_mteb(model: MTEBEncoder, tasks: Sequence[Any], cache_dir: str | Path) ->
 
 def stale_results(cache, meta, tasks: Sequence[Any]) -> set[int]:
     """The ids of the tasks for which `cache` holds a result of this model (`meta`: name and revision) on another
-    dataset revision than the task's: mteb's "only-missing" would read it back, whatever data it was computed on."""
+    dataset revision than the task's: mteb's "only-missing" would read it back, whatever data it was computed on. An
+    offline task's result without per-query scores (`QUERY_SCORES`, cached before they were kept) is stale too."""
     stale = set()
     for task in tasks:
         found = cache.load_task_result(task.metadata.name, meta)
         if found is not None and found.dataset_revision != task.metadata.revision:
             stale.add(id(task))
+        elif found is not None and isinstance(task, OfflineTask) and _query_scores(found) is None:
+            stale.add(id(task))
     return stale
+
+
+def _query_scores(result) -> dict[str, float] | None:
+    """The per-query nDCG@10 a cached offline result holds (its test split, one subset), or None."""
+    for split in result.scores.values():
+        for subset in split:
+            if isinstance(subset.get(QUERY_SCORES), dict):
+                return {str(q): float(v) for q, v in subset[QUERY_SCORES].items()}
+    return None
+
+
+def cached_query_scores(model: MTEBEncoder, tasks: Sequence[Any], cache_dir: str | Path) -> dict[str, dict[str, float]]:
+    """{task: {query id: nDCG@10}} of `model` on offline tasks that `run_mteb` evaluated into `cache_dir`: the per-query
+    values behind each cached score, read back without encoding. A task with no current result (not evaluated, another
+    dataset revision, no per-query scores) is an error naming the model and the task."""
+    import mteb
+
+    cache = mteb.ResultCache(cache_dir)
+    meta = model.mteb_model_meta
+    out = {}
+    for task in tasks:
+        found = cache.load_task_result(task.metadata.name, meta)
+        per_query = _query_scores(found) if found is not None else None
+        if found is None or found.dataset_revision != task.metadata.revision or per_query is None:
+            raise LookupError(f"{cache_dir}: no current per-query result of {meta.name} (revision {meta.revision}) on "
+                              f"{task.metadata.name}; evaluate it first (run_mteb, eval.evaluate_all)")  # fmt: skip
+        out[task.metadata.name] = per_query
+    return out
 
 
 def mteb_code_tasks(names: Sequence[str] | None = None, mirror: str | Path | None = None):

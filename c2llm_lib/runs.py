@@ -97,21 +97,31 @@ PRODUCTS = {
         "mteb",
         "metrics/eval.json",
         "metrics/eval_tasks.json",
+        "metrics/eval_queries.json",
+        "metrics/eval_intervals.json",
         "metrics/results.md",
         "metrics/beir*.json",
         "figures/scores.png",
         "metrics/ablations.*",
+        "metrics/ablations_intervals.json",
         "figures/ablation_*",
         "metrics/mteb_code.*",
         "metrics/mteb_code_tasks.json",
     ),
     "05_pma_attention": ("metrics/attention.json", "figures/attention_*"),
-    "06_recipe_comparison": ("comparison", "metrics/comparison.*", "figures/comparison.png"),
+    "06_recipe_comparison": (
+        "comparison",
+        "metrics/comparison.*",
+        "figures/comparison.png",
+        "metrics/sweep.json",
+        "metrics/pooling_study.*",
+        "figures/pooling_study.png",
+    ),
     "07_search_code": ("search", "metrics/search.json", "figures/search.html"),
 }
 # Products a rerun reads back rather than recomputes, each keyed by what it holds: notebook 02's checkpoints (it
 # resumes its own training, moves another's aside), mteb's results (by model, settings and task data), notebook 06's
-# trainings (by configs and rows).
+# trainings (by configs and rows) and their scores (by tasks, prompts, widths and length).
 KEPT_ON_RERUN = {
     "02_train_lora_contrastive": ("checkpoints", "logs/02_train"),
     "04_eval_mteb_code": ("mteb",),
@@ -508,6 +518,36 @@ class RunDir:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(values, indent=2, default=str) + "\n")
         os.replace(tmp, path)
+        return path
+
+    def inside(self, relative: str | Path) -> Path:
+        """`root/relative`, refused (ValueError) when it would lie outside the run directory."""
+        path = self.root / relative
+        if not path.resolve().is_relative_to(self.root.resolve()) or Path(relative).is_absolute():
+            raise ValueError(f"{relative}: not a path inside the run directory {self.root}")
+        return path
+
+    def save_json(self, relative: str | Path, values: Any) -> Path:
+        """A JSON record at `relative` under the run (e.g. a cached evaluation in `comparison/<key>/`), written to a
+        temporary file and renamed, so a killed run never leaves half a record."""
+        path = self.inside(relative)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(values, indent=1, default=str) + "\n")
+        os.replace(tmp, path)
+        return path
+
+    def save_rows(self, relative: str | Path, table) -> Path:
+        """A `datasets` table saved at `relative` under the run (the rows a comparison's trainings read), unless a
+        table is already there: callers key `relative` by the rows' content. Written beside it and renamed."""
+        path = self.inside(relative)
+        if path.is_dir():
+            return path
+        staging = path.with_name(f".{path.name}.staging")
+        if staging.exists():
+            shutil.rmtree(staging)
+        table.save_to_disk(str(staging))
+        os.replace(staging, path)
         return path
 
     def load_metrics(self, name: str) -> Any:

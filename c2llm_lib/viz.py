@@ -574,3 +574,36 @@ def recipe_comparison(frame, dims_table):
         ax.tick_params(axis="x", rotation=60, labelsize=7)
     fig.tight_layout()
     return detached(fig)
+
+
+def pooling_study(frame, intervals: dict[str, dict]):
+    """The pooling study's figure (`ablations.pooling_frame`, `ablations.mean_intervals`). Left: mean nDCG@10 per
+    pooler with its 95 % bootstrap interval over queries, and each seed's mean as a dot. Right: mean nDCG@10 against
+    the embedding width, PMA trained to project to d against the full PMA embedding truncated to d, with intervals."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1, 1.4]})
+    poolers = intervals["poolers"]
+    labels = list(poolers)
+    values = [poolers[p].value for p in labels]
+    errors = [[poolers[p].value - poolers[p].low for p in labels], [poolers[p].high - poolers[p].value for p in labels]]
+    axes[0].bar(labels, values, yerr=errors, capsize=6, color="tab:blue", alpha=0.7)
+    for x, label in enumerate(labels):
+        seeds = [frame.loc[label, c] for c in frame.columns if c.startswith("seed ")]
+        axes[0].scatter([x] * len(seeds), seeds, color="black", s=14, zorder=3, label="one seed" if x == 0 else None)
+    axes[0].set(ylabel="mean nDCG@10 (test)", title="pooler (95 % interval over queries)")
+    axes[0].legend(fontsize=7)
+    for curve, style in (("PMA projection", "--"), ("truncation", "-")):
+        found = intervals[curve]
+        dims = sorted(found)
+        if not dims:
+            continue
+        axes[1].errorbar(dims, [found[d].value for d in dims], capsize=4, marker="o", ls=style, label=curve,
+                         yerr=[[found[d].value - found[d].low for d in dims], [found[d].high - found[d].value
+                                                                              for d in dims]])  # fmt: skip
+    axes[1].set_xscale("log", base=2)
+    axes[1].set(xlabel="embedding dimension d", ylabel="mean nDCG@10 (test)",
+                title="PMA projection to d vs truncation to d")  # fmt: skip
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    return detached(fig)

@@ -70,3 +70,27 @@ def test_a_params_file_for_your_own_data_names_the_key_to_set(stem, tmp_path, ca
     error = capsys.readouterr().err
     assert f"parameter {key!r} must name at least one" in error and f"e.g. --set {key}=[/path/to/" in error
     assert not any(tmp_path.iterdir())  # refused before a run directory was made
+
+
+def test_the_pooling_studies_plan_every_pooler_and_width():
+    """ablation-cpu.yaml is the default's compute; ablation-0.5b.yaml the paper's recipe and scale (section 4.1); both
+    run the same study: the three poolers at their own chosen rates, 2 seeds, PMA projected to 512, 256 and 128."""
+    for stem in ("ablation-cpu", "ablation-0.5b"):
+        resolved = resolve(load_params(PARAMS_DIR / f"{stem}.yaml"), stem)
+        keys = {k: v for k, v in resolved["02_train_lora_contrastive"].items() if k not in ("run", "outputs_dir")}
+        model, train = split_params(keys, stem)
+        study = resolved["06_recipe_comparison"]
+        assert study["compare_sweep"] and study["compare_seeds"] == [0, 1]
+        entries = plan(model, train, study["compare_recipes"], study["compare_dims"], study["compare_pma_dims"],
+                       poolings=study["compare_poolings"])  # fmt: skip
+        assert [e.label for e in entries] == ["PMA", "PMA d=512", "PMA d=256", "PMA d=128", "last token", "mean"]
+    default = resolve(load_params(PARAMS_DIR / "default.yaml"), "default")["02_train_lora_contrastive"]
+    cpu = resolve(load_params(PARAMS_DIR / "ablation-cpu.yaml"), "cpu")["02_train_lora_contrastive"]
+    same = ("backbone", "dtype", "max_length", "num_negatives", "global_batch_size", "grad_cache", "grad_cache_chunk",
+            "lora_compute", "lora_r", "lora_alpha")  # fmt: skip
+    assert {k: cpu[k] for k in same} == {k: default[k] for k in same}
+    paper = resolve(load_params(PARAMS_DIR / "ablation-0.5b.yaml"), "gpu")
+    train = paper["02_train_lora_contrastive"]
+    assert (train["max_length"], train["epochs"], train["num_negatives"], train["max_steps"]) == (1024, 3, 7, None)
+    assert (train["lora_r"], train["lora_alpha"], train["global_batch_size"]) == (64, 32, 256)
+    assert paper["01_data_prep"]["data_source"] == "hub" and paper["01_data_prep"]["decontaminate_mteb"]

@@ -40,6 +40,8 @@ MEANT_FOR = {
     "compare-recipes": ["01", "06"],
     "own-code": ["01", "02", "03", "04", "05"],  # your code: trained, evaluated on its held-out files, drawn
     "own-pairs": ["01", "02", "03", "04", "05"],  # your pairs: the same on its held-out queries
+    "ablation-cpu": ["01", "06"],  # the pooling study: notebook 06 on notebook 01's rows
+    "ablation-0.5b": ["01", "06"],
     "smoke": None,  # runs whole, exactly as shipped, in tests/test_pipeline.py
 }
 FIXTURES = REPO / "tests" / "fixtures"
@@ -49,6 +51,9 @@ USER_DATA = {
     "own-code": {"code_roots": [str(FIXTURES / "own-code")]},
     "own-pairs": {"data_files": [str(FIXTURES / "own-pairs.jsonl")]},
 }
+# Sizes a rehearsal scales beyond the overlay, per file: a study trains every model of its grid, seeds and widths (11
+# trainings with the overlay's grid), each capped here at a few steps so that the rehearsal stays near a minute.
+SIZES = {"ablation-cpu": {"max_steps": 3}, "ablation-0.5b": {"max_steps": 3}}
 
 
 def test_every_params_file_is_rehearsed():
@@ -82,7 +87,7 @@ def shipped(stem: str) -> dict:
 @pytest.mark.parametrize("stem", [s for s, only in MEANT_FOR.items() if only], ids=str)
 def test_rehearsal(stem, mirror, release, tmp_path):
     only = MEANT_FOR[stem]
-    sets = {"hub_mirror": str(mirror), **USER_DATA.get(stem, {})}
+    sets = {"hub_mirror": str(mirror), **USER_DATA.get(stem, {}), **SIZES.get(stem, {})}
     if stem == "own-pairs":  # and a local retrieval set in the BEIR layout beside the held-out split
         from test_beir import write_set
 
@@ -118,6 +123,8 @@ def test_rehearsal(stem, mirror, release, tmp_path):
         check_own_data(run.root, params["eval_limit"])
     if sets.get("beir_sets"):
         check_beir(run.root)
+    if params.get("compare_poolings"):
+        check_study(run.root, resolved["06_recipe_comparison"])
 
 
 def fixtures_snapshot() -> dict[str, tuple[bytes, int]]:
@@ -217,3 +224,23 @@ def test_the_overlay_is_validated_with_the_runs_sets():
         assert merged["backbone"] == "tiny-random-qwen2" and not set(sets) & set(merged)
         with pytest.raises(ConfigError, match=f"{next(iter(sets))}' must name at least one"):
             apply_overlay(load_params(PARAMS / f"{stem}.yaml"), OVERLAY)
+
+
+def check_study(root: Path, params: dict) -> None:
+    """The pooling study ran whole: every pooler chosen on validation and trained with every seed, PMA projected to
+    each width, every difference with its interval, the figure, and the setting a publication needs."""
+    study = json.loads((root / "metrics" / "pooling_study.json").read_text())
+    seeds, dims = params["compare_seeds"], params["compare_pma_dims"]
+    poolers = {"pma": "PMA", "last_token": "last token", "mean": "mean"}
+    assert set(study["poolers"]) == {poolers[p] for p in params["compare_poolings"]}
+    assert set(study["sweeps"]) == set(study["poolers"])
+    assert all(len(model["seeds"]) == len(seeds) for model in study["models"].values())
+    assert {f"PMA d={d}" for d in dims} <= set(study["models"])
+    pairs = {(d["a"], d["b"]) for d in study["differences"]}
+    assert ("PMA", "last token") in pairs and ("PMA", "mean") in pairs
+    assert all({"value", "low", "high", "within_noise"} <= set(i) for d in study["differences"]
+               for i in d["intervals"].values())  # fmt: skip
+    assert study["setting"]["cpu"]["model"] and study["setting"]["timings"] and study["setting"]["validation"]
+    text = (root / "metrics" / "pooling_study.md").read_text()
+    assert "95 % interval" in text and "Rates chosen on the validation split" in text
+    assert (root / "figures" / "pooling_study.png").stat().st_size > 1000

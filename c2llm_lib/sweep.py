@@ -1,0 +1,148 @@
+"""Learning rates chosen on a validation split, the same small sweep for every model that is compared (notebook 06).
+
+A comparison at one learning rate compares learning rates as much as models: a pooler, or a recipe, whose best rate
+is not the one chosen for another stays at chance loss in a short run. So each compared model gets its own rates
+from one shared grid (`Grid`):
+- the LoRA rate (`learning_rate`) over `learning_rates`;
+- for a PMA head also its rate (`pma_learning_rate`) over `pma_learning_rates` and the rate of its attention logits
+  (the seed, W_q, W_k: `pma_attention_learning_rate`) over `pma_attention_learning_rates`, in every combination; a
+  pooler without parameters (mean, last token) has no head rate to choose.
+Each point trains once, at the comparison's first seed, on the training rows without the validation share
+(`validation.py`), and is scored by mean nDCG@10 over the validation tasks; the best point is the model's choice (on a
+tie, the first in grid order: lower rates first). A model's projections to smaller widths train at the rates chosen
+for its full width. Everything else (steps, rows, batch, schedule, warmup) is the comparison's, so the grid's cost is
+points x (one training + one validation scoring).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .config import ModelConfig, TrainConfig
+
+RATE_KEYS = ("learning_rate", "pma_learning_rate", "pma_attention_learning_rate")
+
+
+@dataclass
+class Grid:
+    """The rates each compared model is tried at."""
+
+    learning_rates: list[float]
+    pma_learning_rates: list[float]
+    pma_attention_learning_rates: list[float]
+
+    def __post_init__(self) -> None:
+        for key in ("learning_rates", "pma_learning_rates", "pma_attention_learning_rates"):
+            values = getattr(self, key)
+            if not values or any(not v > 0 for v in values) or len(set(values)) != len(values):
+                raise ValueError(f"sweep_{key} must be distinct positive rates, got {values}")
+
+
+def points(model: ModelConfig, train: TrainConfig, grid: Grid) -> list[TrainConfig]:
+    """`train` at every point of the grid that applies to `model` (its pooler), in grid order."""
+    if model.pooling != "pma":
+        return [dataclasses.replace(train, learning_rate=lr, pma_learning_rate=None, pma_attention_learning_rate=None)
+                for lr in grid.learning_rates]  # fmt: skip
+    return [
+        dataclasses.replace(train, learning_rate=lr, pma_learning_rate=head, pma_attention_learning_rate=attention)
+        for lr, head, attention in itertools.product(
+            grid.learning_rates, grid.pma_learning_rates, grid.pma_attention_learning_rates
+        )
+    ]
+
+
+def rates(train: TrainConfig, model: ModelConfig) -> dict[str, float | None]:
+    """The rates a training uses, as the optimizer applies them: the head's and its attention's default to the LoRA
+    rate and the head's; a pooler without parameters has none."""
+    if model.pooling != "pma":
+        return {"learning_rate": train.learning_rate}
+    head = train.learning_rate if train.pma_learning_rate is None else train.pma_learning_rate
+    attention = head if train.pma_attention_learning_rate is None else train.pma_attention_learning_rate
+    return {"learning_rate": train.learning_rate, "pma_learning_rate": head, "pma_attention_learning_rate": attention}
+
+
+def rates_label(chosen: dict[str, float | None]) -> str:
+    """ "LoRA 3e-04, head 1e-03, attention 3e-03" (the parts a training has)."""
+    names = {"learning_rate": "LoRA", "pma_learning_rate": "head", "pma_attention_learning_rate": "attention"}
+    return ", ".join(f"{names[k]} {v:.0e}" for k, v in chosen.items() if v is not None)
+
+
+@dataclass
+class SweepPoint:
+    """One trained point: its rates, its validation scores, and the folder of its training."""
+
+    rates: dict[str, float | None]
+    score: float  # mean nDCG@10 over the validation tasks
+    per_task: dict[str, float]
+    folder: str
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # its training's and its scoring's
+
+
+@dataclass
+class SweepResult:
+    points: list[SweepPoint]
+    chosen: int  # index into points
+
+    @property
+    def best(self) -> SweepPoint:
+        return self.points[self.chosen]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"points": [dataclasses.asdict(p) for p in self.points], "chosen": self.chosen,
+                "chosen_rates": self.best.rates}  # fmt: skip
+
+
+def choose(scores: Sequence[float]) -> int:
+    """The index of the best validation score; the first of equal ones (grid order: lower rates first)."""
+    if not scores:
+        raise ValueError("the sweep has no point to choose from")
+    if any(s != s for s in scores):  # NaN != NaN
+        raise ValueError(f"a validation score is not a number: {list(scores)}")
+    return max(range(len(scores)), key=lambda i: (scores[i], -i))
+
+
+def sweep(
+    model: ModelConfig,
+    train: TrainConfig,
+    grid: Grid,
+    score: Callable[[ModelConfig, TrainConfig], tuple[dict[str, float], str, dict[str, float]]],
+) -> tuple[SweepResult, TrainConfig]:
+    """Trains and scores every point of `grid` for `model` through `score(model, train) -> ({validation task:
+    nDCG@10}, training folder, {what: seconds})`; returns the sweep and the chosen point's TrainConfig."""
+    configs = points(model, train, grid)
+    found = []
+    for config in configs:
+        per_task, folder, seconds = score(model, config)
+        if not per_task:
+            raise ValueError("a sweep point was scored on no validation task")
+        mean = sum(per_task.values()) / len(per_task)
+        found.append(SweepPoint(rates(config, model), mean, per_task, folder, seconds))
+    best = choose([p.score for p in found])
+    return SweepResult(found, best), configs[best]
+
+
+def sweep_frame(chosen: dict[str, tuple[SweepResult, TrainConfig]]):
+    """One row per (model, grid point): the rates, the validation mean nDCG@10 x 100 and its per-task scores, and
+    whether it was chosen."""
+    import pandas as pd
+
+    rows = []
+    for label, (found, _) in chosen.items():
+        for i, point in enumerate(found.points):
+            rows.append({"model": label, "rates": rates_label(point.rates), "validation": 100 * point.score,
+                         **{t: 100 * v for t, v in point.per_task.items()}, "chosen": i == found.chosen})  # fmt: skip
+    return pd.DataFrame(rows).set_index(["model", "rates"])
+
+
+def sweep_markdown(frame) -> str:
+    """The sweep as markdown (scores to 0.1, the chosen point marked)."""
+    columns = list(frame.columns)
+    lines = ["| model | rates | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
+    for (model, point), row in frame.iterrows():
+        cells = ["**yes**" if row[c] is True else "" if row[c] is False else f"{row[c]:.1f}" for c in columns]
+        lines.append(f"| {model} | {point} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,315 @@
+"""The pooling study's parts (notebook 06): the validation split, the sweep's choice, which trainings are reused, the
+cached scores, and the tables and sentences built from per-query scores."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from c2llm_lib.comparison import (
+    Entry,
+    config_key,
+    evaluation_key,
+    final_trainings,
+    over_seeds,
+    plan,
+    pooling_entries,
+    query_rows,
+    recipe_pairs,
+)
+from c2llm_lib.config import CompareStage, ConfigError, ModelConfig, TrainConfig
+from c2llm_lib.data.offline import load_snapshot, split_of
+from c2llm_lib.data.records import text_key
+from c2llm_lib.sweep import Grid, SweepPoint, SweepResult, choose, points, rates, sweep
+from c2llm_lib.validation import in_validation, validation_split
+
+BASE_MODEL = ModelConfig(backbone="tiny-random-qwen2", dtype="float32", max_length=64, pma_heads=4, use_lora=True)
+BASE_TRAIN = TrainConfig(max_steps=3, global_batch_size=4, warmup_steps=1, max_length=64, seed=0, num_negatives=1,
+                         checkpoint_steps=[1, 2], pma_learning_rate=1e-3, pma_attention_learning_rate=3e-3)  # fmt: skip
+GRID = Grid([1e-4, 1e-3], [1e-3], [1e-3, 3e-3])
+
+
+def snapshot_rows(n: int = 400):
+    from datasets import Dataset
+
+    rows = [r for r in load_snapshot() if r["split"] == "train"][::7][:n]
+    keep = ("dataset", "language", "query", "positive", "negatives", "instruction")
+    return Dataset.from_list([{k: r[k] for k in keep} for r in rows])
+
+
+def test_the_validation_split_is_disjoint_from_training_and_test_by_file():
+    rows = snapshot_rows()
+    split = validation_split(rows, 15, limit=None, max_documents=None)
+    assert split.rule == "file"
+    files = {(r["dataset"], text_key(r["query"]), text_key(r["positive"])): r["file"] for r in load_snapshot()}
+    file_of = lambda r: files[(r["dataset"], text_key(r["query"]), text_key(r["positive"]))]  # noqa: E731
+    trained = {file_of(r) for r in split.rows}
+    validated = {file_of({"dataset": split.datasets[t.name], "query": q, "positive": t.corpus[next(iter(t.qrels[i]))]})
+                 for t in split.tasks for i, q in t.queries.items()}  # fmt: skip
+    assert validated and trained and not trained & validated  # no file on both sides
+    assert all(split_of(f) == "train" for f in validated)  # the test split's files never validate
+    assert all(in_validation(f, 15) for f in validated) and not any(in_validation(f, 15) for f in trained)
+    texts = {text_key(x) for t in split.tasks for x in (*t.queries.values(), *t.corpus.values())}
+    assert not any(text_key(r["query"]) in texts or text_key(r["positive"]) in texts for r in split.rows)
+    assert split.dropped["validation files"] + split.dropped["text shared with validation"] + len(split.rows) == len(
+        rows
+    )
+    names = {t.name for t in split.tasks}
+    assert names == {"validation-text2code-python", "validation-code2code-python", "validation-text2code-javascript",
+                     "validation-code2code-javascript"}  # fmt: skip
+    again = validation_split(rows, 15)
+    assert again.rows["query"] == split.rows["query"] and [t.queries for t in again.tasks] == [
+        t.queries for t in split.tasks
+    ]  # stable
+
+
+def test_other_data_is_split_by_query_and_bad_shares_are_named():
+    from training_rows import make_rows
+
+    rows = make_rows()
+    split = validation_split(rows, 40)
+    assert split.rule == "query"
+    held = {q for t in split.tasks for q in t.queries.values()}
+    assert held and not held & set(split.rows["query"])
+    assert split.prompts(BASE_MODEL, split.tasks[0]) == ("Find the code:", "Retrieved Answer:")  # the rows' own
+    with pytest.raises(ValueError, match="validation_percent must be from 1 to 50"):
+        validation_split(rows, 0)
+    with pytest.raises(ValueError, match="none of the 16 training distinct queries falls in the validation share"):
+        validation_split(rows, 1)
+    held_out = next(f"query {i}" for i in range(100) if in_validation(text_key(f"query {i}"), 50))
+    with pytest.raises(ValueError, match="every training row is a validation query or shares its text"):
+        validation_split(rows.map(lambda r: {"query": held_out}), 50)
+
+
+def test_the_sweep_picks_the_best_validation_score():
+    scores = {1e-4: 0.2, 1e-3: 0.5}
+    seen = []
+
+    def stub(model, train):  # a stub trainer and evaluator: the score is a known function of the rates
+        seen.append(rates(train, model))
+        bonus = 0.1 if train.pma_attention_learning_rate == 3e-3 else 0.0
+        per_task = {"a": scores[train.learning_rate] + bonus, "b": scores[train.learning_rate]}
+        return per_task, f"folder-{len(seen)}", {"train s": 1.0}
+
+    found, chosen = sweep(BASE_MODEL, BASE_TRAIN, GRID, stub)
+    assert len(found.points) == 4 and len(seen) == 4
+    assert (chosen.learning_rate, chosen.pma_learning_rate, chosen.pma_attention_learning_rate) == (1e-3, 1e-3, 3e-3)
+    assert found.best.score == pytest.approx(0.55) and found.best.folder == "folder-4"
+    last, _ = sweep(dataclasses.replace(BASE_MODEL, pooling="mean"), BASE_TRAIN, GRID, stub)
+    assert [p.rates for p in last.points] == [{"learning_rate": 1e-4}, {"learning_rate": 1e-3}]  # no head to tune
+    assert choose([0.1, 0.3, 0.3]) == 1  # ties: the first in grid order
+    with pytest.raises(ValueError, match="not a number"):
+        choose([0.1, float("nan")])
+    assert len(points(BASE_MODEL, BASE_TRAIN, Grid([1e-4, 3e-4, 1e-3], [1e-3], [1e-3, 3e-3]))) == 6
+
+
+def test_projections_train_at_their_full_widths_rates_and_the_first_seed_reuses_the_sweep():
+    entries = pooling_entries(BASE_MODEL, BASE_TRAIN, ["pma", "mean"], [16])
+    assert [e.label for e in entries] == ["PMA", "PMA d=16", "mean"]
+    assert entries[1].parent == "PMA" and entries[1].model.embedding_dim == 16 and entries[1].projected
+    assert entries[2].train.pma_learning_rate is None  # mean pooling has no head
+    picked = {"PMA": dataclasses.replace(BASE_TRAIN, learning_rate=1e-3, pma_attention_learning_rate=1e-3),
+              "mean": dataclasses.replace(BASE_TRAIN, learning_rate=3e-4, pma_learning_rate=None,
+                                          pma_attention_learning_rate=None)}  # fmt: skip
+    chosen = {label: (None, dataclasses.replace(t, seed=0, checkpoint_steps=[])) for label, t in picked.items()}
+    planned = final_trainings(entries, [0, 1], chosen)
+    assert [(e.label, s) for e, s, _ in planned] == [("PMA", 0), ("PMA", 1), ("PMA d=16", 0), ("PMA d=16", 1),
+                                                     ("mean", 0), ("mean", 1)]  # fmt: skip
+    by = {(e.label, s): t for e, s, t in planned}
+    assert by["PMA d=16", 1].learning_rate == 1e-3 and by["PMA d=16", 1].pma_attention_learning_rate == 1e-3
+    assert by["mean", 0].learning_rate == 3e-4 and by["mean", 1].seed == 1
+    # the first seed's final training is the sweep's chosen training: the same folder, so it is reused, not retrained
+    assert config_key(entries[0].model, by["PMA", 0], "rows") == config_key(entries[0].model, chosen["PMA"][1], "rows")
+    assert config_key(entries[0].model, by["PMA", 1], "rows") != config_key(entries[0].model, by["PMA", 0], "rows")
+    unswept = final_trainings(entries[:1], [3])
+    assert unswept[0][2] == dataclasses.replace(entries[0].train, seed=3)
+
+
+def test_a_training_is_reused_only_for_equal_model_training_and_rows():
+    key = config_key(BASE_MODEL, BASE_TRAIN, "rows-a")
+    assert key == config_key(dataclasses.replace(BASE_MODEL), dataclasses.replace(BASE_TRAIN), "rows-a")
+    assert key != config_key(dataclasses.replace(BASE_MODEL, pooling="mean"), BASE_TRAIN, "rows-a")
+    assert key != config_key(BASE_MODEL, dataclasses.replace(BASE_TRAIN, learning_rate=3e-4), "rows-a")
+    assert key != config_key(BASE_MODEL, dataclasses.replace(BASE_TRAIN, seed=1), "rows-a")
+    assert key != config_key(BASE_MODEL, BASE_TRAIN, "rows-b")
+
+
+def test_cached_scores_are_keyed_by_tasks_widths_length_and_training(tmp_path):
+    from c2llm_lib.eval import offline_tasks
+
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    (checkpoints / "train_summary.json").write_text('{"steps": 3}')
+    tasks = offline_tasks(limit=4, include_humaneval=False, max_documents=20)
+    key = evaluation_key(tasks, {}, [16], 8, 64, checkpoints)
+    assert key == evaluation_key(tasks, {}, [16], 8, 64, checkpoints)
+    assert key != evaluation_key(offline_tasks(limit=5, include_humaneval=False, max_documents=20), {}, [16], 8, 64,
+                                 checkpoints)  # fmt: skip
+    assert key != evaluation_key(tasks, {}, [32], 8, 64, checkpoints)
+    assert key != evaluation_key(tasks, {}, [16], 8, 128, checkpoints)
+    assert key != evaluation_key(tasks, {"t": ["other instruction", ""]}, [16], 8, 64, checkpoints)
+    (checkpoints / "train_summary.json").write_text('{"steps": 4}')  # retrained
+    assert key != evaluation_key(tasks, {}, [16], 8, 64, checkpoints)
+
+
+def per_query(values: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    return {t: {f"q{i}": v for i, v in enumerate(vs)} for t, vs in values.items()}
+
+
+def result(entry: Entry, seeds: dict[int, dict[str, dict[str, list[float]]]], width: int, seconds: float = 10.0):
+    """`over_seeds` of made-up per-query scores: {seed: {str(d): {task: [scores]}}}."""
+    per_seed = {}
+    for seed, by_dim in seeds.items():
+        queries = {d: per_query(v) for d, v in by_dim.items()}
+        per_seed[seed] = {"width": width, "queries": queries,
+                          "scores": {d: {t: float(np.mean(list(q.values()))) for t, q in by_t.items()}
+                                     for d, by_t in queries.items()},
+                          "training": {"tokens_per_second": 100.0, "train_seconds": 5.0},
+                          "encode": {"seconds": seconds, "tokens": 1000,
+                                     "tokens_per_second": 1000 / seconds}}  # fmt: skip
+    return over_seeds(entry, per_seed)
+
+
+def study_results():
+    entries = pooling_entries(BASE_MODEL, BASE_TRAIN, ["pma", "last_token"], [16])
+    pma, projected, last = entries
+    high, low = [1.0] * 20 + [0.0] * 20, [0.0] * 40
+    results = {
+        "PMA": result(pma, {0: {"64": {"t": high}, "16": {"t": [0.5] * 40}},
+                            1: {"64": {"t": high[::-1]}, "16": {"t": [0.5] * 40}}}, 64, seconds=10.0),
+        "PMA d=16": result(projected, {0: {"16": {"t": [0.5] * 40}}, 1: {"16": {"t": [0.5] * 40}}}, 16),
+        "last token": result(last, {0: {"64": {"t": low}, "16": {"t": low}}, 1: {"64": {"t": low}, "16": {"t": low}}},
+                             64, seconds=9.0),
+    }  # fmt: skip
+    return entries, results
+
+
+def test_the_study_tables_and_sentences_are_built_from_the_numbers():
+    from c2llm_lib.ablations import (
+        dimension_frame,
+        mean_intervals,
+        overhead,
+        pooling_frame,
+        study_pairs,
+        study_sentences,
+    )
+    from c2llm_lib.uncertainty import MEAN, differences
+
+    entries, results = study_results()
+    assert results["PMA"]["queries"]["64"]["t"]["q0"] == 0.5  # seed 0 scored 1, seed 1 scored 0: the mean
+    assert results["PMA"]["seeds"] == {"0": {"64": {"t": 0.5}, "16": {"t": 0.5}},
+                                       "1": {"64": {"t": 0.5}, "16": {"t": 0.5}}}  # fmt: skip
+    pairs = study_pairs(entries)
+    assert pairs == [("PMA", "last token"), ("PMA d=16", "PMA, truncated to 16")]
+    diffs = differences(query_rows(results), pairs)
+    assert diffs["PMA", "last token"][MEAN].value == pytest.approx(0.5)
+    assert diffs["PMA", "last token"][MEAN].low == pytest.approx(0.5)  # every query's seed mean is 0.5 above
+    assert diffs["PMA d=16", "PMA, truncated to 16"][MEAN].within_noise  # equal
+    frame = pooling_frame(results)
+    assert frame.loc["PMA", "mean"] == 50.0 and frame.loc["last token", "seed 1"] == 0.0
+    assert frame.loc["PMA", "encode tokens/s"] == 100.0
+    dims = dimension_frame(results)
+    assert list(dims.index) == [64, 16]
+    assert dims.loc[16, "PMA projection"] == 50.0 and dims.loc[16, "truncation"] == 50.0
+    assert dims.loc[64, "PMA projection"] == dims.loc[64, "truncation"] == 50.0  # full width: both are PMA
+    text = study_sentences(frame, dims, diffs, overhead(results), [0, 1])
+    assert "PMA - last token = +50.0 (95 % interval [+50.0, +50.0] over 40 queries): PMA is ahead." in text
+    assert "PMA d=16 - PMA, truncated to 16 = +0.0" in text and "within noise." in text
+    assert "Encoding throughput in the test evaluation: PMA 100 real tokens/s, last token 111 (-10 %)" in text
+    bars = mean_intervals(results)
+    assert set(bars) == {"poolers", "PMA projection", "truncation"} and bars["poolers"]["PMA"].value == 50.0
+    assert sorted(bars["PMA projection"]) == [16, 64] and sorted(bars["truncation"]) == [16, 64]
+
+
+def test_the_recipe_table_states_its_differences(tmp_path):
+    from c2llm_lib.comparison import comparison_frame, dimension_table, verdict
+    from c2llm_lib.uncertainty import differences, task_means
+
+    entries = plan(BASE_MODEL, BASE_TRAIN, ["c2llm-0.5b", "codexembed-style"], [16], [16])
+    assert recipe_pairs(entries) == [("c2llm-0.5b", "codexembed-style"), ("c2llm-0.5b", "BM25"),
+                                     ("c2llm-0.5b, PMA d=16", "c2llm-0.5b, truncated to 16")]  # fmt: skip
+    results = {e.label: result(e, {0: {str(e.model.embedding_dim or 64): {"t": [0.5] * 40},
+                                       **({} if e.projected else {"16": {"t": [0.25] * 40}})}},
+                               e.model.embedding_dim or 64) for e in entries}  # fmt: skip
+    bm25 = per_query({"t": [0.5] * 40})
+    frame = comparison_frame(results, task_means(bm25))
+    diffs = differences(query_rows(results, bm25), recipe_pairs(entries))
+    text = verdict(frame, dimension_table(frame), ["a note"], diffs)
+    assert "c2llm-0.5b - BM25 = +0.0 (95 % interval [+0.0, +0.0] over 40 queries): within noise." in text
+    assert "c2llm-0.5b, PMA d=16 - c2llm-0.5b, truncated to 16 = +25.0" in text
+
+
+def test_the_study_parameters_are_checked():
+    assert CompareStage().compare_poolings == [] and not CompareStage().compare_sweep  # nothing runs unless asked
+    with pytest.raises(ConfigError, match=r"compare_poolings.*distinct poolers among"):
+        CompareStage(compare_poolings=["pma", "cls"])
+    with pytest.raises(ConfigError, match="compare_seeds.*repeats a seed"):
+        CompareStage(compare_seeds=[0, 0])
+    with pytest.raises(ConfigError, match="sweep_learning_rates.*distinct positive"):
+        CompareStage(sweep_learning_rates=[])
+    with pytest.raises(ConfigError, match="validation_percent.*from 1 to 50"):
+        CompareStage(validation_percent=0)
+    with pytest.raises(ConfigError, match="eval_max_documents.*at least 500"):
+        CompareStage(eval_max_documents=100)
+    with pytest.raises(ConfigError, match="compare_poolings: unknown poolers"):
+        pooling_entries(BASE_MODEL, BASE_TRAIN, ["cls"], [])
+
+
+def test_a_sweep_result_records_its_choice():
+    found = SweepResult([SweepPoint({"learning_rate": 1e-4}, 0.1, {"t": 0.1}, "a"),
+                         SweepPoint({"learning_rate": 1e-3}, 0.3, {"t": 0.3}, "b")], 1)  # fmt: skip
+    record = json.loads(json.dumps(found.to_dict()))
+    assert record["chosen"] == 1 and record["chosen_rates"] == {"learning_rate": 1e-3}
+
+
+def test_cached_scores_are_read_back_and_a_crafted_one_is_named(tmp_path, monkeypatch):
+    from c2llm_lib import comparison
+    from c2llm_lib.eval import offline_tasks
+    from c2llm_lib.files import CorruptFile
+    from c2llm_lib.runs import RunDir
+
+    run = RunDir.open("study", tmp_path)
+    folder = run.root / "comparison" / "abc"
+    (folder / "checkpoints" / "step-000003").mkdir(parents=True)
+    (folder / "checkpoints" / "train_summary.json").write_text('{"steps": 3}')
+    summary = {"final_checkpoint": str(folder / "checkpoints" / "step-000003"), "train_seconds": 1.0}
+    monkeypatch.setattr(comparison, "train_recipe", lambda *args, **kwargs: summary)  # a finished training
+
+    def no_encoding(*args, **kwargs):
+        raise AssertionError("scores already kept were computed again")
+
+    monkeypatch.setattr("c2llm_lib.train.encoder_from_checkpoint", no_encoding)
+    setup = comparison.Setup(run, tmp_path / "rows", run.root / "comparison", 8, 64, log=lambda *_: None)
+    tasks = offline_tasks(limit=2, include_humaneval=False, max_documents=10)
+    key = evaluation_key(tasks, {t.name: None for t in tasks}, [16], 8, 64, folder / "checkpoints")
+    kept = {"width": 64, "scores": {"64": {"t": 0.5}}, "queries": {"64": {"t": {"q0": 0.5}}}, "encode": {"seconds": 1}}
+    run.save_json(f"comparison/abc/scores-{key}.json", kept)
+    found = comparison.scored_training(setup, BASE_MODEL, BASE_TRAIN, tasks, [16])
+    assert found["scores"] == kept["scores"] and found["folder"] == str(folder) and found["training"] == summary
+    (folder / f"scores-{key}.json").write_text('{"width": 64}')
+    with pytest.raises(CorruptFile, match=r"scores-.*\.json: cached scores without \['scores', 'queries', 'encode'\]"):
+        comparison.scored_training(setup, BASE_MODEL, BASE_TRAIN, tasks, [16])
+
+
+def test_the_run_writes_the_comparisons_files_inside_itself_and_keeps_saved_rows(tmp_path):
+    from datasets import load_from_disk
+
+    from c2llm_lib.runs import RunDir
+
+    from training_rows import make_rows
+
+    run = RunDir.open("study", tmp_path)
+    with pytest.raises(ValueError, match="not a path inside the run directory"):
+        run.save_json("../elsewhere.json", {})
+    (tmp_path / "outside").mkdir()
+    (run.root / "comparison").mkdir()
+    (run.root / "comparison" / "link").symlink_to(tmp_path / "outside")
+    with pytest.raises(ValueError, match="not a path inside the run directory"):
+        run.save_json("comparison/link/x.json", {})
+    assert not list((tmp_path / "outside").iterdir())
+    first = run.save_rows("comparison/rows-1", make_rows())
+    marker = first / "dataset_info.json"
+    before = marker.read_bytes()
+    run.save_rows("comparison/rows-1", make_rows().select(range(2)))  # keyed by content: never rewritten
+    assert marker.read_bytes() == before and len(load_from_disk(str(first))) == 16
