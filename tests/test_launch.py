@@ -257,6 +257,10 @@ def test_a_machine_started_again_after_the_training_finished_is_refused(one_proc
     from c2llm_lib.launch import main
 
     run, _ = one_process
+    # the smoke training finished here, whatever the tests before left (a failed rerun of 02 removes train.json):
+    # without it this machine would wait for a node 0 that never comes
+    run_pipeline(SMOKE, only=["02"], sets={"nproc": 1}, mode="resume", outputs=run.root.parent, log=lambda *_: None)
+    assert json.loads((run.root / "metrics" / "train.json").read_text())["processes"] == 1
     code = main([str(SMOKE), "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "localhost:29511",
                  "--outputs", str(run.root.parent)])  # fmt: skip
     err = capsys.readouterr().err
