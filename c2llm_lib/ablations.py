@@ -218,10 +218,10 @@ def study_setting(base_model, base_train, seeds, grid, split, tasks, per_seed, c
     resolved to), the compute every model shared, the seeds and grid, the validation split and the test tasks' sizes,
     and the time each training and each scoring took, the sweep's included (a reused training keeps the time it took
     when it ran, and is counted once)."""
-    from .comparison import timings as times
     from .hardware import cpu_info
     from .model.backbone import resolve_device, resolve_dtype
     from .sweep import rates_label
+    from .sweep import timings as times
 
     device = resolve_device(base_model.device)
     timings = {f"{label}, seed {seed}": {**times(found), "folder": found["folder"]}

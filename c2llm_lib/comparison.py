@@ -405,7 +405,7 @@ def sweep_entries(
 ) -> dict[str, tuple[Any, TrainConfig]]:
     """{label: (sweep.SweepResult, the chosen TrainConfig)} of every full-width entry: each point of `grid` trained at
     `seed` and scored on the validation tasks of `validation` (`validation.ValidationSplit`, with its prompts)."""
-    from .sweep import sweep
+    from .sweep import sweep, timings
 
     def score(model: ModelConfig, train: TrainConfig) -> tuple[dict[str, float], str, dict[str, float]]:
         found = scored_training(setup, model, train, validation.tasks, [], validation.prompts)
@@ -417,12 +417,6 @@ def sweep_entries(
             setup.log(f"sweep: {entry.label}")
             chosen[entry.label] = sweep(entry.model, dataclasses.replace(entry.train, seed=seed), grid, score)
     return chosen
-
-
-def timings(found: dict[str, Any]) -> dict[str, float | None]:
-    """{"train s", "evaluate s", "load s"} of a `scored_training` result (a reused one keeps the times it took)."""
-    return {"train s": found["training"].get("train_seconds"), "evaluate s": found["encode"]["seconds"],
-            "load s": found["encode"].get("load_seconds")}  # fmt: skip
 
 
 def final_trainings(

@@ -146,3 +146,10 @@ def sweep_markdown(frame) -> str:
         cells = ["**yes**" if row[c] is True else "" if row[c] is False else f"{row[c]:.1f}" for c in columns]
         lines.append(f"| {model} | {point} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def timings(found: dict[str, Any]) -> dict[str, float | None]:
+    """{"train s", "evaluate s", "load s"} of a `comparison.scored_training` result (a reused one keeps the times
+    it took)."""
+    return {"train s": found["training"].get("train_seconds"), "evaluate s": found["encode"]["seconds"],
+            "load s": found["encode"].get("load_seconds")}  # fmt: skip
