@@ -33,7 +33,7 @@ from c2llm_lib.scale import QWEN25_CODER_05B
 
 from hub_mirror import write_mirror
 from released_fixture import write_tiny_release
-from test_rehearsal import MEANT_FOR
+from test_rehearsal import MEANT_FOR, USER_DATA
 
 REPO = Path(__file__).resolve().parent.parent
 PARAMS = REPO / "params"
@@ -73,6 +73,7 @@ def test_the_rehearsal_of_every_params_file_passes_and_writes_its_report(stem, m
         args += ["--overlay", str(OVERLAY), "--only", *MEANT_FOR[stem], "--set", f"hub_mirror={mirror}"]
         if stem == "released-c2llm-0.5b":
             args.append(f"eval_released={release}")
+        args += [f"{key}={json.dumps(value)}" for key, value in USER_DATA.get(stem, {}).items()]  # your folder, file
     tick = time.perf_counter()
     code, report, printed = preflight(args, tmp_path, capsys)
     seconds = time.perf_counter() - tick

@@ -368,14 +368,24 @@ def step_seconds(setup: Setup, found, who: Subject, spec: ProbeSpec, measured: f
 
 
 def comparison_trainings(setup: Setup) -> int:
-    """The trainings notebook 06 runs on this run's compute (`comparison.plan`: each recipe, and each PMA recipe
-    again at every width of compare_pma_dims); each is counted at this run's seconds per step."""
-    if not setup.runs("06") or not setup.compare.compare_recipes:
+    """The trainings notebook 06 runs on this run's compute, each counted at this run's seconds per step:
+    `comparison.plan`'s (each recipe, each PMA recipe again at every width of compare_pma_dims, and the pooling study's
+    poolers and widths) once per seed of compare_seeds, and with compare_sweep every grid point of each full-width
+    model at the first seed (the chosen point is that seed's training, counted once)."""
+    if not setup.trains or not setup.runs("06"):
         return 0
     from ..comparison import plan
+    from ..sweep import Grid, points
 
     compare = setup.compare
-    return len(plan(setup.model, setup.train, compare.compare_recipes, compare.compare_dims, compare.compare_pma_dims))
+    entries = plan(setup.model, setup.train, compare.compare_recipes, compare.compare_dims, compare.compare_pma_dims,
+                   poolings=compare.compare_poolings)  # fmt: skip
+    total = len(entries) * max(1, len(compare.compare_seeds))
+    if compare.compare_sweep:
+        grid = Grid(compare.sweep_learning_rates, compare.sweep_pma_learning_rates,
+                    compare.sweep_pma_attention_learning_rates)  # fmt: skip
+        total += sum(len(points(e.model, e.train, grid)) - 1 for e in entries if e.parent is None)
+    return total
 
 
 @dataclass

@@ -54,8 +54,10 @@ class Setup:
 
     @property
     def trains(self) -> bool:
-        """Whether the run trains: notebook 02, or notebook 06's recipes on this run's compute (batch, length, K)."""
-        return self.runs("02") or (self.runs("06") and bool(self.compare.compare_recipes))
+        """Whether the run trains: notebook 02, or notebook 06's recipes or pooling study on this run's compute (batch,
+        length, K)."""
+        compared = self.compare.compare_recipes or self.compare.compare_poolings
+        return self.runs("02") or (self.runs("06") and bool(compared))
 
 
 def _stage(cls: type, values: dict[str, Any], source: str):
