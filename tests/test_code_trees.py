@@ -509,7 +509,7 @@ def test_build_training_data_code_branch_keeps_held_out_through_negatives():
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"data_source": "code"}, "'code_roots' must name at least one folder of source code .*notebooks/"),
+        ({"data_source": "code"}, "'code_roots' must name at least one folder of source code, e.g. --set .*notebooks/"),
         ({"code_roots": ["src"]}, "'code_roots' is mined only with data_source 'code', not 'offline'"),
         ({"data_source": "code", "code_roots": [" "]}, "'code_roots' must be folder paths"),
         ({"data_source": "code", "code_roots": ["a", "a"]}, "'code_roots' repeats a folder"),

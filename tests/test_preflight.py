@@ -155,19 +155,31 @@ def test_a_filesystem_without_room_fails_naming_it(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_memory_budget_the_batch_exceeds_fails_with_a_measured_setting_that_fits(tmp_path, capsys):
-    budget = 0.75  # GiB: the tiny model's process holds about 0.55 GiB, this largest batch adds about 0.3 more
     sets = ["max_length=512", "global_batch_size=8", "num_negatives=3", "gradient_checkpointing=true",
             "grad_cache_chunk=4"]  # fmt: skip
-    args = [str(PARAMS / "smoke.yaml"), "--only", "02", "--set", *sets, "--preflight-memory-gb", str(budget)]
-    code, report, printed = preflight(args, tmp_path, capsys)
+    args = [str(PARAMS / "smoke.yaml"), "--only", "02", "--set", *sets]
+    # the tiny model's process holds about 0.5 GiB and this largest batch adds about 0.3 more, but resident memory
+    # differs between machines and environments: the budget is set below the peak measured here first
+    code, report, printed = preflight(args, tmp_path / "unbounded", capsys)
+    assert code == 0, printed
+    budget = 0.9 * by_name(report)["memory/largest batch"]["values"]["devices"][0]["peak_bytes"] / 2**30  # GiB
+    code, report, printed = preflight([*args, "--preflight-memory-gb", f"{budget:.4f}"], tmp_path, capsys)
     memory = by_name(report)["memory/largest batch"]
     assert code == 1 and memory["status"] == "fail", printed
     assert memory["values"]["devices"][0]["peak_bytes"] > budget * 2**30  # measured over the budget
     search = memory["values"]["search"]
-    assert search["suggestion"] == {"grad_cache": True, "grad_cache_chunk": 4}  # GradCache at the run's chunk
-    [trial] = search["trials"]
-    assert trial["fits"] and trial["peak_bytes"] <= 0.9 * budget * 2**30  # measured, with room to spare
-    assert "set grad_cache: true, grad_cache_chunk: 4 (measured: peak" in memory["message"]
+    # GradCache at the run's chunk, or a smaller one where that does not fit with room to spare on this machine
+    suggestion = search["suggestion"]
+    assert suggestion["grad_cache"] is True and suggestion["grad_cache_chunk"] in (1, 2, 3, 4)
+    assert search["trials"][0]["settings"] == {"grad_cache": True, "grad_cache_chunk": 4}  # the run's chunk first
+    fitting = [t for t in search["trials"] if t["fits"]]
+    assert fitting[-1]["settings"] == suggestion  # the suggestion is the last setting measured to fit...
+    assert all(t["peak_bytes"] <= 0.9 * budget * 2**30 for t in fitting)  # ...with room to spare
+    assert all(
+        not t["fits"] for t in search["trials"] if t["settings"]["grad_cache_chunk"] > suggestion["grad_cache_chunk"]
+    )
+    chunk = suggestion["grad_cache_chunk"]
+    assert f"set grad_cache: true, grad_cache_chunk: {chunk} (measured: peak" in memory["message"]
     assert "--preflight-memory-gb" in memory["message"]
     assert by_name(report)["speed/training"]["status"] == "warn"  # one cause, one failure
     assert by_name(report)["writes/checkpoint round trip"]["status"] == "pass"  # tried all the same

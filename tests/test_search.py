@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -473,6 +474,7 @@ def test_notebook_07_searches_the_smoke_run_and_reuses_its_index_on_resume(smoke
     from c2llm_lib.pipeline import run_pipeline
 
     smoke = Path(__file__).resolve().parent.parent / "params" / "smoke.yaml"
+    shutil.rmtree(smoke_merged / "smoke" / "search", ignore_errors=True)  # an index the browser test may have built
     lines = []
     run = run_pipeline(smoke, only=["07"], mode="resume", outputs=smoke_merged, log=lines.append)
     nb = nbformat.read(run.root / "notebooks" / "07_search_code.ipynb", as_version=4)
