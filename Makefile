@@ -38,8 +38,11 @@ compare: setup
 ablation: setup
 	$(PY) -m c2llm_lib.pipeline params/ablation-cpu.yaml --only 01 06 $(ARGS)
 
+# The suite on TEST_WORKERS processes (pytest-xdist): a test file runs whole on one worker, the rehearsals one by one
+# wherever a worker is free, each worker on its share of the cores (tests/conftest.py). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: setup lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 # Notebook 07 in JupyterLab, driven in Debian's headless chromium (part of `make test` too, skipped there without
 # chromium); this target also writes the screenshot benchmarks/results/search-jupyterlab.png.

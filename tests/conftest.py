@@ -5,6 +5,11 @@ import os
 for _var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ[_var] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Under pytest-xdist each worker (and every kernel and training it starts) computes on its share of the cores: two
+# workers each asking for every core would oversubscribe them. Set before torch is imported; a value set by hand wins.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -15,6 +20,31 @@ from c2llm_lib.model import TINY_BACKBONE  # noqa: E402
 # tests/fixtures holds source trees that tests read as data (own-code/ has test files of its own, and a file that
 # does not parse on purpose): never collected as tests.
 collect_ignore = ["fixtures"]
+
+# `make test` runs the suite on 2 workers (pytest-xdist, `-n 2`), scheduled here. A test file runs whole on one worker:
+# its module fixtures are built once, and the tests that start trainings, kill processes, bind a port or count children
+# never meet a test of their own file (every test keeps its own tmp_path, so no two share a run). The rehearsals,
+# independent runs with cheap fixtures and 40 % of the suite's time, go one by one to whichever worker is free.
+SPREAD = {"test_rehearsal"}
+SAME_WORKER = {"test_browser": "test_search"}  # notebook 07's tests share the session's smoke run (`smoke_merged`)
+
+
+def worker_scope(nodeid: str) -> str:
+    """The unit of work a worker takes whole: the test's file, the test itself for a rehearsal."""
+    stem = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+    return nodeid if stem in SPREAD else SAME_WORKER.get(stem, stem)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: defined only where pytest-xdist is installed
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_scope(nodeid)
+
+    return ByFile(config, log)
+
 
 CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
