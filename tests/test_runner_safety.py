@@ -69,9 +69,10 @@ BODIES = {
     "07_search_code": "write('metrics/search.json', json.dumps({'merged': read('merged/m.txt')}))",
 }
 KILL = "if (root / 'kill-me').exists():\n    os.kill(os.getpid(), 9)  # as the out-of-memory killer would"
-GROW = (
+GROW = (  # the kernel then lives on for many of the runner's sampling intervals (a peak in the last one is missed)
     "if (root / 'allocate-mib').exists():  # touched bytes, so resident\n"
-    "    block = b'x' * (int(read('allocate-mib')) * 2**20)\n    del block"
+    "    block = b'x' * (int(read('allocate-mib')) * 2**20)\n    del block\n"
+    "    import time\n    time.sleep(2)"
 )
 
 
