@@ -631,7 +631,6 @@ def _run_notebooks(
         inputs = input_fingerprints(run, name, resolved[name], notebook_dir)
         reason = reason_to_rerun(earlier.get(name, {}), executed, resolved[name], inputs) if resume else ""
         reason = reason or (OUTSIDE_INPUTS.get(name, "") if resume else "")
-        reason = reason or (OUTSIDE_INPUTS.get(name, "") if resume else "")
         if resume and not reason:
             records[name] = {k: v for k, v in earlier[name].items() if k != "reason"} | {"status": "finished"}
             log(f"[{name}] done earlier with the same parameters and inputs: kept")
