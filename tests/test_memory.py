@@ -31,9 +31,9 @@ def test_descendants_reach_grandchildren():
     """Other children of the test process may live beside the shell: only the shell's own subtree is known."""
     shell = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
     try:
-        for _ in range(200):  # the shell starts its sleep
+        for _ in range(200):  # the shell forks, and its child then becomes `sleep` (until the exec it is still `sh`)
             grandchildren = descendants(shell.pid)
-            if grandchildren:
+            if len(grandchildren) == 1 and open(f"/proc/{grandchildren[0]}/comm").read().strip() == "sleep":
                 break
             time.sleep(0.05)
         assert len(grandchildren) == 1
