@@ -259,7 +259,7 @@ def frame_markdown(frame, digits: int = 1) -> str:
 def study_markdown(run: str, frame, dims, diffs, sentences: str, setting: dict[str, Any], sweeps=None) -> str:
     """`metrics/pooling_study.md`: the pooler table, the dimension table, the differences with their intervals, the
     sweep, the sentences, and the setting in one page."""
-    from .sweep import sweep_frame, sweep_markdown
+    from .sweep import Grid, edge_sentences, sweep_frame, sweep_markdown
     from .uncertainty import differences_markdown
 
     cpu = setting["cpu"]
@@ -275,4 +275,6 @@ def study_markdown(run: str, frame, dims, diffs, sentences: str, setting: dict[s
              differences_markdown(diffs, "Differences with 95 % intervals")]  # fmt: skip
     if sweeps:
         lines += ["#### The sweep (validation split, first seed)", "", sweep_markdown(sweep_frame(sweeps))]
+        if setting.get("grid"):
+            lines += [f"- {line}" for line in edge_sentences(sweeps, Grid(**setting["grid"]))] + [""]
     return "\n".join(lines) + "\n" + sentences + "\n"

@@ -11,7 +11,8 @@ Each point trains once, at the comparison's first seed, on the training rows wit
 (`validation.py`), and is scored by mean nDCG@10 over the validation tasks; the best point is the model's choice (on a
 tie, the first in grid order: lower rates first). A model's projections to smaller widths train at the rates chosen
 for its full width. Everything else (steps, rows, batch, schedule, warmup) is the comparison's, so the grid's cost is
-points x (one training + one validation scoring).
+points x (one training + one validation scoring). A choice at an end of a grid axis (`edges`) is said as such: it
+bounds the model's best rate from one side and does not find it.
 """
 
 from __future__ import annotations
@@ -123,6 +124,43 @@ def sweep(
         found.append(SweepPoint(rates(config, model), mean, per_task, folder, seconds))
     best = choose([p.score for p in found])
     return SweepResult(found, best), configs[best]
+
+
+GRID_KEYS = {"learning_rate": "learning_rates", "pma_learning_rate": "pma_learning_rates",
+             "pma_attention_learning_rate": "pma_attention_learning_rates"}  # fmt: skip
+NAMES = {"learning_rate": "LoRA rate", "pma_learning_rate": "head rate",
+         "pma_attention_learning_rate": "attention-logit rate"}  # fmt: skip
+
+
+def edges(chosen_rates: dict[str, float | None], grid: Grid) -> dict[str, str]:
+    """{rate key: "largest" | "smallest"} for each chosen rate at an end of its grid axis (an axis of one value has
+    no end to speak of): such a choice bounds the best rate from one side only, it does not find it."""
+    found = {}
+    for key, value in chosen_rates.items():
+        axis = getattr(grid, GRID_KEYS[key])
+        if value is None or len(axis) < 2:
+            continue
+        if value == max(axis):
+            found[key] = "largest"
+        elif value == min(axis):
+            found[key] = "smallest"
+    return found
+
+
+def edge_sentences(chosen: dict[str, tuple[SweepResult, TrainConfig]], grid: Grid) -> list[str]:
+    """One sentence per model whose chosen rates sit at an end of the grid: the sweep could not see whether a rate
+    beyond it scores better."""
+    lines = []
+    for label, (found, _) in chosen.items():
+        ends = edges(found.best.rates, grid)
+        if ends:
+            parts = " and ".join(f"its {NAMES[k]} {found.best.rates[k]:.0e} is the grid's {end}"
+                                 for k, end in ends.items())  # fmt: skip
+            beyond = ("rates beyond them" if len(ends) > 1 else
+                      f"a rate {'above' if 'largest' in ends.values() else 'below'} it")  # fmt: skip
+            lines.append(f"{label}: {parts}, so {beyond} may score better; the sweep bounds the best rate from one "
+                         "side and does not find it.")  # fmt: skip
+    return lines
 
 
 def sweep_frame(chosen: dict[str, tuple[SweepResult, TrainConfig]]):

@@ -217,6 +217,23 @@ def test_the_study_tables_and_sentences_are_built_from_the_numbers():
     assert "PMA - last token = +50.0 (95 % interval [+50.0, +50.0] over 40 queries): PMA is ahead." in text
     assert "PMA d=16 - PMA, truncated to 16 = +0.0" in text and "within noise." in text
     assert "Encoding throughput in the test evaluation: PMA 100 real tokens/s, last token 111 (-10 %)" in text
+    from c2llm_lib.ablations import study_markdown
+
+    setting = {"cpu": {"model": "a CPU", "capabilities": ["avx2"], "threads": 2}, "device": "cpu", "dtype": "float32",
+               "backbone": "tiny", "steps": 3, "global_batch_size": 4, "num_negatives": 1, "max_length": 64,
+               "seeds": [0, 1], "timed seconds": 120.0, "grid": dataclasses.asdict(GRID)}  # fmt: skip
+    swept = {"PMA": (SweepResult([SweepPoint({"learning_rate": 1e-3, "pma_learning_rate": 1e-3,
+                                              "pma_attention_learning_rate": 1e-3}, 0.5, {"t": 0.5}, "f")], 0),
+                     BASE_TRAIN)}  # fmt: skip
+    page = study_markdown("study", frame, dims, diffs, text, setting, swept)
+    assert "Machine: a CPU (avx2), 2 threads, cpu, float32." in page
+    assert "Timed trainings and evaluations: 2 min." in page
+    assert "| PMA | LoRA 1e-03, head 1e-03, attention 1e-03 | 50.0 | 50.0 | **yes** |" in page
+    assert (
+        "- PMA: its LoRA rate 1e-03 is the grid's largest and its attention-logit rate 1e-03 is the grid's "
+        "smallest, so rates beyond them may score better"
+    ) in page
+    assert page.endswith(text + "\n")
     bars = mean_intervals(results)
     assert set(bars) == {"poolers", "PMA projection", "truncation"} and bars["poolers"]["PMA"].value == 50.0
     assert sorted(bars["PMA projection"]) == [16, 64] and sorted(bars["truncation"]) == [16, 64]
@@ -261,6 +278,30 @@ def test_a_sweep_result_records_its_choice():
                          SweepPoint({"learning_rate": 1e-3}, 0.3, {"t": 0.3}, "b")], 1)  # fmt: skip
     record = json.loads(json.dumps(found.to_dict()))
     assert record["chosen"] == 1 and record["chosen_rates"] == {"learning_rate": 1e-3}
+
+
+def test_a_choice_at_an_end_of_the_grid_is_said():
+    from c2llm_lib.sweep import edge_sentences, edges
+
+    grid = Grid([1e-4, 3e-4, 1e-3], [1e-3], [1e-3, 3e-3])
+    pma = {"learning_rate": 1e-3, "pma_learning_rate": 1e-3, "pma_attention_learning_rate": 3e-3}
+    assert edges(pma, grid) == {"learning_rate": "largest", "pma_attention_learning_rate": "largest"}  # the head's
+    # axis has one value: no end
+    assert edges({"learning_rate": 3e-4}, grid) == {} and edges({"learning_rate": 1e-4}, grid) == {
+        "learning_rate": "smallest"
+    }
+
+    def one(rates):
+        return SweepResult([SweepPoint(rates, 0.5, {"t": 0.5}, "f")], 0), BASE_TRAIN
+
+    sweeps = {"PMA": one(pma), "mean": one({"learning_rate": 3e-4}), "last token": one({"learning_rate": 1e-4})}
+    lines = edge_sentences(sweeps, grid)
+    assert lines == [
+        "PMA: its LoRA rate 1e-03 is the grid's largest and its attention-logit rate 3e-03 is the grid's largest, so "
+        "rates beyond them may score better; the sweep bounds the best rate from one side and does not find it.",
+        "last token: its LoRA rate 1e-04 is the grid's smallest, so a rate below it may score better; the sweep bounds "
+        "the best rate from one side and does not find it.",
+    ]
 
 
 def test_cached_scores_are_read_back_and_a_crafted_one_is_named(tmp_path, monkeypatch):
