@@ -126,8 +126,6 @@ def sweep(
     return SweepResult(found, best), configs[best]
 
 
-GRID_KEYS = {"learning_rate": "learning_rates", "pma_learning_rate": "pma_learning_rates",
-             "pma_attention_learning_rate": "pma_attention_learning_rates"}  # fmt: skip
 NAMES = {"learning_rate": "LoRA rate", "pma_learning_rate": "head rate",
          "pma_attention_learning_rate": "attention-logit rate"}  # fmt: skip
 
@@ -137,7 +135,7 @@ def edges(chosen_rates: dict[str, float | None], grid: Grid) -> dict[str, str]:
     no end to speak of): such a choice bounds the best rate from one side only, it does not find it."""
     found = {}
     for key, value in chosen_rates.items():
-        axis = getattr(grid, GRID_KEYS[key])
+        axis = getattr(grid, key + "s")  # the grid's axis of each rate: learning_rates for learning_rate, ...
         if value is None or len(axis) < 2:
             continue
         if value == max(axis):
