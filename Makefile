@@ -33,9 +33,9 @@ preflight: setup
 compare: setup
 	$(PY) -m c2llm_lib.pipeline params/compare-recipes.yaml --only 01 06 $(ARGS)
 
-# Notebook 06's pooling study: PMA, last-token and mean pooling at their own chosen rates, 2 seeds, PMA at d = 512, 256,
-# 128 against truncation (about 3 h 30 min alone on 2 CPU cores; ARGS="--resume" continues a run that died or was
-# stopped, keeping every finished training and scoring).
+# Notebook 06's pooling study: PMA, last-token and mean pooling at their own chosen rates (swept at a seed of its own),
+# then 3 fresh seeds each, PMA projected to d = 128 against truncation (about 3 h alone on 2 CPU cores; ARGS="--resume"
+# continues a run that died or was stopped, keeping every finished training and scoring).
 ablation: setup
 	$(PY) -m c2llm_lib.pipeline params/ablation-cpu.yaml --only 01 06 $(ARGS)
 

@@ -14,8 +14,11 @@ Two places test them:
   sweep chose on a validation split (`sweep.py`, `validation.py`), trains in its own process with every seed of
   `compare_seeds`, and is scored on the held-out test tasks; PMA projecting to each d trains at PMA's chosen rates.
   `pooling_frame`, `dimension_frame` and `study_sentences` turn the results (`comparison.over_seeds`) into the
-  tables and sentences, each difference with its 95 % paired-bootstrap interval over queries (`uncertainty.py`;
-  several seeds enter as the per-query mean of their scores); `study_record` is `metrics/pooling_study.json`.
+  tables and sentences, each difference with two 95 % intervals (`uncertainty.py`): over queries (several seeds
+  enter as the per-query mean of their scores) and, with several seeds, over trainings and queries, the one the
+  sentences judge by, since two trainings of one model differ by more than a draw of queries moves it. The sweep's
+  trainings (at `sweep_seed`) are selected on validation and never scored on test; the record lists them apart from
+  the fresh trainings every test score comes from. `study_record` is `metrics/pooling_study.json`.
 """
 
 from __future__ import annotations
@@ -137,25 +140,31 @@ def dimension_frame(results: dict[str, dict[str, Any]], full: str = "PMA"):
     return pd.DataFrame(rows).T.rename_axis("d").astype(float)
 
 
-def mean_intervals(results: dict[str, dict[str, Any]], full: str = "PMA") -> dict[str, dict[Any, Any]]:
+def mean_intervals(
+    results: dict[str, dict[str, Any]], full: str = "PMA", seed_rows: dict[str, list] | None = None
+) -> dict[str, dict[Any, Any]]:
     """The figure's error bars: each mean (over tasks, of the per-query means over seeds) with its 95 % bootstrap
-    interval over queries (`uncertainty.bootstrap_mean`): {"poolers": {label: Interval}, "PMA projection": {d:
-    Interval}, "truncation": {d: Interval}}, in nDCG@10 x 100."""
-    from .uncertainty import MEAN, bootstrap_mean
+    interval, {"poolers": {label: Interval}, "PMA projection": {d: Interval}, "truncation": {d: Interval}}, in
+    nDCG@10 x 100: over trainings and queries when `seed_rows` (`comparison.seed_query_rows`) holds each model's
+    seeds (`uncertainty.training_bootstrap_mean`), else over queries (`uncertainty.bootstrap_mean`)."""
+    from .uncertainty import MEAN, bootstrap_mean, training_bootstrap_mean
 
-    def interval(per_task):
+    def interval(row: str, per_task):
+        if seed_rows is not None:
+            return training_bootstrap_mean(seed_rows[row])[MEAN].scaled(100)
         return bootstrap_mean(per_task)[MEAN].scaled(100)
 
     out: dict[str, dict[Any, Any]] = {"poolers": {}, "PMA projection": {}, "truncation": {}}
     for label, r in results.items():
         if r["projected"]:
-            out["PMA projection"][r["width"]] = interval(r["queries"][str(r["width"])])
+            out["PMA projection"][r["width"]] = interval(label, r["queries"][str(r["width"])])
         else:
-            out["poolers"][label] = interval(r["queries"][str(r["width"])])
+            out["poolers"][label] = interval(label, r["queries"][str(r["width"])])
     if full in results:
         base = results[full]
         for d, per_task in base["queries"].items():
-            out["truncation"][int(d)] = interval(per_task)
+            row = full if int(d) == base["width"] else f"{full}, truncated to {d}"
+            out["truncation"][int(d)] = interval(row, per_task)
         out["PMA projection"][base["width"]] = out["truncation"][base["width"]]
     return out
 
@@ -166,23 +175,38 @@ def overhead(results: dict[str, dict[str, Any]]) -> dict[str, float]:
             if not r["projected"] and r["encode"].get("tokens_per_second")}  # fmt: skip
 
 
-def study_sentences(frame, dims, diffs, speeds: dict[str, float], seeds: Sequence[int]) -> str:
+def study_sentences(
+    frame, dims, diffs, speeds: dict[str, float], seeds: Sequence[int], training_diffs=None, sweep_seed=None
+) -> str:
     """The pooling study's outcome in sentences built from its numbers: the chosen rates, the test means with each
-    seed's, each difference with its interval ("within noise" where it holds 0), the dimension curves, and the
-    encoding throughput of PMA against last-token pooling."""
+    seed's, each difference with its interval ("within noise" where it holds 0) over trainings and queries when
+    `training_diffs` holds them (several seeds), else over queries, the dimension curves, and the encoding throughput
+    of PMA against last-token pooling."""
     import pandas as pd
 
-    from .uncertainty import difference_sentences
+    from .uncertainty import MEAN, difference_sentences
 
     lines = []
     if "rates" in frame.columns:
-        lines.append("Rates chosen on the validation split: " + "; ".join(
+        at = f" by trainings at seed {sweep_seed}, which are not scored on test" if sweep_seed is not None else ""
+        lines.append(f"Rates chosen on the validation split{at}: " + "; ".join(
             f"{p} {r['rates']} (validation {r['validation']:.1f})" for p, r in frame.iterrows()) + ".")  # fmt: skip
     seed_columns = [c for c in frame.columns if c.startswith("seed ")]
     lines.append(f"Test mean nDCG@10 over {len(seeds)} seed(s) ({', '.join(map(str, seeds))}): " + "; ".join(
         f"{p} {r['mean']:.1f} (" + ", ".join(f"{c} {r[c]:.1f}" for c in seed_columns) + ")"
         for p, r in frame.sort_values("mean", ascending=False).iterrows()) + ".")  # fmt: skip
-    lines += difference_sentences(diffs)
+    if training_diffs:
+        lines.append("Each difference below is judged by its interval over trainings and queries; the interval over "
+                     "queries alone (the table beside it) treats the seeds' mean as if it were the model, and is "
+                     "narrower.")  # fmt: skip
+        lines += difference_sentences(training_diffs)
+        narrow = [f"{a} - {b}" for (a, b), d in training_diffs.items()
+                  if d[MEAN].within_noise and not diffs[(a, b)][MEAN].within_noise]  # fmt: skip
+        if narrow:
+            lines.append("Beyond noise over queries but within noise over trainings (another set of seeds could "
+                         "reverse it): " + "; ".join(narrow) + ".")  # fmt: skip
+    else:
+        lines += difference_sentences(diffs)
     for d, row in dims.iterrows() if dims is not None else ():
         if pd.notna(row["PMA projection"]) and pd.notna(row["truncation"]) and d != dims.index.max():
             lines.append(f"At d={d}: PMA projection {row['PMA projection']:.1f}, truncation {row['truncation']:.1f}.")
@@ -191,33 +215,40 @@ def study_sentences(frame, dims, diffs, speeds: dict[str, float], seeds: Sequenc
         lines.append(f"Encoding throughput in the test evaluation: PMA {speeds['PMA']:.0f} real tokens/s, last token "
                      f"{speeds['last token']:.0f} ({100 * (ratio - 1):+.0f} %); one measurement per seed on a shared "
                      "machine, so a few percent either way is timing noise.")  # fmt: skip
-    lines.append("Seeds enter each interval as the per-query mean of their scores: the interval is over queries, and "
-                 "the seed columns show how far the seeds themselves differ.")  # fmt: skip
+    if not training_diffs:
+        lines.append("Seeds enter each interval as the per-query mean of their scores: the interval is over queries, "
+                     "and the seed columns show how far the seeds themselves differ; with one seed nothing says how "
+                     "far another training would move a model.")  # fmt: skip
     return "\n".join(f"- {line}" for line in lines)
 
 
-def study_record(frame, dims, diffs, results, chosen, setting: dict[str, Any]) -> dict[str, Any]:
-    """What `metrics/pooling_study.json` holds: the tables, the differences with their intervals, every model's
-    per-seed scores, per-query scores (mean over seeds), training and encoding figures, the sweeps, and the setting
-    (CPU, steps, seeds, grid, splits, timings)."""
+def study_record(frame, dims, diffs, results, chosen, setting: dict[str, Any], training_diffs=None) -> dict[str, Any]:
+    """What `metrics/pooling_study.json` holds: the tables, the differences with their intervals over queries and
+    (several seeds) over trainings, every model's per-seed scores, per-query scores (mean over seeds), training and
+    encoding figures, the sweeps, and the setting (CPU, steps, seeds, grid, splits, timings, which trainings were
+    selected on validation and which were scored on test)."""
     import json
 
     from .uncertainty import differences_record
 
     tables = {
         "poolers": json.loads(frame.to_json(orient="index")),
-        "dimensions": json.loads(dims.to_json(orient="index")),
+        "dimensions": json.loads(dims.to_json(orient="index")) if dims is not None else None,
     }
-    return {**tables, "differences": differences_record(diffs), "models": results,
+    return {**tables, "differences": differences_record(diffs),
+            "differences over trainings": differences_record(training_diffs or {}), "models": results,
             "sweeps": {label: found.to_dict() for label, (found, _) in (chosen or {}).items()},
             "setting": setting}  # fmt: skip
 
 
-def study_setting(base_model, base_train, seeds, grid, split, tasks, per_seed, chosen=None) -> dict[str, Any]:
+def study_setting(
+    base_model, base_train, seeds, grid, split, tasks, per_seed, chosen=None, sweep_seed=None
+) -> dict[str, Any]:
     """What a reader needs beside the numbers: the machine (CPU model and capabilities, threads, the dtype `auto`
     resolved to), the compute every model shared, the seeds and grid, the validation split and the test tasks' sizes,
-    and the time each training and each scoring took, the sweep's included (a reused training keeps the time it took
-    when it ran, and is counted once)."""
+    the time each training and each scoring took, the sweep's included (a reused training keeps the time it took
+    when it ran, and is counted once), and which trainings were selected on validation (the sweep's, at `sweep_seed`)
+    and which were scored on test (fresh ones, at `seeds`)."""
     from .hardware import cpu_info
     from .model.backbone import resolve_device, resolve_dtype
     from .sweep import rates_label
@@ -229,8 +260,7 @@ def study_setting(base_model, base_train, seeds, grid, split, tasks, per_seed, c
     for label, (found, _) in (chosen or {}).items():
         for point in found.points:
             timings[f"sweep: {label}, {rates_label(point.rates)}"] = {**point.seconds, "folder": point.folder}
-    trained = {t["folder"]: t.get("train s") or 0 for t in timings.values()}  # a training counts once (the sweep's
-    # chosen point is its first seed's final training)
+    trained = {t["folder"]: t.get("train s") or 0 for t in timings.values()}  # a training counts once
     total = sum(trained.values()) + sum((t.get("evaluate s") or 0) + (t.get("load s") or 0) for t in timings.values())
     dtype = str(resolve_dtype(base_model.dtype, device)).removeprefix("torch.")
     return {"cpu": cpu_info(), "device": str(device), "dtype": dtype,
@@ -239,7 +269,13 @@ def study_setting(base_model, base_train, seeds, grid, split, tasks, per_seed, c
             base_train.num_negatives, "seeds": list(seeds), "grid": dataclasses.asdict(grid) if grid else None,
             "validation": split.summary() if split else None,
             "test tasks": {t.name: {"queries": len(t.queries), "documents": len(t.corpus)} for t in tasks},
-            "timings": timings, "timed seconds": total}  # fmt: skip
+            "timings": timings, "timed seconds": total, "sweep seed": sweep_seed,
+            "selected on validation": [{"model": label, "rates": rates_label(point.rates), "seed": sweep_seed,
+                                        "chosen": i == found.chosen, "folder": point.folder}
+                                       for label, (found, _) in (chosen or {}).items()
+                                       for i, point in enumerate(found.points)],
+            "scored on test": [{"model": label, "seed": seed, "folder": found["folder"]}
+                               for label, by_seed in per_seed.items() for seed, found in by_seed.items()]}  # fmt: skip
 
 
 def frame_markdown(frame, digits: int = 1) -> str:
@@ -256,9 +292,12 @@ def frame_markdown(frame, digits: int = 1) -> str:
     return "\n".join(lines) + "\n"
 
 
-def study_markdown(run: str, frame, dims, diffs, sentences: str, setting: dict[str, Any], sweeps=None) -> str:
-    """`metrics/pooling_study.md`: the pooler table, the dimension table, the differences with their intervals, the
-    sweep, the sentences, and the setting in one page."""
+def study_markdown(
+    run: str, frame, dims, diffs, sentences: str, setting: dict[str, Any], sweeps=None, training_diffs=None
+) -> str:
+    """`metrics/pooling_study.md`: the pooler table, the dimension table, the differences with their intervals (over
+    trainings and queries, then over queries), the sweep and which trainings it selected, the sentences, and the
+    setting in one page."""
     from .sweep import Grid, edge_sentences, sweep_frame, sweep_markdown
     from .uncertainty import differences_markdown
 
@@ -271,10 +310,22 @@ def study_markdown(run: str, frame, dims, diffs, sentences: str, setting: dict[s
              f"{setting['timed seconds'] / 60:.0f} min.", "",
              "nDCG@10 x 100 on the held-out test tasks; each seed's mean, and the mean over seeds (per query the mean "
              "of the seeds' scores).", "", frame_markdown(frame.rename_axis("pooler")),
-             "Mean nDCG@10 x 100 against the embedding width d.", "", frame_markdown(dims),
-             differences_markdown(diffs, "Differences with 95 % intervals")]  # fmt: skip
+             *(["Mean nDCG@10 x 100 against the embedding width d.", "", frame_markdown(dims)]
+               if dims is not None else []),
+             differences_markdown(training_diffs or {}, "Differences with 95 % intervals over trainings and queries"),
+             differences_markdown(diffs, "Differences with 95 % intervals over queries (the seeds' mean as one "
+                                         "model)")]  # fmt: skip
     if sweeps:
-        lines += ["#### The sweep (validation split, first seed)", "", sweep_markdown(sweep_frame(sweeps))]
+        seed = setting.get("sweep seed")
+        lines += [f"#### The sweep (validation split{f', seed {seed}' if seed is not None else ''})", "",
+                  sweep_markdown(sweep_frame(sweeps))]  # fmt: skip
         if setting.get("grid"):
             lines += [f"- {line}" for line in edge_sentences(sweeps, Grid(**setting["grid"]))] + [""]
+        tested = sorted({t["seed"] for t in setting.get("scored on test", [])})
+        lines += [
+            f"Selected on validation: the {len(setting.get('selected on validation', []))} sweep trainings "
+            f"above (seed {seed}); none of them is scored on test. Every test score comes from a training at "
+            f"seed(s) {tested}, trained afresh at the chosen rates (folders in the record's setting).",
+            "",
+        ]
     return "\n".join(lines) + "\n" + sentences + "\n"

@@ -16,41 +16,49 @@ seed. Three adjustments fit the files to a short run on any backbone; `adjustmen
 The same engine runs the pooling study (`pooling_entries`, `compare_poolings`): notebook 02's own recipe with each
 pooler, and PMA projecting to each width (`ablations.py` makes its tables). With `compare_sweep`, each full-width
 model first trains at every point of one grid of learning rates on the training rows without a validation split
-(`validation.py`, `sweep.py`) and keeps the point with the best validation score (`sweep_entries`); a projection
-trains at its full width's rates (`final_trainings`). Every model then trains once per seed of `compare_seeds`.
+(`validation.py`, `sweep.py`), at the sweep's own seed (`sweep_seed`), and keeps the point with the best validation
+score (`sweep_entries`); a projection trains at its full width's rates (`final_trainings`). Every model then trains
+afresh once per seed of `compare_seeds` (`study_seeds`), none of which may be the sweep's: a training chosen on
+validation for its score carries that selection onto the test tasks, so no test score comes from one (`sweep_folders`
+names them, `score_trainings` refuses them, and the records list them).
 
-Each training runs in its own process (`python -m c2llm_lib.train`) in a folder named by a hash of its configs and
-of the rows it trains on (`config_key`), and a finished training there is reused only when the rows it recorded
-are the rows given (another is moved aside and trained again); the sweep's chosen point at the first seed is
-therefore the first seed's final training, not trained twice. Its peak memory is its own;
+Each training runs in its own process (`python -m c2llm_lib.train`, which dies with the process that started it) in
+a folder named by a hash of its configs, the dtype and device they resolve to on this machine (`dtype: auto` is
+bf16 on one CPU and fp32 on another), and the rows it trains on (`config_key`), and a finished training there is
+reused only when the rows it recorded are the rows given (another is moved aside and trained again). Its peak memory
+is its own;
 throughput counts real tokens embedded with a graph per second of training steps, and memory is the peak
 from the end of loading to the end of training (weights, optimizer state and activations; GPU memory on a
 GPU, resident memory on a CPU), so a loader's transient spike does not hide the recipes' differences.
 Quality is nDCG@10 on the offline held-out tasks with each recipe's own prompts, from one encoding pass per
 model, scored query by query at the full width and at each compared dimension (truncated and re-normalised;
 `eval.truncation_query_scores` scores exactly as the mteb path does), and kept beside the training
-(`scored_training`: `scores-<evaluation_key>.json`, read back while the tasks, prompts, widths, length and training are
-the same), so a killed comparison resumes without training or scoring anything twice. Several seeds are one model
-whose per-query score is the mean of the seeds' (`over_seeds`). For a dimension d the comparison has: a PMA
-recipe trained to project to d (equations 2-3), every recipe's full embedding truncated to d, and so jina's
-MRL-trained truncation beside plain ones. Each difference the table states (`recipe_pairs`) comes with its 95 %
-interval from a paired bootstrap over queries (`uncertainty.py`).
+(`scored_training`: `scores-<evaluation_key>.json`, read back while the tasks, prompts, widths, length, batch size,
+resolved dtype and training are the same), so a killed comparison resumes without training or scoring anything
+twice. Several seeds are one model whose per-query score is the mean of the seeds' (`over_seeds`); each seed's own
+per-query scores stay beside it (`seed_query_rows`) for the intervals over trainings. For a dimension d the
+comparison has: a PMA recipe trained to project to d (equations 2-3), every recipe's full embedding truncated to d,
+and so jina's MRL-trained truncation beside plain ones. Each difference the table states (`recipe_pairs`) comes with
+its 95 % interval from a paired bootstrap over queries, and with several seeds also over trainings (`uncertainty.py`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+import os
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from .config import ConfigError, ModelConfig, TrainConfig
+from .config import CompareStage, ConfigError, ModelConfig, TrainConfig
+from .distributed import die_with_parent
 from .eval import RetrievalTask, task_embeddings, truncation_query_scores
 
 REPO = Path(__file__).resolve().parent.parent
@@ -203,17 +211,22 @@ def recipe_frame(entries: Sequence[Entry]):
 
 
 def adjustments(
-    base_train: TrainConfig, mined_negatives: int, seeds: Sequence[int] = (), swept: bool = False
+    base_train: TrainConfig, most_negatives: int, seeds: Sequence[int] = (), sweep_seed: int | None = None
 ) -> list[str]:
-    """The fitting rules above, with this run's values, as sentences for the results."""
+    """The fitting rules above, with this run's values, as sentences for the results. `most_negatives`: the most hard
+    negatives a training row holds (`train.most_negatives`), the K a training runs with at most; `sweep_seed`: the
+    sweep's seed when rates were swept."""
     seeds = list(seeds) or [base_train.seed]
-    rates = ("each model trains at the learning rates its own sweep chose on the validation split (a projection at "
-             "its full width's), and no model trains on the validation rows" if swept else
+    rates = (f"each model trains at the learning rates its own sweep chose on the validation split (at seed "
+             f"{sweep_seed}; a projection at its full width's), then afresh at each compared seed, so no test score "
+             "comes from a training selected on validation; no model trains on the validation rows"
+             if sweep_seed is not None else
              "each model trains at its own learning rates: its file's, or the run's for the pooling study")  # fmt: skip
     return [
         f"every recipe warms up for the run's {base_train.warmup_steps} steps, whatever its file says",
         "a recipe with MRL trains at the full width and at each compared dimension",
-        f"a recipe asking for K hard negatives gets min(K, {mined_negatives}) (the run mined {mined_negatives})",
+        f"a recipe asking for K hard negatives trains with min(K, {most_negatives}): {most_negatives} is the most any "
+        "training row holds, and a row with fewer has its empty slots masked out of the loss",
         f"all share the run's compute: {base_train.max_steps or 'all'} steps, global batch "
         f"{base_train.global_batch_size}, sequence length {base_train.max_length}, seed(s) "
         f"{', '.join(map(str, seeds))}",
@@ -221,11 +234,47 @@ def adjustments(
     ]
 
 
-def config_key(model: ModelConfig, train: TrainConfig, rows: str) -> str:
-    """A short hash of a training: its configurations and `rows`, the fingerprint of the rows it trains on
-    (`train.data_fingerprint`). The folder a training writes to, reused when none of them changed."""
-    blob = json.dumps({"model": model.to_dict(), "train": train.to_dict(), "rows": rows}, sort_keys=True)
+def study_seeds(comparison: CompareStage, base_train: TrainConfig) -> list[int]:
+    """The seeds every compared model trains with (`compare_seeds`, or notebook 02's seed), none of them the sweep's
+    (`sweep_seed`, when rates are swept): a training selected on validation would carry its selection onto the test
+    tasks."""
+    seeds = list(comparison.compare_seeds) or [base_train.seed]
+    if comparison.compare_sweep and comparison.sweep_seed in seeds:
+        source = "compare_seeds" if comparison.compare_seeds else "notebook 02's seed (compare_seeds is empty)"
+        raise ConfigError(f"sweep_seed: {comparison.sweep_seed} is also a comparison seed ({source}: {seeds}); the "
+                          "sweep's trainings are selected on validation and must not be the ones scored on test: "
+                          "choose another sweep_seed")  # fmt: skip
+    return seeds
+
+
+def resolved_compute(model: ModelConfig) -> dict[str, str]:
+    """The device and dtype `model` trains and encodes in on this machine (`dtype: auto` and `device: auto` resolved),
+    which a training's or a scoring's cache key holds instead of the settings' names."""
+    from .model.backbone import resolve_device, resolve_dtype
+
+    device = resolve_device(model.device)
+    return {"device": device.type, "dtype": str(resolve_dtype(model.dtype, device)).removeprefix("torch.")}
+
+
+def config_key(model: ModelConfig, train: TrainConfig, rows: str, compute: dict[str, str] | None = None) -> str:
+    """A short hash of a training: its configurations, the device and dtype they resolve to (`resolved_compute`,
+    computed when not given) and `rows`, the fingerprint of the rows it trains on (`train.data_fingerprint`). The
+    folder a training writes to, reused when none of them changed."""
+    compute = compute if compute is not None else resolved_compute(model)
+    blob = json.dumps({"model": model.to_dict(), "train": train.to_dict(), "rows": rows, "compute": compute},
+                      sort_keys=True)  # fmt: skip
     return hashlib.blake2b(blob.encode(), digest_size=5).hexdigest()
+
+
+def training_folder(model: ModelConfig, train: TrainConfig, rows_dir: Path, work_dir: Path) -> tuple[str, Path]:
+    """(the fingerprint of the rows saved in `rows_dir`, the folder `work_dir/<config_key>` a training of `model` and
+    `train` on them writes to)."""
+    from datasets import load_from_disk
+
+    from .train import data_fingerprint
+
+    rows = data_fingerprint(load_from_disk(str(rows_dir)))
+    return rows, Path(work_dir) / config_key(model, train, rows)
 
 
 def train_recipe(model: ModelConfig, train: TrainConfig, rows_dir: Path, work_dir: Path, log=print) -> dict[str, Any]:
@@ -237,13 +286,10 @@ def train_recipe(model: ModelConfig, train: TrainConfig, rows_dir: Path, work_di
     on the same rows (the fingerprint its summary records) is reused; one whose summary records other rows is moved
     aside (`<hash>.other-rows-<time>`, nothing deleted) and trained again. A failed training raises with its error,
     the command and where its full log is."""
-    from datasets import load_from_disk
-
     from .files import load_json
-    from .train import data_fingerprint, move_aside
+    from .train import move_aside
 
-    rows = data_fingerprint(load_from_disk(str(rows_dir)))
-    folder = Path(work_dir) / config_key(model, train, rows)
+    rows, folder = training_folder(model, train, rows_dir, work_dir)
     summary = folder / "checkpoints" / "train_summary.json"
     if summary.is_file():
         recorded = load_json(summary, "training summary").get("data_fingerprint")
@@ -264,8 +310,9 @@ def train_recipe(model: ModelConfig, train: TrainConfig, rows_dir: Path, work_di
                "--out", str(folder / "checkpoints")]  # fmt: skip
     log_file = folder / "train.log"
     log(f"training in {folder} (follow it: tail -f {log_file})")
-    with open(log_file, "w") as out:  # streamed, so a long training can be followed
-        done = subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
+    with open(log_file, "w") as out:  # streamed, so a long training can be followed; it dies with this process
+        done = subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True,
+                              preexec_fn=functools.partial(die_with_parent, os.getpid()))  # fmt: skip
     if done.returncode != 0:
         lines = [line for line in log_file.read_text().splitlines() if line.strip()] or ["(no output)"]
         raise RuntimeError(f"training failed (exit {done.returncode}): {lines[-1]}\n"
@@ -370,7 +417,8 @@ def scored_training(
     training = train_recipe(model, train, setup.rows_dir, setup.work_dir, setup.log)
     folder = Path(training["final_checkpoint"]).parent.parent  # <work_dir>/<config_key>
     prompts = {t.name: list(prompts_of(model, t)) if prompts_of else None for t in tasks}
-    key = evaluation_key(tasks, prompts, dims, setup.batch_size, setup.max_length, folder / "checkpoints")
+    key = evaluation_key(tasks, prompts, dims, setup.batch_size, setup.max_length, folder / "checkpoints",
+                         resolved_compute(model))  # fmt: skip
     cached = folder / f"scores-{key}.json"
     if cached.is_file():
         setup.log(f"reusing the scores in {cached}")
@@ -389,13 +437,16 @@ def scored_training(
     return {**found, "training": training, "folder": str(folder)}
 
 
-def evaluation_key(tasks, prompts: dict, dims, batch_size: int, max_length: int | None, checkpoints: Path) -> str:
-    """A short hash of what an evaluation of a training depends on (`scored_training`)."""
+def evaluation_key(
+    tasks, prompts: dict, dims, batch_size: int, max_length: int | None, checkpoints: Path, compute: dict[str, str]
+) -> str:
+    """A short hash of what an evaluation of a training depends on (`scored_training`), the device and dtype it
+    encodes in (`resolved_compute`) included."""
     from .mteb_code import task_fingerprint
 
     summary = (checkpoints / "train_summary.json").read_bytes()
     blob = json.dumps({"tasks": [task_fingerprint(t) for t in tasks], "prompts": prompts, "dims": sorted(dims),
-                       "batch_size": batch_size, "max_length": max_length,
+                       "batch_size": batch_size, "max_length": max_length, "compute": compute,
                        "training": hashlib.sha256(summary).hexdigest()}, sort_keys=True)  # fmt: skip
     return hashlib.blake2b(blob.encode(), digest_size=6).hexdigest()
 
@@ -404,7 +455,8 @@ def sweep_entries(
     entries: Sequence[Entry], grid, seed: int, setup: Setup, validation
 ) -> dict[str, tuple[Any, TrainConfig]]:
     """{label: (sweep.SweepResult, the chosen TrainConfig)} of every full-width entry: each point of `grid` trained at
-    `seed` and scored on the validation tasks of `validation` (`validation.ValidationSplit`, with its prompts)."""
+    `seed` (the sweep's own, `sweep_seed`: never a seed scored on test) and scored on the validation tasks of
+    `validation` (`validation.ValidationSplit`, with its prompts)."""
     from .sweep import sweep, timings
 
     def score(model: ModelConfig, train: TrainConfig) -> tuple[dict[str, float], str, dict[str, float]]:
@@ -436,14 +488,27 @@ def final_trainings(
     return out
 
 
+def sweep_folders(chosen: dict[str, tuple[Any, TrainConfig]] | None) -> set[str]:
+    """The folders of every training the sweep ran: trainings selected (or passed over) on validation."""
+    return {point.folder for found, _ in (chosen or {}).values() for point in found.points}
+
+
 def score_trainings(
     trainings: Sequence[tuple[Entry, int, TrainConfig]], setup: Setup, tasks: Sequence[RetrievalTask],
-    dims: Sequence[int],
+    dims: Sequence[int], selected: Collection[str] = (),
 ) -> dict[str, dict[int, dict[str, Any]]]:  # fmt: skip
-    """{label: {seed: `scored_training` result}} on the test tasks; a projection is scored at its own width only."""
+    """{label: {seed: `scored_training` result}} on the test tasks; a projection is scored at its own width only.
+    `selected`: the folders of the trainings the sweep ran (`sweep_folders`); a test training that is one of them is
+    refused before it is scored (its validation score chose it, so its test score would carry that selection)."""
     out: dict[str, dict[int, dict[str, Any]]] = {}
     for entry, seed, train in trainings:
         setup.log(f"{entry.label}, seed {seed}")
+        if selected:
+            folder = str(training_folder(entry.model, train, setup.rows_dir, setup.work_dir)[1])
+            if folder in selected:
+                raise RuntimeError(f"{entry.label}, seed {seed}: its training ({folder}) is one the sweep ran and "
+                                   "chose on validation; test scores come from fresh trainings only (give the sweep "
+                                   "a seed of its own, sweep_seed)")  # fmt: skip
         found = scored_training(setup, entry.model, train, tasks, [] if entry.projected else dims)
         out.setdefault(entry.label, {})[seed] = found
     return out
@@ -534,6 +599,21 @@ def query_rows(
             rows[label if int(d) == result["width"] else f"{label}, truncated to {d}"] = per_task
     if bm25:
         rows["BM25"] = bm25
+    return rows
+
+
+def seed_query_rows(
+    per_seed: dict[str, dict[int, dict[str, Any]]], labels: Sequence[str]
+) -> dict[str, list[dict[str, dict[str, float]]]]:
+    """{row: [each seed's {task: {query id: nDCG@10}}]} for the models `labels` of `score_trainings`' result, rows
+    named as `query_rows` names them (a truncation under "<label>, truncated to <d>"): what the intervals over
+    trainings resample (`uncertainty.training_differences`)."""
+    rows: dict[str, list[dict[str, dict[str, float]]]] = {}
+    for label in labels:
+        runs = list(per_seed[label].values())
+        for d in runs[0]["queries"]:
+            name = label if int(d) == runs[0]["width"] else f"{label}, truncated to {d}"
+            rows[name] = [run["queries"][d] for run in runs]
     return rows
 
 

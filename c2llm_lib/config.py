@@ -420,7 +420,7 @@ class EvalStage:
     """Notebook 04: the held-out evaluation and its baselines."""
 
     eval_limit: int | None = None  # queries per offline task; None: all of them
-    eval_max_documents: int | None = None  # documents per offline task (>= 500): the evaluated queries' positives
+    eval_max_documents: int | None = None  # documents per offline task (>= 200): the evaluated queries' positives
     # plus a fixed seeded sample of the others, for a CPU budget; None: every held-out document
     eval_batch_size: int = 16
     eval_max_length: int = 2048  # the released model's inference length
@@ -441,8 +441,8 @@ class EvalStage:
         require(not bad, "beir_sets", f"must be folder paths (corpus.jsonl, queries.jsonl, qrels/test.tsv), got {bad}")
         require(len(set(self.beir_sets)) == len(self.beir_sets), "beir_sets", f"repeats a folder: {self.beir_sets}")
         require(self.eval_limit is None or self.eval_limit > 0, "eval_limit", "must be positive")
-        require(self.eval_max_documents is None or self.eval_max_documents >= 500, "eval_max_documents",
-                "must be at least 500 (fewer distractors make retrieval too easy to compare) or None")  # fmt: skip
+        require(self.eval_max_documents is None or self.eval_max_documents >= 200, "eval_max_documents",
+                "must be at least 200 (fewer distractors make retrieval too easy to compare) or None")  # fmt: skip
         require(all(d > 0 for d in self.ablation_dims), "ablation_dims", "must be positive")
         require(len(set(self.ablation_dims)) == len(self.ablation_dims), "ablation_dims", "repeats a width")
         require(self.eval_batch_size > 0, "eval_batch_size", "must be positive")
@@ -488,6 +488,7 @@ class CompareStage:
     compare_pma_dims: list[int] = field(default_factory=lambda: [128])  # a PMA model is also trained to output d
     compare_seeds: list[int] = field(default_factory=list)  # every model trains with each; []: the run's seed
     compare_sweep: bool = False  # choose each model's learning rates on a validation split first
+    sweep_seed: int = 100  # the sweep's trainings' seed, never a comparison seed: they are selected, not scored
     sweep_learning_rates: list[float] = field(default_factory=lambda: [1e-4, 3e-4, 1e-3])  # LoRA
     sweep_pma_learning_rates: list[float] = field(default_factory=lambda: [1e-3])  # a PMA head's
     sweep_pma_attention_learning_rates: list[float] = field(default_factory=lambda: [1e-3, 3e-3])  # its logits'
@@ -509,6 +510,10 @@ class CompareStage:
                 f"repeats a seed: {self.compare_seeds}")  # fmt: skip
         for seed in self.compare_seeds:
             seed_range(seed, "compare_seeds")
+        seed_range(self.sweep_seed, "sweep_seed")
+        require(not self.compare_sweep or self.sweep_seed not in self.compare_seeds, "sweep_seed",
+                f"{self.sweep_seed} is also in compare_seeds {self.compare_seeds}: the sweep's trainings are selected "
+                "on validation and must not be the ones scored on test; choose another sweep_seed")  # fmt: skip
         for key in ("sweep_learning_rates", "sweep_pma_learning_rates", "sweep_pma_attention_learning_rates"):
             rates = getattr(self, key)
             require(bool(rates) and all(r > 0 for r in rates) and len(set(rates)) == len(rates), key,
@@ -518,8 +523,8 @@ class CompareStage:
         require(self.validation_limit is None or self.validation_limit > 0, "validation_limit", "must be positive")
         require(self.validation_max_documents is None or self.validation_max_documents >= 10,
                 "validation_max_documents", "must be at least 10 or None")  # fmt: skip
-        require(self.eval_max_documents is None or self.eval_max_documents >= 500, "eval_max_documents",
-                "must be at least 500 (fewer distractors make retrieval too easy to compare) or None")  # fmt: skip
+        require(self.eval_max_documents is None or self.eval_max_documents >= 200, "eval_max_documents",
+                "must be at least 200 (fewer distractors make retrieval too easy to compare) or None")  # fmt: skip
         require(len(set(self.compare_recipes)) == len(self.compare_recipes), "compare_recipes", "repeats a recipe")
         require(not self.compare_recipes or plain_names(self.compare_recipes), "compare_recipes",
                 f"must be params file stems (e.g. 'c2llm-0.5b'), got {self.compare_recipes}")  # fmt: skip

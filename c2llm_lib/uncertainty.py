@@ -16,11 +16,21 @@ and for the mean over tasks, the observed difference of means A - B and its 95 %
 - "within noise" when the interval holds 0.
 `bootstrap_mean(a)` is the same resampling for one model's mean (the error bars of a figure). Several training seeds
 of one model enter as one per-query score, the mean of the seeds' scores on that query (`seed_mean`): the interval is
-then over queries, for the seed-averaged model; the seeds' own spread is reported beside it, not folded in.
+then over queries, for the seed-averaged model, and says nothing of how much another training would move it.
 
-What it cannot do: the queries are a sample of one held-out split, so the interval says how much the difference moves
-with another draw of such queries, not with another data set, another training run or another corpus sample; and
-with many comparisons at 95 % some intervals exclude 0 by chance (no correction is made).
+`training_bootstrap(a_seeds, b_seeds)` is the interval over trainings *and* queries (a two-level bootstrap, Davison &
+Hinkley 1997, "Bootstrap Methods and their Application", section 3.8): each resample draws, with replacement, as many
+of A's trainings (seeds) as A has and as many of B's as B has, independently (A's and B's trainings are separate
+runs), and one draw of queries per task shared by A and B (paired over queries, as above); the statistic is the mean
+over the drawn trainings of A minus that of B, per query, averaged over the drawn queries. A training is drawn once per
+resample for every task (one training scores all tasks). With n seeds a model has at most C(2n-1, n) distinct draws of
+trainings (10 for 3 seeds), so the percentile interval over trainings is coarse: it is the honest width of what a few
+seeds can say, not a precise one. `training_bootstrap_mean` is the same for one model's mean.
+
+What it cannot do: the queries are a sample of one held-out split, so an interval over queries says how much the
+difference moves with another draw of such queries, not with another data set, another training run or another
+corpus sample (the interval over trainings adds the training runs, nothing more); and with many comparisons at 95 %
+some intervals exclude 0 by chance (no correction is made).
 """
 
 from __future__ import annotations
@@ -49,6 +59,14 @@ class Interval:
     queries: int
     resamples: int = RESAMPLES
     level: float = LEVEL
+    trainings: tuple[int, ...] = ()  # the trainings (seeds) resampled per model; () for an interval over queries only
+
+    @property
+    def over(self) -> str:
+        """What the interval is over, in words: "200 queries", or "3 + 3 trainings and 200 queries"."""
+        if not self.trainings:
+            return f"{self.queries} queries"
+        return f"{' + '.join(map(str, self.trainings))} trainings and {self.queries} queries"
 
     @property
     def within_noise(self) -> bool:
@@ -58,10 +76,10 @@ class Interval:
     def scaled(self, factor: float) -> Interval:
         """The same interval in other units (x 100 for the tables)."""
         return Interval(self.value * factor, self.low * factor, self.high * factor, self.queries, self.resamples,
-                        self.level)  # fmt: skip
+                        self.level, self.trainings)  # fmt: skip
 
-    def to_dict(self) -> dict[str, float | int | bool]:
-        return {**asdict(self), "within_noise": self.within_noise}
+    def to_dict(self) -> dict[str, float | int | bool | list[int]]:
+        return {**asdict(self), "trainings": list(self.trainings), "within_noise": self.within_noise}
 
 
 def aligned(a: QueryScores, b: QueryScores, names: tuple[str, str] = ("A", "B")) -> dict[str, np.ndarray]:
@@ -139,6 +157,96 @@ def bootstrap_mean(a: QueryScores, resamples: int = RESAMPLES, seed: int = SEED,
     return _intervals({t: np.array(list(q.values()), dtype=np.float64) for t, q in a.items()}, resamples, seed, level)
 
 
+def _by_training(runs: Sequence[QueryScores], name: str) -> dict[str, np.ndarray]:
+    """{task: (S, n) array}: each training's (seed's) score on each query, in the first training's query order. Every
+    training must hold the same tasks and queries; a training scored on others is an error naming it."""
+    if not runs:
+        raise ValueError(f"{name}: no trainings to resample")
+    first = runs[0]
+    for i, run in enumerate(runs[1:], start=1):
+        aligned(first, run, (f"{name}, training 1", f"{name}, training {i + 1}"))
+    return {task: np.array([[run[task][q] for q in first[task]] for run in runs], dtype=np.float64) for task in first}
+
+
+def _resampled(scores: np.ndarray, trainings: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """(R,) means of one task's (S, n) per-training scores over each resample's drawn trainings (R, S) and queries
+    (R, n)."""
+    per_query = scores[trainings].mean(axis=1)  # (R, S, n) -> (R, n): mean over the drawn trainings
+    return np.take_along_axis(per_query, queries, axis=1).mean(axis=1)  # (R,)
+
+
+def _training_intervals(
+    a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray] | None, resamples: int, seed: int, level: float
+) -> dict[str, Interval]:
+    """The two-level bootstrap of `training_bootstrap` on {task: (S, n)} arrays (B None: A's mean alone)."""
+    if resamples < 1:
+        raise ValueError(f"resamples must be at least 1, got {resamples}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if MEAN in a:
+        raise ValueError(f"a task may not be named {MEAN!r}: that is the key of the mean over tasks")
+    rng = np.random.default_rng(seed)
+    tasks = sorted(a)
+    counts = (len(a[tasks[0]]),) + ((len(b[tasks[0]]),) if b is not None else ())
+    drawn = [rng.integers(0, n, size=(resamples, n)) for n in counts]  # (R, S) trainings per resample, per model
+    boot, observed = {}, {}
+    for task in tasks:
+        n = a[task].shape[1]
+        queries = rng.integers(0, n, size=(resamples, n))  # (R, n): one draw of queries, shared by A and B
+
+        boot[task] = _resampled(a[task], drawn[0], queries)
+        observed[task] = float(a[task].mean())
+        if b is not None:
+            boot[task] = boot[task] - _resampled(b[task], drawn[1], queries)
+            observed[task] -= float(b[task].mean())
+    boot[MEAN] = np.mean([boot[t] for t in tasks], axis=0)  # (R,)
+    observed[MEAN] = float(np.mean([observed[t] for t in tasks]))
+    sizes = {t: a[t].shape[1] for t in tasks}
+    sizes[MEAN] = sum(sizes.values())
+    tail = 100 * (1 - level) / 2
+    out = {}
+    for key in [*tasks, MEAN]:
+        low, high = np.percentile(boot[key], [tail, 100 - tail])
+        out[key] = Interval(observed[key], float(low), float(high), sizes[key], resamples, level, counts)
+    return out
+
+
+def training_bootstrap(
+    a_seeds: Sequence[QueryScores],
+    b_seeds: Sequence[QueryScores],
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+    level: float = LEVEL,
+    names: tuple[str, str] = ("A", "B"),
+) -> dict[str, Interval]:
+    """{task: Interval, MEAN: Interval} of A - B over trainings and queries: `a_seeds` and `b_seeds` hold each
+    training's (seed's) per-query scores; trainings are resampled per model, queries per task, paired over queries.
+    The value is the same difference of means as `paired_bootstrap` of the two models' seed means."""
+    a, b = _by_training(a_seeds, names[0]), _by_training(b_seeds, names[1])
+    aligned(a_seeds[0], b_seeds[0], names)  # the same tasks and queries for A and B, or a named error
+    return _training_intervals(a, b, resamples, seed, level)
+
+
+def training_bootstrap_mean(
+    seeds: Sequence[QueryScores], resamples: int = RESAMPLES, seed: int = SEED, level: float = LEVEL
+) -> dict[str, Interval]:
+    """{task: Interval, MEAN: Interval} of one model's mean over trainings and queries (`training_bootstrap`)."""
+    return _training_intervals(_by_training(seeds, "the model"), None, resamples, seed, level)
+
+
+def training_differences(
+    rows: Mapping[str, Sequence[QueryScores]],
+    pairs: Sequence[tuple[str, str]],
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+) -> dict[tuple[str, str], dict[str, Interval]]:
+    """`differences` over trainings and queries: `rows` maps a model to its trainings' per-query scores."""
+    missing = sorted({m for pair in pairs for m in pair} - set(rows))
+    if missing:
+        raise KeyError(f"no per-training scores for {missing}; known: {sorted(rows)}")
+    return {(a, b): training_bootstrap(rows[a], rows[b], resamples, seed, names=(a, b)) for a, b in pairs}
+
+
 def seed_mean(runs: Sequence[QueryScores]) -> dict[str, dict[str, float]]:
     """Per query, the mean of several seeds' scores ({task: {query id: mean}}); every seed must hold the same tasks
     and queries (a seed scored on other queries is an error naming it)."""
@@ -165,7 +273,7 @@ def sentence(a: str, b: str, where: str, interval: Interval) -> str:
     """One comparison in words, built from its numbers: which side is ahead, by how much, and whether the 95 % interval
     holds 0 ("within noise")."""
     i = interval.scaled(100)
-    span = f"95 % interval [{i.low:+.1f}, {i.high:+.1f}] over {i.queries} queries"
+    span = f"95 % interval [{i.low:+.1f}, {i.high:+.1f}] over {i.over}"
     if interval.within_noise:
         return f"{where}: {a} - {b} = {i.value:+.1f} ({span}): within noise."
     ahead = a if i.value > 0 else b
@@ -199,8 +307,10 @@ def differences_markdown(diffs: Differences, title: str) -> str:
         noise = "yes" if d[MEAN].within_noise else "no"
         lines.append(f"| {a} - {b} | " + " | ".join(cell(d[t]) for t in (MEAN, *tasks)) + f" | {noise} |")
     example = first[MEAN]
+    over = ("a paired bootstrap over queries" if not example.trainings else "a two-level bootstrap over each model's "
+            "trainings (seeds, drawn per model) and queries (paired)")  # fmt: skip
     note = (f"nDCG@10 x 100: the difference of means A - B (positive when A scores higher) and its {example.level:.0%} "
-            f"interval, a paired bootstrap over queries ({example.resamples:,} resamples, seed {SEED}; the mean over "
+            f"interval, {over} ({example.resamples:,} resamples, seed {SEED}; the mean over "
             "tasks resamples every task at once). Within noise: the interval holds 0.")  # fmt: skip
     return f"#### {title}\n\n{note}\n\n{header}\n" + "\n".join(lines) + "\n"
 

@@ -578,8 +578,10 @@ def recipe_comparison(frame, dims_table):
 
 def pooling_study(frame, intervals: dict[str, dict]):
     """The pooling study's figure (`ablations.pooling_frame`, `ablations.mean_intervals`). Left: mean nDCG@10 per
-    pooler with its 95 % bootstrap interval over queries, and each seed's mean as a dot. Right: mean nDCG@10 against
-    the embedding width, PMA trained to project to d against the full PMA embedding truncated to d, with intervals."""
+    pooler with its 95 % bootstrap interval (over trainings and queries where the intervals hold several seeds, else
+    over queries; the title says which), and each seed's mean as a dot. Right: mean nDCG@10 against the embedding
+    width, PMA trained to project to d against the full PMA embedding truncated to d, with intervals; every width is
+    a tick."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1, 1.4]})
@@ -591,7 +593,8 @@ def pooling_study(frame, intervals: dict[str, dict]):
     for x, label in enumerate(labels):
         seeds = [frame.loc[label, c] for c in frame.columns if c.startswith("seed ")]
         axes[0].scatter([x] * len(seeds), seeds, color="black", s=14, zorder=3, label="one seed" if x == 0 else None)
-    axes[0].set(ylabel="mean nDCG@10 (test)", title="pooler (95 % interval over queries)")
+    over = "trainings and queries" if any(i.trainings for i in poolers.values()) else "queries"
+    axes[0].set(ylabel="mean nDCG@10 (test)", title=f"pooler (95 % interval over {over})")
     axes[0].legend(fontsize=7)
     for curve, style in (("PMA projection", "--"), ("truncation", "-")):
         found = intervals[curve]
@@ -602,6 +605,9 @@ def pooling_study(frame, intervals: dict[str, dict]):
                          yerr=[[found[d].value - found[d].low for d in dims], [found[d].high - found[d].value
                                                                               for d in dims]])  # fmt: skip
     axes[1].set_xscale("log", base=2)
+    widths = sorted({d for curve in ("PMA projection", "truncation") for d in intervals[curve]})
+    axes[1].set_xticks(widths, [str(d) for d in widths])
+    axes[1].minorticks_off()
     axes[1].set(xlabel="embedding dimension d", ylabel="mean nDCG@10 (test)",
                 title="PMA projection to d vs truncation to d")  # fmt: skip
     axes[1].legend(fontsize=7)

@@ -147,9 +147,9 @@ def test_max_documents_keeps_every_evaluated_positive_and_a_fixed_sample():
         offline_tasks(max_documents=0)
 
 
-def test_eval_max_documents_below_500_is_refused_by_name():
+def test_eval_max_documents_below_200_is_refused_by_name():
     from c2llm_lib.config import ConfigError, EvalStage
 
-    with pytest.raises(ConfigError, match="'eval_max_documents' must be at least 500"):
-        EvalStage(eval_max_documents=100)
-    assert EvalStage(eval_max_documents=500).eval_max_documents == 500
+    with pytest.raises(ConfigError, match="'eval_max_documents' must be at least 200"):
+        EvalStage(eval_max_documents=199)
+    assert EvalStage(eval_max_documents=200).eval_max_documents == 200

@@ -74,16 +74,19 @@ def test_a_params_file_for_your_own_data_names_the_key_to_set(stem, tmp_path, ca
 
 def test_the_pooling_studies_plan_every_pooler_and_width():
     """ablation-cpu.yaml is the default's compute; ablation-0.5b.yaml the paper's recipe and scale (section 4.1); both
-    run the same study: the three poolers at their own chosen rates, 2 seeds, PMA projected to 512, 256 and 128."""
+    run the same study: the three poolers at their own chosen rates, swept at a seed of their own and then trained
+    with 3 others, PMA projected to 128 (the CPU study) or to 512, 256 and 128 (the paper-scale one)."""
+    projected = {"ablation-cpu": ["PMA d=128"], "ablation-0.5b": ["PMA d=512", "PMA d=256", "PMA d=128"]}
     for stem in ("ablation-cpu", "ablation-0.5b"):
         resolved = resolve(load_params(PARAMS_DIR / f"{stem}.yaml"), stem)
         keys = {k: v for k, v in resolved["02_train_lora_contrastive"].items() if k not in ("run", "outputs_dir")}
         model, train = split_params(keys, stem)
         study = resolved["06_recipe_comparison"]
-        assert study["compare_sweep"] and study["compare_seeds"] == [0, 1]
+        assert study["compare_sweep"] and study["compare_seeds"] == [0, 1, 2]
+        assert study["sweep_seed"] not in study["compare_seeds"]
         entries = plan(model, train, study["compare_recipes"], study["compare_dims"], study["compare_pma_dims"],
                        poolings=study["compare_poolings"])  # fmt: skip
-        assert [e.label for e in entries] == ["PMA", "PMA d=512", "PMA d=256", "PMA d=128", "last token", "mean"]
+        assert [e.label for e in entries] == ["PMA", *projected[stem], "last token", "mean"]
     default = resolve(load_params(PARAMS_DIR / "default.yaml"), "default")["02_train_lora_contrastive"]
     cpu = resolve(load_params(PARAMS_DIR / "ablation-cpu.yaml"), "cpu")["02_train_lora_contrastive"]
     same = ("backbone", "dtype", "max_length", "num_negatives", "global_batch_size", "grad_cache", "grad_cache_chunk",

@@ -243,6 +243,13 @@ def check_study(root: Path, params: dict) -> None:
     assert all({"value", "low", "high", "within_noise"} <= set(i) for d in study["differences"]
                for i in d["intervals"].values())  # fmt: skip
     assert study["setting"]["cpu"]["model"] and study["setting"]["timings"] and study["setting"]["validation"]
+    selected = {t["folder"] for t in study["setting"]["selected on validation"]}
+    tested = {t["folder"] for t in study["setting"]["scored on test"]}
+    assert selected and tested and not selected & tested  # no test score from a training chosen on validation
+    assert {t["seed"] for t in study["setting"]["selected on validation"]} == {study["setting"]["sweep seed"]}
+    if len(seeds) > 1:  # the intervals over trainings, beside those over queries
+        over = {(d["a"], d["b"]): d["intervals"]["mean"] for d in study["differences over trainings"]}
+        assert set(over) == pairs and all(i["trainings"] == [len(seeds)] * 2 for i in over.values())
     text = (root / "metrics" / "pooling_study.md").read_text()
     assert "95 % interval" in text and "Rates chosen on the validation split" in text
     assert (root / "figures" / "pooling_study.png").stat().st_size > 1000

@@ -104,7 +104,7 @@ def test_the_sweep_picks_the_best_validation_score():
     assert len(points(BASE_MODEL, BASE_TRAIN, Grid([1e-4, 3e-4, 1e-3], [1e-3], [1e-3, 3e-3]))) == 6
 
 
-def test_projections_train_at_their_full_widths_rates_and_the_first_seed_reuses_the_sweep():
+def test_projections_train_at_their_full_widths_rates_and_no_test_training_is_the_sweeps():
     entries = pooling_entries(BASE_MODEL, BASE_TRAIN, ["pma", "mean"], [16])
     assert [e.label for e in entries] == ["PMA", "PMA d=16", "mean"]
     assert entries[1].parent == "PMA" and entries[1].model.embedding_dim == 16 and entries[1].projected
@@ -112,18 +112,72 @@ def test_projections_train_at_their_full_widths_rates_and_the_first_seed_reuses_
     picked = {"PMA": dataclasses.replace(BASE_TRAIN, learning_rate=1e-3, pma_attention_learning_rate=1e-3),
               "mean": dataclasses.replace(BASE_TRAIN, learning_rate=3e-4, pma_learning_rate=None,
                                           pma_attention_learning_rate=None)}  # fmt: skip
-    chosen = {label: (None, dataclasses.replace(t, seed=0, checkpoint_steps=[])) for label, t in picked.items()}
+    chosen = {label: (None, dataclasses.replace(t, seed=100, checkpoint_steps=[])) for label, t in picked.items()}
     planned = final_trainings(entries, [0, 1], chosen)
     assert [(e.label, s) for e, s, _ in planned] == [("PMA", 0), ("PMA", 1), ("PMA d=16", 0), ("PMA d=16", 1),
                                                      ("mean", 0), ("mean", 1)]  # fmt: skip
     by = {(e.label, s): t for e, s, t in planned}
     assert by["PMA d=16", 1].learning_rate == 1e-3 and by["PMA d=16", 1].pma_attention_learning_rate == 1e-3
     assert by["mean", 0].learning_rate == 3e-4 and by["mean", 1].seed == 1
-    # the first seed's final training is the sweep's chosen training: the same folder, so it is reused, not retrained
-    assert config_key(entries[0].model, by["PMA", 0], "rows") == config_key(entries[0].model, chosen["PMA"][1], "rows")
+    # the sweep trained at its own seed (100): no compared seed's training is the one chosen on validation
+    for seed in (0, 1):
+        assert config_key(entries[0].model, by["PMA", seed], "rows") != config_key(entries[0].model,
+                                                                                  chosen["PMA"][1], "rows")  # fmt: skip
     assert config_key(entries[0].model, by["PMA", 1], "rows") != config_key(entries[0].model, by["PMA", 0], "rows")
     unswept = final_trainings(entries[:1], [3])
     assert unswept[0][2] == dataclasses.replace(entries[0].train, seed=3)
+
+
+def test_the_comparison_seeds_are_never_the_sweeps():
+    from c2llm_lib.comparison import study_seeds
+
+    assert study_seeds(CompareStage(compare_seeds=[0, 1, 2], compare_sweep=True), BASE_TRAIN) == [0, 1, 2]
+    assert study_seeds(CompareStage(compare_sweep=True), BASE_TRAIN) == [0]  # notebook 02's seed
+    with pytest.raises(ConfigError, match=r"sweep_seed: 100 is also a comparison seed \(notebook 02's seed"):
+        study_seeds(CompareStage(compare_sweep=True), dataclasses.replace(BASE_TRAIN, seed=100))
+    assert study_seeds(CompareStage(), dataclasses.replace(BASE_TRAIN, seed=100)) == [100]  # no sweep
+
+
+def test_a_selected_training_is_refused_for_a_test_score(tmp_path, monkeypatch):
+    from c2llm_lib import comparison
+    from c2llm_lib.runs import RunDir
+
+    from training_rows import make_rows
+
+    run = RunDir.open("study", tmp_path)
+    rows_dir = run.save_rows("comparison/rows-1", make_rows())
+    setup = comparison.Setup(run, rows_dir, run.root / "comparison", log=lambda *_: None)
+    entry = pooling_entries(BASE_MODEL, BASE_TRAIN, ["mean"], [])[0]
+    train = dataclasses.replace(entry.train, seed=0)
+    chosen_folder = comparison.training_folder(entry.model, train, rows_dir, setup.work_dir)[1]
+    monkeypatch.setattr(comparison, "scored_training", lambda *a, **k: {"folder": "fresh"})
+    with pytest.raises(RuntimeError, match="mean, seed 0: its training .* is one the sweep ran"):
+        comparison.score_trainings([(entry, 0, train)], setup, [], [], selected={str(chosen_folder)})
+    found = comparison.score_trainings([(entry, 1, dataclasses.replace(train, seed=1))], setup, [], [],
+                                       selected={str(chosen_folder)})  # fmt: skip
+    assert found == {"mean": {1: {"folder": "fresh"}}}
+    sweep = SweepResult([SweepPoint({"learning_rate": 1e-3}, 0.5, {"t": 0.5}, "a"),
+                         SweepPoint({"learning_rate": 3e-3}, 0.4, {"t": 0.4}, "b")], 0)  # fmt: skip
+    assert comparison.sweep_folders({"mean": (sweep, train)}) == {"a", "b"} and comparison.sweep_folders(None) == set()
+
+
+def test_a_training_and_its_scores_are_keyed_by_the_dtype_auto_resolved_to(monkeypatch, tmp_path):
+    import torch
+
+    from c2llm_lib import hardware
+
+    auto = dataclasses.replace(BASE_MODEL, dtype="auto")
+    monkeypatch.setattr(hardware, "auto_dtype", lambda device: (torch.bfloat16, "probe said bf16"))
+    as_bf16 = config_key(auto, BASE_TRAIN, "rows")
+    monkeypatch.setattr(hardware, "auto_dtype", lambda device: (torch.float32, "probe said fp32"))
+    assert config_key(auto, BASE_TRAIN, "rows") != as_bf16  # a re-made probe never reuses the other dtype's training
+    assert config_key(auto, BASE_TRAIN, "rows", {"device": "cpu", "dtype": "bfloat16"}) == as_bf16
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    (checkpoints / "train_summary.json").write_text('{"steps": 3}')
+    bf16, fp32 = {"device": "cpu", "dtype": "bfloat16"}, {"device": "cpu", "dtype": "float32"}
+    assert evaluation_key([], {}, [16], 8, 64, checkpoints, bf16) != evaluation_key([], {}, [16], 8, 64, checkpoints,
+                                                                                    fp32)  # fmt: skip
 
 
 def test_a_training_is_reused_only_for_equal_model_training_and_rows():
@@ -142,15 +196,17 @@ def test_cached_scores_are_keyed_by_tasks_widths_length_and_training(tmp_path):
     checkpoints.mkdir()
     (checkpoints / "train_summary.json").write_text('{"steps": 3}')
     tasks = offline_tasks(limit=4, include_humaneval=False, max_documents=20)
-    key = evaluation_key(tasks, {}, [16], 8, 64, checkpoints)
-    assert key == evaluation_key(tasks, {}, [16], 8, 64, checkpoints)
+    cpu = {"device": "cpu", "dtype": "float32"}
+    key = evaluation_key(tasks, {}, [16], 8, 64, checkpoints, cpu)
+    assert key == evaluation_key(tasks, {}, [16], 8, 64, checkpoints, cpu)
     assert key != evaluation_key(offline_tasks(limit=5, include_humaneval=False, max_documents=20), {}, [16], 8, 64,
-                                 checkpoints)  # fmt: skip
-    assert key != evaluation_key(tasks, {}, [32], 8, 64, checkpoints)
-    assert key != evaluation_key(tasks, {}, [16], 8, 128, checkpoints)
-    assert key != evaluation_key(tasks, {"t": ["other instruction", ""]}, [16], 8, 64, checkpoints)
+                                 checkpoints, cpu)  # fmt: skip
+    assert key != evaluation_key(tasks, {}, [32], 8, 64, checkpoints, cpu)
+    assert key != evaluation_key(tasks, {}, [16], 8, 128, checkpoints, cpu)
+    assert key != evaluation_key(tasks, {}, [16], 4, 64, checkpoints, cpu)
+    assert key != evaluation_key(tasks, {"t": ["other instruction", ""]}, [16], 8, 64, checkpoints, cpu)
     (checkpoints / "train_summary.json").write_text('{"steps": 4}')  # retrained
-    assert key != evaluation_key(tasks, {}, [16], 8, 64, checkpoints)
+    assert key != evaluation_key(tasks, {}, [16], 8, 64, checkpoints, cpu)
 
 
 def per_query(values: dict[str, list[float]]) -> dict[str, dict[str, float]]:
@@ -267,8 +323,11 @@ def test_the_study_parameters_are_checked():
         CompareStage(sweep_learning_rates=[])
     with pytest.raises(ConfigError, match="validation_percent.*from 1 to 50"):
         CompareStage(validation_percent=0)
-    with pytest.raises(ConfigError, match="eval_max_documents.*at least 500"):
+    with pytest.raises(ConfigError, match="eval_max_documents.*at least 200"):
         CompareStage(eval_max_documents=100)
+    with pytest.raises(ConfigError, match="'sweep_seed' 1 is also in compare_seeds"):
+        CompareStage(compare_seeds=[0, 1], compare_sweep=True, sweep_seed=1)
+    assert CompareStage(compare_seeds=[0, 1], compare_sweep=False, sweep_seed=1).sweep_seed == 1  # no sweep: unused
     with pytest.raises(ConfigError, match="compare_poolings: unknown poolers"):
         pooling_entries(BASE_MODEL, BASE_TRAIN, ["cls"], [])
 
@@ -323,7 +382,8 @@ def test_cached_scores_are_read_back_and_a_crafted_one_is_named(tmp_path, monkey
     monkeypatch.setattr("c2llm_lib.train.encoder_from_checkpoint", no_encoding)
     setup = comparison.Setup(run, tmp_path / "rows", run.root / "comparison", 8, 64, log=lambda *_: None)
     tasks = offline_tasks(limit=2, include_humaneval=False, max_documents=10)
-    key = evaluation_key(tasks, {t.name: None for t in tasks}, [16], 8, 64, folder / "checkpoints")
+    key = evaluation_key(tasks, {t.name: None for t in tasks}, [16], 8, 64, folder / "checkpoints",
+                         comparison.resolved_compute(BASE_MODEL))  # fmt: skip
     kept = {"width": 64, "scores": {"64": {"t": 0.5}}, "queries": {"64": {"t": {"q0": 0.5}}}, "encode": {"seconds": 1}}
     run.save_json(f"comparison/abc/scores-{key}.json", kept)
     found = comparison.scored_training(setup, BASE_MODEL, BASE_TRAIN, tasks, [16])
@@ -354,3 +414,116 @@ def test_the_run_writes_the_comparisons_files_inside_itself_and_keeps_saved_rows
     before = marker.read_bytes()
     run.save_rows("comparison/rows-1", make_rows().select(range(2)))  # keyed by content: never rewritten
     assert marker.read_bytes() == before and len(load_from_disk(str(first))) == 16
+
+
+def test_the_study_judges_its_differences_over_trainings(tmp_path):
+    from c2llm_lib.ablations import mean_intervals, pooling_frame, study_markdown, study_pairs, study_sentences
+    from c2llm_lib.comparison import seed_query_rows
+    from c2llm_lib.uncertainty import MEAN, differences, training_differences
+
+    entries = pooling_entries(BASE_MODEL, BASE_TRAIN, ["pma", "mean"], [])
+    pma, mean = entries
+    base = list(np.linspace(0.2, 0.6, 40))
+
+    def run(values):  # one seed's `scored_training` result at full width 64
+        queries = {"64": per_query({"t": values})}
+        return {"width": 64, "queries": queries, "scores": {"64": {"t": float(np.mean(values))}},
+                "training": {"train_seconds": 5.0}, "encode": {"seconds": 1.0, "tokens_per_second": 10.0},
+                "folder": f"f{values[0]:.2f}"}  # fmt: skip
+
+    # PMA's two seeds sit 0.2 above and 0.1 below the mean pooler on every query: over queries the seed mean is
+    # +0.05 everywhere (an interval of width 0), over trainings a draw of PMA's worse seed twice is as likely as 1/4
+    per_seed = {
+        "PMA": {0: run([v + 0.2 for v in base]), 1: run([v - 0.1 for v in base])},
+        "mean": {0: run(base), 1: run(base)},
+    }
+    results = {e.label: over_seeds(e, per_seed[e.label]) for e in entries}
+    seed_rows = seed_query_rows(per_seed, ["PMA", "mean"])
+    assert seed_rows["PMA"][1]["t"]["q0"] == pytest.approx(0.1) and len(seed_rows["mean"]) == 2
+    pairs = study_pairs(entries)
+    over_queries = differences(query_rows(results), pairs)
+    over_trainings = training_differences(seed_rows, pairs)
+    assert over_queries["PMA", "mean"][MEAN].low == pytest.approx(0.05)
+    i = over_trainings["PMA", "mean"][MEAN]
+    assert i.value == pytest.approx(0.05) and (i.low, i.high) == pytest.approx((-0.1, 0.2)) and i.within_noise
+    frame = pooling_frame(results)
+    text = study_sentences(frame, None, over_queries, {}, [0, 1], over_trainings, sweep_seed=100)
+    assert "PMA - mean = +5.0 (95 % interval [-10.0, +20.0] over 2 + 2 trainings and 40 queries): within noise." in text
+    assert "Beyond noise over queries but within noise over trainings (another set of seeds could reverse it): " \
+           "PMA - mean." in text  # fmt: skip
+    assert "over 40 queries" not in text  # the sentences judge by the interval over trainings
+    bars = mean_intervals(results, seed_rows=seed_rows)
+    assert bars["poolers"]["PMA"].trainings == (2,) and bars["poolers"]["mean"].low < bars["poolers"]["mean"].high
+    setting = {"cpu": {"model": "a CPU", "capabilities": [], "threads": 2}, "device": "cpu", "dtype": "float32",
+               "backbone": "tiny", "steps": 3, "global_batch_size": 4, "num_negatives": 1, "max_length": 64,
+               "seeds": [0, 1], "timed seconds": 60.0, "grid": None, "sweep seed": 100,
+               "selected on validation": [{"model": "PMA", "seed": 100, "folder": "s"}],
+               "scored on test": [{"model": "PMA", "seed": s, "folder": f"f{s}"} for s in (0, 1)]}  # fmt: skip
+    swept = {"PMA": (SweepResult([SweepPoint({"learning_rate": 1e-3}, 0.5, {"t": 0.5}, "s")], 0), BASE_TRAIN)}
+    page = study_markdown("study", frame, None, over_queries, text, setting, swept, over_trainings)
+    assert page.index("over trainings and queries") < page.index("over queries (the seeds' mean as one model)")
+    assert "#### The sweep (validation split, seed 100)" in page
+    assert "Selected on validation: the 1 sweep trainings above (seed 100); none of them is scored on test. Every " \
+           "test score comes from a training at seed(s) [0, 1]" in page  # fmt: skip
+
+
+def test_notebook_06_states_the_k_that_trained():
+    from c2llm_lib.comparison import adjustments
+    from c2llm_lib.train import most_negatives
+
+    from training_rows import make_rows
+
+    rows = make_rows()
+    uneven = rows.map(lambda r, i: {"negatives": r["negatives"][: i % 3]}, with_indices=True)  # 0, 1 or 2 per row
+    assert most_negatives(uneven) == 2  # the most a row holds, not the fewest (0)
+    line = adjustments(BASE_TRAIN, most_negatives(uneven), [0, 1], sweep_seed=100)[2]
+    assert line.startswith("a recipe asking for K hard negatives trains with min(K, 2): 2 is the most any training row")
+    assert "at seed 100" in adjustments(BASE_TRAIN, 2, [0, 1], sweep_seed=100)[-1]
+
+
+@pytest.mark.slow
+def test_a_study_training_dies_with_the_process_that_started_it(tmp_path):
+    """Notebook 06 trains in a subprocess of its kernel: a killed kernel (its runner killed) must take the training
+    with it, or a resumed study deletes the folder the orphan is still writing (found by a hostile test)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from test_runner_kill import gone, processes_mentioning
+
+    from c2llm_lib.runs import RunDir
+
+    from training_rows import make_rows
+
+    run = RunDir.open("study", tmp_path)
+    rows_dir = run.save_rows("comparison/rows-1", make_rows())
+    work = run.root / "comparison"
+    script = (
+        "import dataclasses, sys\n"
+        "from c2llm_lib.comparison import train_recipe\n"
+        "from c2llm_lib.config import ModelConfig, TrainConfig\n"
+        "model = ModelConfig(backbone='tiny-random-qwen2', dtype='float32', max_length=32, pma_heads=4,\n"
+        "                    use_lora=True)\n"
+        "train = TrainConfig(max_steps=100000, epochs=100000, global_batch_size=4, warmup_steps=1, max_length=32,\n"
+        "                    num_negatives=1, checkpoint_steps=[])\n"
+        "train_recipe(model, train, sys.argv[1], sys.argv[2])\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script, str(rows_dir), str(work)], start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.time() + 240
+        while not [p for p in processes_mentioning(str(work)) if p != parent.pid]:
+            assert parent.poll() is None, "the parent ended before its training started"
+            assert time.time() < deadline, "no training process started"
+            time.sleep(0.5)
+        time.sleep(2)  # the training is under way (its process has started), not merely forked
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+        assert gone(str(work), timeout=60) == []  # the orphan would go on training into the run
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
+        for pid in processes_mentioning(str(work)):
+            os.kill(pid, signal.SIGKILL)

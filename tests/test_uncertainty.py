@@ -117,3 +117,63 @@ def test_per_query_scores_average_to_mtebs_scores(make_encoder, tmp_path):
             assert np.mean(list(by_task[task.name].values())) == pytest.approx(table[label][task.name], abs=1e-5)
     with pytest.raises(LookupError, match="no current per-query result of local/mean.*evaluate it first"):
         query_scores({"mean": models["mean"]}, tasks, tmp_path / "elsewhere", bm25=False, batch_size=8, max_length=64)
+
+
+def offset(run: dict[str, dict[str, float]], by: float) -> dict[str, dict[str, float]]:
+    return {t: {q: v + by for q, v in qs.items()} for t, qs in run.items()}
+
+
+def test_the_interval_over_trainings_holds_the_spread_between_seeds_that_queries_cannot_see():
+    from c2llm_lib.uncertainty import differences, training_bootstrap
+
+    trainings = [offset(A, c) for c in (0.1, 0.0, -0.1)]  # three seeds that differ by a constant on every query
+    over_queries = differences({"A": seed_mean(trainings), "B": A}, [("A", "B")])[("A", "B")]
+    over_trainings = training_bootstrap(trainings, [A])
+    for key in (*A, MEAN):
+        assert over_queries[key].value == pytest.approx(0.0, abs=1e-12)
+        assert (over_queries[key].low, over_queries[key].high) == pytest.approx((0.0, 0.0), abs=1e-12)
+        # every draw of 3 seeds from {+0.1, 0, -0.1}: all three -0.1 has probability 1/27 > 2.5 %, so the percentile
+        # interval is exactly the extremes; the query part cancels (paired)
+        i = over_trainings[key]
+        assert i.value == pytest.approx(0.0, abs=1e-12)
+        assert (i.low, i.high) == pytest.approx((-0.1, 0.1), abs=1e-12)
+        assert i.within_noise and i.trainings == (3, 1)
+    assert "over 3 + 1 trainings and 65 queries" in sentence("A", "B", "mean", over_trainings[MEAN])
+
+
+def test_a_training_is_drawn_once_for_every_task():
+    from c2llm_lib.uncertainty import training_bootstrap
+
+    trainings = [offset(A, c) for c in (0.1, 0.0, -0.1)]
+    mean = training_bootstrap(trainings, [A])[MEAN]
+    # drawn per task instead, the mean over 2 tasks would need all 6 draws at -0.1 (1/729 < 2.5 %) to reach -0.1
+    assert (mean.low, mean.high) == pytest.approx((-0.1, 0.1), abs=1e-12)
+
+
+def test_the_value_over_trainings_is_the_difference_of_seed_means():
+    from c2llm_lib.uncertainty import training_bootstrap, training_bootstrap_mean
+
+    rng = np.random.default_rng(7)
+    a = [scores({"t1": rng.uniform(size=40), "t2": rng.uniform(size=25)}) for _ in range(3)]
+    b = [scores({"t1": rng.uniform(size=40), "t2": rng.uniform(size=25)}) for _ in range(2)]
+    by_queries = paired_bootstrap(seed_mean(a), seed_mean(b))
+    by_trainings = training_bootstrap(a, b)
+    for key in by_queries:
+        assert by_trainings[key].value == pytest.approx(by_queries[key].value, abs=1e-12)
+        assert by_trainings[key].low <= by_trainings[key].value <= by_trainings[key].high
+    alone = training_bootstrap_mean(a)[MEAN]
+    assert alone.value == pytest.approx(np.mean([task_means(seed_mean(a))[t] for t in ("t1", "t2")]))
+    assert alone.trainings == (3,)
+    assert training_bootstrap(a, b) == by_trainings  # a fixed seed: reproducible
+
+
+def test_trainings_scored_on_other_queries_are_named():
+    from c2llm_lib.uncertainty import training_bootstrap, training_differences
+
+    other = {"t1": dict(list(A["t1"].items())[:-1]), "t2": A["t2"]}
+    with pytest.raises(ValueError, match="PMA, training 2"):
+        training_bootstrap([A, other], [A], names=("PMA", "mean"))
+    with pytest.raises(ValueError, match="no trainings"):
+        training_bootstrap([], [A])
+    with pytest.raises(KeyError, match="no per-training scores"):
+        training_differences({"A": [A]}, [("A", "B")])
