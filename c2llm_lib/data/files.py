@@ -21,7 +21,8 @@ becomes one record per positive, sharing its negatives.
   included) never lands on both sides and the split is the same on every run and machine. The training rows are
   decontaminated against every held-out query and positive (`mix.HELDOUT_TEXT`) as against MTEB's test keys and the
   offline evaluation texts, and a row's own negative that is one of those texts is dropped and counted (training on
-  it would show the model a test text). Own negatives are kept by `mix.add_hard_negatives(keep_given=True)`.
+  it would show the model a test text). A row whose query equals its positive is skipped and counted, held out or
+  not (`records.SAME_TEXT`). Own negatives are kept by `mix.add_hard_negatives(keep_given=True)`.
 - Nothing is written into a user's folders, and nothing is served from a stale cache: `datasets` keys a local file
   by its path and modification time only, so each file is converted into a fresh scratch folder of its own
   (`mix._scratch_folder`, removed at exit), never looked up in `datasets`' cache; a `save_to_disk` folder is only

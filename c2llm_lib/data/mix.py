@@ -70,7 +70,9 @@ from .negatives import mine_negatives, own_negatives, top_up_negatives
 from .records import DataError, RowChecker, SkipReport, text_key
 from .sources import SOURCES, iter_records
 
-DATA_FORMAT_VERSION = 3  # 2: decontamination by rule (test queries, relevant documents, offline); 3: both directions
+# 2: decontamination by rule (test queries, relevant documents, offline); 3: both directions; 4: a pair whose query
+# equals its positive is skipped
+DATA_FORMAT_VERSION = 4
 MTEB_CODE_TASKS = (
     "AppsRetrieval", "CodeEditSearchRetrieval", "CodeFeedbackMT", "CodeFeedbackST", "CodeSearchNetCCRetrieval",
     "CodeSearchNetRetrieval", "CodeTransOceanContest", "CodeTransOceanDL", "COIRCodeSearchNetRetrieval", "CosQA",
