@@ -11,8 +11,8 @@ files (`data_source: files`, `files.py`), the rows are theirs, a stable share of
 evaluation (`Prepared.heldout`), the rest decontaminated against the held-out texts, the offline sets and, if
 asked, MTEB(Code, v1); rows that bring negatives keep them (at most K) and are topped up with mined ones. From the
 user's code (`data_source: code`, `code_trees.py`), the rows are the train split of the pairs mined
-from `code_roots`, decontaminated against the held-out split's texts too, and the held-out split comes
-back as `Prepared.heldout`; capping and negatives as for the others.
+from `code_roots`, decontaminated against the held-out split's texts and function bodies too, and the held-out split
+comes back as `Prepared.heldout`; capping and negatives as for the others.
 """
 
 from __future__ import annotations
@@ -111,7 +111,8 @@ def build_training_data(
         fingerprint = fingerprint_of("offline", stage.rows_per_group, stage.seed)
         prepared = prepare_rows(rows, fingerprint, eval_texts, mteb_keys=mteb_keys)
     elif stage.data_source == "code":
-        prepared = _capped_table(prepare_code(stage.code_roots, stage.code_test_percent, eval_texts, mteb_keys), stage)
+        prepared = prepare_code(stage.code_roots, stage.code_test_percent, eval_texts, mteb_keys)
+        prepared = _capped_table(prepared, stage)
     else:
         if stage.data_source == "files":
             prepared = prepare_files(stage.file_entries(), stage.files_instruction, stage.files_heldout_fraction,

@@ -14,7 +14,9 @@ Decontamination compares `records.text_key`s (normalised text) and drops a train
       document") or its positive a test query ("positive is a test query"),
   (c) its query or positive is an offline evaluation text ("offline evaluation text"), or
   (d) its query or positive is a query or positive of the rows a run holds out to evaluate on ("held-out text",
-      `data_source: files` and `code`, listed only where rows are held out: `Prepared.heldout`),
+      `data_source: files` and `code`, listed only where rows are held out: `Prepared.heldout`); in a code run also
+      when its function's body (the code after the name and signature, `code_trees.body_key`) is a held-out
+      function's, so a renamed copy of a held-out function does not train,
 counting each dropped row once, under the first rule that hits, per source (`Prepared.summary()`).
 Why both directions: CoIR's CodeSearchNet pairs train both ways (code -> docstring, and docstring -> code
 through `swap=True` in `sources.py`), and mteb evaluates both (COIRCodeSearchNetRetrieval asks with the code,
@@ -71,7 +73,7 @@ from .records import DataError, RowChecker, SkipReport, text_key
 from .sources import SOURCES, iter_records
 
 # 2: decontamination by rule (test queries, relevant documents, offline); 3: both directions; 4: a pair whose query
-# equals its positive is skipped
+# equals its positive is skipped, held-out function bodies are decontaminated against
 DATA_FORMAT_VERSION = 4
 MTEB_CODE_TASKS = (
     "AppsRetrieval", "CodeEditSearchRetrieval", "CodeFeedbackMT", "CodeFeedbackST", "CodeSearchNetCCRetrieval",
@@ -118,7 +120,7 @@ class EvalKeys:
     test_queries: frozenset[str] = frozenset()
     relevant_documents: frozenset[str] = frozenset()
     offline: frozenset[str] = frozenset()
-    heldout: frozenset[str] = frozenset()  # keys of the queries and positives a run holds out for its evaluation
+    heldout: frozenset[str] = frozenset()  # keys of the queries, positives (and code bodies) a run holds out
 
     @classmethod
     def of(
@@ -128,13 +130,14 @@ class EvalKeys:
         heldout_keys: Iterable[str] = (),
     ) -> EvalKeys:
         """From offline evaluation texts, `mteb_test_keys`' (test-query keys, relevant-document keys) and the keys of
-        the held-out rows' texts."""
+        the held-out rows' texts (and, in a code run, of their functions' bodies)."""
         test_queries, relevant_documents = mteb_keys
         offline = frozenset(map(text_key, offline_texts))
         return cls(frozenset(test_queries), frozenset(relevant_documents), offline, frozenset(heldout_keys))
 
-    def rule(self, query: str, positive: str) -> str | None:
-        """The first rule a (query, positive) row breaks, or None if it is clean."""
+    def rule(self, query: str, positive: str, body_key: str = "") -> str | None:
+        """The first rule a (query, positive) row breaks, or None if it is clean; `body_key` is the key of its
+        function's body (`code_trees.body_key`; "" for none), compared with the held-out keys."""
         q, p = text_key(query), text_key(positive)
         if q in self.test_queries:
             return QUERY_IS_TEST_QUERY
@@ -146,7 +149,7 @@ class EvalKeys:
             return POSITIVE_IS_TEST_QUERY
         if q in self.offline or p in self.offline:
             return OFFLINE_EVAL_TEXT
-        if q in self.heldout or p in self.heldout:
+        if q in self.heldout or p in self.heldout or (body_key and body_key in self.heldout):
             return HELDOUT_TEXT
         return None
 
@@ -307,8 +310,10 @@ def mteb_test_keys(tasks: Sequence[Any] = MTEB_CODE_TASKS) -> tuple[frozenset[st
 
 
 def _filtered(rows: Iterable[dict], keys: EvalKeys, counts: dict[str, Counter]) -> Iterator[dict]:
+    """The clean rows, each dropped one counted by source and rule; a row's `body_key` (code runs) is compared, then
+    removed: it is not a column of the table."""
     for row in rows:
-        rule = keys.rule(row["query"], row["positive"])
+        rule = keys.rule(row["query"], row["positive"], row.pop("body_key", ""))
         if rule is not None:
             counts[row["dataset"]][rule] += 1
             continue
@@ -380,9 +385,9 @@ def prepare_rows(
 
     `eval_texts` are offline evaluation texts (rule c), `mteb_keys` is `mteb_test_keys`' (test-query
     keys, relevant-document keys) (rules a and b), `heldout_keys` the `text_key`s of the queries and positives a
-    run holds out to evaluate on (`HELDOUT_TEXT`). The table's fingerprint is `fingerprint` (the rows'
-    origin and options) combined with the hash of every decontamination key, so other keys never read
-    back a cached table."""
+    run holds out to evaluate on, and of their functions' bodies in a code run, which a row's `body_key` is compared
+    with (`HELDOUT_TEXT`). The table's fingerprint is `fingerprint` (the rows' origin and options) combined with the
+    hash of every decontamination key, so other keys never read back a cached table."""
 
     keys = EvalKeys.of(eval_texts, mteb_keys, heldout_keys)
     fingerprint = fingerprint_of(fingerprint, keys.fingerprint())
