@@ -14,9 +14,9 @@ the path inside it), `function`, `start_line` and `end_line` (1-based, the lines
 Train and test are split **by file**: a file is "test" when sha256(its path inside the root) % 100 <
 `test_percent` (`offline.split_of`), so nothing of a test file trains and the split does not move when the root
 does. `prepare_code` streams the train split through `prepare_rows` (checks, deduplication, decontamination
-against the held-out texts under `mix.HELDOUT_TEXT`, the offline evaluation and, if given, MTEB's test keys) and
-returns the test split as `Prepared.heldout`, without its pairs whose query equals their positive (counted in the
-report as "query equals its positive (held out)").
+against the held-out texts under `mix.HELDOUT_TEXT`, the offline evaluation and, if given, MTEB's test keys and the
+run's BEIR sets) and returns the test split as `Prepared.heldout`, without its pairs whose query equals their
+positive (counted in the report as "query equals its positive (held out)").
 
 Renamed copies: a train function whose body equals a held-out function's (the same code under another name or
 signature, `grammars.Function.body` from the grammar's body node) is held-out text too, both its pairs dropped. A
@@ -74,6 +74,7 @@ from typing import Any
 
 import pathspec
 
+from .beir import BeirKeys
 from .grammars import BY_EXTENSION, Function, Grammar, error_line, functions, parser_for, summary_of
 from .mix import Prepared, _generate, fingerprint_of, prepare_rows
 from .offline import TEST_PERCENT, pair_records
@@ -505,9 +506,10 @@ def prepare_code(
     test_percent: int = TEST_PERCENT,
     eval_texts: Iterable[str] = (),
     mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
+    beir: BeirKeys | None = None,
 ) -> Prepared:
     """The train split of the mined roots through `prepare_rows` (checked, deduplicated, and decontaminated against
-    `eval_texts`, `mteb_keys` and every held-out query, document and function body), with
+    `eval_texts`, `mteb_keys`, the BEIR sets of `beir` and every held-out query, document and function body), with
     the test split as `heldout` (without `body_key`, and without its pairs whose query equals their positive) and the
     mining's file counts in the report. The mined records pass through an Arrow table on disk, not memory."""
     import numpy as np
@@ -546,7 +548,7 @@ def prepare_code(
 
     fingerprint = fingerprint_of("code", mining.digest.hexdigest(), test_percent)
     heldout_keys = chain(map(text_key, _texts(heldout)), bodies)
-    prepared = prepare_rows(rows, fingerprint, eval_texts, mteb_keys=mteb_keys, heldout_keys=heldout_keys)
+    prepared = prepare_rows(rows, fingerprint, eval_texts, mteb_keys=mteb_keys, heldout_keys=heldout_keys, beir=beir)
     prepared.heldout = heldout
     return prepared
 
