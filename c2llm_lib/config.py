@@ -330,6 +330,13 @@ SOURCE_NAMES = [
 FILES_INSTRUCTION = "Given a query, retrieve relevant code or text that answers it:"
 
 
+def check_beir_sets(folders: list[str]) -> None:
+    """`beir_sets` (notebooks 01 and 04): distinct, non-empty folder paths."""
+    bad = [b for b in folders if not b.strip() or "\0" in b]
+    require(not bad, "beir_sets", f"must be folder paths (corpus.jsonl, queries.jsonl, qrels/test.tsv), got {bad}")
+    require(len(set(folders)) == len(folders), "beir_sets", f"repeats a folder: {folders}")
+
+
 @dataclass
 class DataStage:
     """Notebook 01: which data, how much of it, and its hard negatives."""
@@ -349,10 +356,13 @@ class DataStage:
     files_heldout_fraction: float = 0.2  # share of the files' queries held out for evaluation; 0: none
     code_roots: list[str] = field(default_factory=list)  # data_source "code": folders of source code to mine
     code_test_percent: int = 20  # data_source "code": the share of files held out (by a hash of each path)
+    # notebook 04's key, shared: no training row may hold a judged query or relevant document of these BEIR sets
+    beir_sets: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.file_entries()  # names the entry and key of a bad data_files entry, before the generic type check
         check_types(self)
+        check_beir_sets(self.beir_sets)
         require(bool(self.data_files) or self.data_source != "files", "data_files",
                 "must name at least one file or folder for data_source 'files', e.g. --set "
                 "data_files=[/path/to/pairs.jsonl] (a relative path resolves from notebooks/)")  # fmt: skip
@@ -437,9 +447,7 @@ class EvalStage:
 
     def __post_init__(self) -> None:
         check_types(self)
-        bad = [b for b in self.beir_sets if not b.strip() or "\0" in b]
-        require(not bad, "beir_sets", f"must be folder paths (corpus.jsonl, queries.jsonl, qrels/test.tsv), got {bad}")
-        require(len(set(self.beir_sets)) == len(self.beir_sets), "beir_sets", f"repeats a folder: {self.beir_sets}")
+        check_beir_sets(self.beir_sets)
         require(self.eval_limit is None or self.eval_limit > 0, "eval_limit", "must be positive")
         require(self.eval_max_documents is None or self.eval_max_documents >= 200, "eval_max_documents",
                 "must be at least 200 (fewer distractors make retrieval too easy to compare) or None")  # fmt: skip

@@ -19,8 +19,9 @@ from c2llm_lib.data import code_trees
 from c2llm_lib.data.build import build_training_data
 from c2llm_lib.data.code_trees import MiningReport, code_roots, every_function, mine, prepare_code, source_files
 from c2llm_lib.data.grammars import summary_of
+from c2llm_lib.data.mix import HELDOUT_TEXT, OFFLINE_EVAL_TEXT
 from c2llm_lib.data.offline import split_of
-from c2llm_lib.data.records import DataError, SkipReport, text_key
+from c2llm_lib.data.records import DataError, SkipReport, normalize_text, text_key
 from c2llm_lib.data.sources import TABLE_1
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "own-code"
@@ -469,15 +470,17 @@ def test_prepare_code_trains_on_the_train_split_and_returns_the_held_out_one():
 
 
 def test_train_rows_sharing_text_with_held_out_or_mteb_texts_are_decontaminated(tmp_path):
-    shared = documented("shared_mean", "scores")
+    shared = documented("shared_mean", "scores").replace("return 0.0", "return 0")  # not `mean`'s body: see below
     files = {"copy_b.py": DOCUMENTED + "\n\n" + shared + "\n\n" + CLAMP, "copy_a.py": shared}
     assert (split_of("copy_b.py"), split_of("copy_a.py")) == ("train", "test")
     root = write(tmp_path / "proj", files)
     prepared = prepare_code([root])
     assert {r["function"] for r in prepared.heldout} == {"shared_mean"}
-    assert prepared.decontaminated[T2C]["offline evaluation text"] == 1  # the copy in the train file
+    # counted as held-out text, the rule they broke (were: "offline evaluation text", the offline sets' rule)
+    assert prepared.decontaminated[T2C] == {HELDOUT_TEXT: 1}  # the copy in the train file
     # both train functions end with the same three lines as the held-out one: both continuations go
-    assert prepared.decontaminated[C2C]["offline evaluation text"] == 2
+    assert prepared.decontaminated[C2C] == {HELDOUT_TEXT: 2}
+    assert prepared.decontamination()[T2C][OFFLINE_EVAL_TEXT] == 0
     mean_query, clamp_query = DOCUMENTED.split('"""')[1], CLAMP.split('"""')[1]
     # left: mean's text pair, clamp's two pairs
     assert Counter(prepared.rows["dataset"]) == {T2C: 2, C2C: 1}
@@ -485,6 +488,68 @@ def test_train_rows_sharing_text_with_held_out_or_mteb_texts_are_decontaminated(
     prepared = prepare_code([root], mteb_keys=({text_key(mean_query)}, set()))
     assert prepared.decontaminated[T2C]["query is a test query"] == 1
     assert Counter(prepared.rows["dataset"]) == {T2C: 1, C2C: 1} and mean_query not in set(prepared.rows["query"])
+
+
+RENAMED = documented("arithmetic_mean", "scores").replace("(values):", "(values, *, strict=False):")
+JS_HELD = """/** Sum of the numbers in an array, zero when it is empty. */
+function sum(xs) {
+  let total = 0;
+  for (const x of xs) {
+    total += Number(x);
+  }
+  return total;
+}
+"""
+JS_RENAMED = """/** Adds up every element of a list. */
+export const addAll = (xs, start) => {
+  let total = 0;
+  for (const x of xs) {
+    total += Number(x);
+  }
+  return total;
+};
+"""
+TRIVIAL_HELD = 'def nothing_here(x):\n    """Return nothing at all for any input."""\n    return None\n'
+TRIVIAL_TRAIN = 'def no_value(y):\n    """Give back no value whatsoever, ever."""\n    return None\n'
+
+
+def test_a_renamed_copy_of_a_held_out_function_does_not_train(tmp_path):
+    """The same body under another name or signature (and another documentation): both pairs of the train copy are
+    held-out text, in Python and JavaScript; a body under MIN_BODY_CHARS (`return None`) is not compared."""
+    files = {"copy_a.py": DOCUMENTED + "\n\n" + TRIVIAL_HELD, "copy_b.py": f"{RENAMED}\n\n{TRIVIAL_TRAIN}\n\n{CLAMP}",
+             "held.js": JS_HELD, "train.js": JS_RENAMED}  # fmt: skip
+    assert [split_of(f) for f in files] == ["test", "train", "test", "train"]
+    root = write(tmp_path / "proj", files)
+    prepared = prepare_code([root])
+    assert {r["function"] for r in prepared.heldout} == {"mean", "nothing_here", "sum"}
+    trained = set(prepared.rows["query"])
+    copies = {"Arithmetic mean of a list of scores, zero for an empty list.", "Adds up every element of a list."}
+    assert not copies & trained  # was: both renamed copies trained as text->code pairs
+    assert not any("arithmetic_mean" in q or "addAll" in q for q in trained)  # nor as code->code pairs
+    assert "Give back no value whatsoever, ever." in trained  # `return None` is too short to tell functions apart
+    assert "Limit a value to the closed interval from low to high." in trained
+    # text->code: the copy's own documentation and signature, so only its body matches; code->code: its second half
+    # is the held-out one's too, which the whole-text rule already caught
+    assert prepared.decontaminated[T2C] == {HELDOUT_TEXT: 2} and prepared.decontaminated[C2C] == {HELDOUT_TEXT: 2}
+    assert "body_key" not in prepared.heldout.column_names and "body_key" not in prepared.rows.column_names
+    [source] = [s for s in source_files(code_roots([root]), SkipReport()) if s.rel == "train.js"]
+    body = every_function(source, SkipReport())[0].body  # from the grammar's body node: no name, no signature
+    assert normalize_text(body) == "{ let total = 0; for (const x of xs) { total += Number(x); } return total; }"
+
+
+def test_a_held_out_pair_whose_query_equals_its_positive_is_left_out(tmp_path):
+    """A function whose first half reads as its second (a nested copy of itself): held out, its code->code pair would
+    score 100 for every model, BM25 included."""
+    twice = 'def twice(values):\n    """Run the same steps again inside."""\n    total = 0\n    count = 1\n' + (
+        "    def twice(values):\n        total = 0\n        count = 1\n"
+    )
+    root = write(tmp_path / "proj", {"copy_a.py": DOCUMENTED + "\n\n" + twice, "copy_b.py": CLAMP})
+    prepared = prepare_code([root])
+    assert sorted(zip(prepared.heldout["function"], prepared.heldout["dataset"], strict=True)) == [
+        ("mean", C2C), ("mean", T2C), ("twice", T2C)]  # fmt: skip
+    assert prepared.report.as_dict()[C2C]["examples"] == {
+        "query equals its positive (held out)": ["proj/copy_a.py:11 twice"]
+    }
 
 
 def test_no_held_out_file_is_an_error(tmp_path):

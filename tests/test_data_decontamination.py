@@ -8,19 +8,23 @@ from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.abstasks.task_metadata import TaskMetadata
 from mteb.mocks.mock_tasks.retrieval import MockRetrievalTask, general_args
 
-from c2llm_lib.config import DataStage
+from c2llm_lib.config import ConfigError, DataStage
 from c2llm_lib.data import DataError, prepare_rows
 from c2llm_lib.data.build import build_training_data
+from c2llm_lib.data.code_trees import mine
 from c2llm_lib.data.mix import (
+    BEIR_TEXT,
     OFFLINE_EVAL_TEXT,
     POSITIVE_IS_RELEVANT,
     POSITIVE_IS_TEST_QUERY,
     QUERY_IS_RELEVANT,
     QUERY_IS_TEST_QUERY,
+    RULES,
     EvalKeys,
     mteb_test_keys,
     prepare_sources,
 )
+from c2llm_lib.data.offline import load_snapshot
 from c2llm_lib.data.records import text_key
 from c2llm_lib.export import _data_section
 
@@ -285,3 +289,74 @@ def test_build_refuses_options_it_would_ignore(fixture_root):
         build_training_data(DataStage(), local_root=fixture_root)
     with pytest.raises(DataError, match="mteb_tasks were given .* but decontaminate_mteb is false"):
         build_training_data(DataStage(), mteb_tasks=[MockRetrievalTask()])
+
+
+BEIR_PAIRS = [
+    {"query": "read a json file", "pos": ["def load_json(p):\n    return json.load(open(p))"]},  # a BEIR query
+    {"query": "parse a json file", "pos": ["def load(path):\n    return json.load(open(path))"]},  # d1, bare
+    {"query": "def save(path, obj):\n    json.dump(obj, open(path, 'w'))", "pos": ["write a json file"]},  # backwards
+    {"query": "subtract two numbers", "pos": ["def minus(a, b):\n    return a - b"]},  # d4: judged, not relevant
+    {"query": "a training query that no test judgement names", "pos": ["def t():\n    pass"]},
+    {"query": "kept", "pos": ["def kept():\n    pass"], "neg": ["def add(a, b):\n    return a + b", "def n(): 1"]},
+]
+
+
+def test_a_files_run_does_not_train_on_the_beir_sets_it_scores(tmp_path):
+    """A BEIR set built from the run's own pairs (notebook 04's `beir_sets`, notebook 01's too): a training row goes
+    when its query or positive is a judged query or a relevant document of the set (as the model sees it or bare),
+    either way round; an own negative that is one is dropped; judged-irrelevant and unjudged texts stay."""
+    from test_beir import CORPUS, write_set
+    from test_data_files import write_jsonl
+
+    corpus = [*CORPUS[:3], {"_id": "d4", "text": "def minus(a, b):\n    return a - b"}]  # q5 judges it 0
+    folder = str(write_set(tmp_path / "my-set", corpus))
+    path = write_jsonl(tmp_path / "pairs.jsonl", BEIR_PAIRS)
+    stage = DataStage(data_source="files", data_files=[str(path)], files_heldout_fraction=0.0, num_negatives=1,
+                      beir_sets=[folder])  # fmt: skip
+    prepared, _ = build_training_data(stage)
+    assert sorted(prepared.rows["query"]) == ["a training query that no test judgement names", "kept",
+                                              "subtract two numbers"]  # was: all 6 trained, 0 dropped  # fmt: skip
+    assert prepared.decontamination()["pairs"] == dict.fromkeys(RULES, 0) | {BEIR_TEXT: 3}
+    assert prepared.summary()["beir_sets"] == [folder] and "3 BEIR set text" in prepared.lines()[0]
+    assert prepared.origin["files"][0]["evaluated_negatives_dropped"] == 1  # `add` is relevant to a BEIR query
+    assert "def add(a, b):\n    return a + b" not in {n for negs in prepared.rows["negatives"] for n in negs}
+    with pytest.raises(DataError, match=r"BEIR set '.*missing' .*no such folder"):  # read as strictly as in 04
+        build_training_data(DataStage(data_source="files", data_files=[str(path)], beir_sets=[folder + "-missing"]))
+
+
+def test_every_source_is_decontaminated_against_the_beir_sets(tmp_path, fixture_root):
+    """The hub sources, the offline snapshot and a code run drop a row whose query is a BEIR query, counted under
+    "BEIR set text"; a run without `beir_sets` lists no such rule."""
+    from test_beir import write_set
+    from test_code_trees import FIXTURE
+
+    def beir_of(name: str, query: str) -> str:
+        corpus, queries = [{"_id": "d", "text": "an unrelated document"}], [{"_id": "q", "text": query}]
+        return str(write_set(tmp_path / name, corpus, queries, "query-id\tcorpus-id\tscore\nq\td\t1\n"))
+
+    hub, _ = build_training_data(DataStage(data_source="hub", hub_sources=NAMES, num_negatives=0), fixture_root)
+    offline = next(r for r in load_snapshot() if r["split"] == "train")
+    code = next(r for r in mine([FIXTURE]) if r["split"] == "train")
+    stages = {
+        "hub": (DataStage(data_source="hub", hub_sources=NAMES, num_negatives=0), hub.rows[0]),
+        "offline": (DataStage(num_negatives=0), offline),
+        "code": (DataStage(data_source="code", code_roots=[str(FIXTURE)], num_negatives=0), code),
+    }
+    for name, (stage, row) in stages.items():
+        plain, _ = build_training_data(stage, fixture_root if name == "hub" else None)
+        assert BEIR_TEXT not in plain.decontamination()[row["dataset"]]
+        stage.beir_sets = [beir_of(name, row["query"])]
+        prepared, _ = build_training_data(stage, fixture_root if name == "hub" else None)
+        dropped = prepared.decontamination()[row["dataset"]][BEIR_TEXT]
+        same = zip(plain.rows["dataset"], plain.rows["query"], strict=True)
+        assert dropped == sum(s == row["dataset"] and q == row["query"] for s, q in same) >= 1, name  # was: no rule
+        assert row["query"] not in prepared.rows["query"], name
+
+
+def test_beir_sets_reach_notebooks_01_and_04_alike():
+    from c2llm_lib.pipeline import resolve
+
+    resolved = resolve({"beir_sets": ["../my-set"]}, "p.yaml")
+    assert resolved["01_data_prep"]["beir_sets"] == resolved["04_eval_mteb_code"]["beir_sets"] == ["../my-set"]
+    with pytest.raises(ConfigError, match=r"p.yaml \(notebook 01_data_prep\): parameter 'beir_sets' repeats"):
+        resolve({"beir_sets": ["a", "a"]}, "p.yaml")

@@ -31,7 +31,7 @@ from c2llm_lib.data.mix import (
     prepare_rows,
 )
 from c2llm_lib.data.negatives import mine_negatives, own_negatives, top_up_negatives
-from c2llm_lib.data.records import text_key
+from c2llm_lib.data.records import SAME_TEXT, text_key
 
 # one (dataset, language) group: two rows share a query (two overloads), so each positive answers the other's query
 QUERIES = [
@@ -516,6 +516,25 @@ def test_training_rows_are_decontaminated_against_the_heldout_texts(tmp_path):
     assert prepared.rows["query"] == [other] and prepared.rows["negatives"] == [["def fine():\n    pass"]]
     assert prepared.decontamination()["d"][HELDOUT_TEXT] == 2
     assert prepared.origin["files"][0]["evaluated_negatives_dropped"] == 1
+
+
+def test_a_pair_whose_query_equals_its_positive_is_skipped_and_counted_held_out_or_not(tmp_path):
+    """Equal after the decontamination's normalisation (whitespace): held out, every model, BM25 included, would
+    find it (nDCG 100); trained, it teaches nothing. Each is a counted skip naming its file and row."""
+    held, kept, other = _heldout_query(0.2, True), _heldout_query(0.2, False), _heldout_query(0.2, False, 5_000)
+    rows = [
+        {"query": held, "pos": [held.replace(" ", "  ") + "\n"]},  # held out
+        {"query": kept, "pos": [" " + kept]},  # would train
+        {"query": other, "pos": ["def other():\n    pass"]},
+    ]
+    path = write_jsonl(tmp_path / "same.jsonl", rows)
+    prepared = read([str(path)], 0.2)
+    assert prepared.rows["query"] == [other]  # was: [kept, other]
+    assert len(prepared.heldout) == 0  # was: held out, a query that is its own answer
+    report = prepared.report.as_dict()["same"]
+    assert report["skipped"] == {SAME_TEXT: 1, f"{SAME_TEXT} (held out)": 1}
+    assert report["examples"] == {SAME_TEXT: [f"{path} row 1"], f"{SAME_TEXT} (held out)": [f"{path} row 0"]}
+    assert f"1 {SAME_TEXT}" in prepared.lines()[0]
 
 
 def test_files_are_decontaminated_against_mteb_and_the_offline_sets(tmp_path):

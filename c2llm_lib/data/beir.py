@@ -16,17 +16,24 @@ UTF-8, a missing or non-text field, an empty text, an id given twice, a header o
 with another number of cells, a non-integer score, a judgement naming an unknown query or document or repeating one,
 an empty corpus and a file with no judgement are errors naming the file, the line and the column. Nothing is
 written beside the set.
+
+`beir_keys` reads the same sets for notebook 01 (`beir_sets` is its key too): the `records.text_key`s of the judged
+queries and of every document a judgement marks relevant, as the model sees it and bare (as `mix.split_keys` keys
+MTEB's), which no training row may hold (`mix.BEIR_TEXT`). All judged queries count, not only the `eval_limit` that
+notebook 04 scores.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..retrieval import RetrievalTask, corpus_text, file_safe
-from .records import DataError
+from .records import DataError, text_key
 
 QRELS = ("qrels", "test.tsv")
 QRELS_HEADER = ("query-id", "corpus-id", "score")
@@ -122,10 +129,8 @@ def _qrels(path: Path, queries: dict, corpus: dict) -> dict[str, dict[str, int]]
     return qrels
 
 
-def read_beir(folder: str | Path, instruction: str) -> RetrievalTask:
-    """The BEIR set in `folder` (a relative path resolves from the working directory: notebooks/ in the pipeline) as
-    the task `beir-<folder name>`, its queries given `instruction` (the c2llm prompt style's; the peer styles use
-    their own prompt sets). Every error names the file, line and column (module docstring)."""
+def _read(folder: str | Path) -> tuple[Path, dict, dict, dict]:
+    """(folder, {judged query id: text}, corpus rows by id, {query id: {document id: score}} of the judged queries)."""
     root = Path(folder).expanduser()
     if not root.is_dir():
         what = "not a folder" if root.exists() else "no such folder"
@@ -140,9 +145,17 @@ def read_beir(folder: str | Path, instruction: str) -> RetrievalTask:
     queries = {q: values["text"] for q, (_, values) in query_rows.items() if q in relevant}
     if not queries:
         raise DataError(f"{root.joinpath(*QRELS)}: no query has a relevant document (a score above 0)")
+    return root, queries, corpus_rows, {q: qrels[q] for q in queries}
+
+
+def read_beir(folder: str | Path, instruction: str) -> RetrievalTask:
+    """The BEIR set in `folder` (a relative path resolves from the working directory: notebooks/ in the pipeline) as
+    the task `beir-<folder name>`, its queries given `instruction` (the c2llm prompt style's; the peer styles use
+    their own prompt sets). Every error names the file, line and column (module docstring)."""
+    root, queries, corpus_rows, qrels = _read(folder)
     corpus = {d: corpus_text(values["text"], values["title"]) for d, (_, values) in corpus_rows.items()}
     name = file_safe(root.resolve().name)
-    return RetrievalTask(f"beir-{name}", queries, corpus, {q: qrels[q] for q in queries}, instruction)
+    return RetrievalTask(f"beir-{name}", queries, corpus, qrels, instruction)
 
 
 def read_beir_sets(folders: list[str], instruction: str) -> list[RetrievalTask]:
@@ -156,3 +169,26 @@ def read_beir_sets(folders: list[str], instruction: str) -> list[RetrievalTask]:
         origin[task.name] = folder
         tasks.append(task)
     return tasks
+
+
+@dataclass(frozen=True)
+class BeirKeys:
+    """The BEIR sets a run scores (folders as given) and the `text_key`s of their judged queries and relevant
+    documents, which notebook 01 keeps out of training (`mix.BEIR_TEXT`)."""
+
+    folders: tuple[str, ...] = ()
+    keys: frozenset[str] = frozenset()
+
+
+def beir_keys(folders: Sequence[str]) -> BeirKeys:
+    """The keys of each set's judged queries and of each document judged relevant (score > 0) to one, as the model
+    sees it (title and text) and bare; read as strictly as `read_beir` reads them for notebook 04 (the same errors,
+    here before any training)."""
+    keys: set[str] = set()
+    for folder in folders:
+        _, queries, corpus_rows, qrels = _read(folder)
+        relevant = [corpus_rows[d][1] for d in {d for judged in qrels.values() for d, s in judged.items() if s > 0}]
+        keys.update(map(text_key, queries.values()))
+        keys.update(text_key(corpus_text(d["text"], d["title"])) for d in relevant)  # as the model sees it
+        keys.update(text_key(d["text"]) for d in relevant)  # bare
+    return BeirKeys(tuple(folders), frozenset(keys))

@@ -11,8 +11,10 @@ files (`data_source: files`, `files.py`), the rows are theirs, a stable share of
 evaluation (`Prepared.heldout`), the rest decontaminated against the held-out texts, the offline sets and, if
 asked, MTEB(Code, v1); rows that bring negatives keep them (at most K) and are topped up with mined ones. From the
 user's code (`data_source: code`, `code_trees.py`), the rows are the train split of the pairs mined
-from `code_roots`, decontaminated against the held-out split's texts too, and the held-out split comes
-back as `Prepared.heldout`; capping and negatives as for the others.
+from `code_roots`, decontaminated against the held-out split's texts and function bodies too, and the held-out split
+comes back as `Prepared.heldout`; capping and negatives as for the others. Whatever the source, the training rows
+are also decontaminated against the BEIR sets the run scores in notebook 04 (`beir_sets`, `beir.beir_keys`: their
+judged queries and relevant documents, `mix.BEIR_TEXT`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import DataStage
+from .beir import beir_keys
 from .code_trees import prepare_code
 from .files import prepare_files
 from .mirror import mteb_tasks as mirrored_mteb_tasks
@@ -94,6 +97,7 @@ def build_training_data(
     if mteb_tasks is not None and not stage.decontaminate_mteb:
         raise DataError("mteb_tasks were given to decontaminate against, but decontaminate_mteb is false")
     eval_texts = offline_eval_texts()
+    beir = beir_keys(stage.beir_sets)
     mteb_keys = (
         mteb_test_keys(MTEB_CODE_TASKS if mteb_tasks is None else mteb_tasks) if stage.decontaminate_mteb else ((), ())
     )
@@ -109,15 +113,16 @@ def build_training_data(
 
         # prepare_rows adds the hash of every decontamination key to this fingerprint
         fingerprint = fingerprint_of("offline", stage.rows_per_group, stage.seed)
-        prepared = prepare_rows(rows, fingerprint, eval_texts, mteb_keys=mteb_keys)
+        prepared = prepare_rows(rows, fingerprint, eval_texts, mteb_keys=mteb_keys, beir=beir)
     elif stage.data_source == "code":
-        prepared = _capped_table(prepare_code(stage.code_roots, stage.code_test_percent, eval_texts, mteb_keys), stage)
+        prepared = prepare_code(stage.code_roots, stage.code_test_percent, eval_texts, mteb_keys, beir)
+        prepared = _capped_table(prepared, stage)
     else:
         if stage.data_source == "files":
             prepared = prepare_files(stage.file_entries(), stage.files_instruction, stage.files_heldout_fraction,
-                                     eval_texts, mteb_keys)  # fmt: skip
+                                     eval_texts, mteb_keys, beir=beir)  # fmt: skip
         else:
-            prepared = prepare_sources(stage.hub_sources, local_root, eval_texts, mteb_keys=mteb_keys)
+            prepared = prepare_sources(stage.hub_sources, local_root, eval_texts, mteb_keys=mteb_keys, beir=beir)
         prepared = _capped_table(prepared, stage)
     keep_given = stage.data_source == "files"  # a user's own negatives stay; the hub's and snapshot's are mined
     return add_hard_negatives(prepared, k=stage.num_negatives, method=stage.mining, keep_given=keep_given)

@@ -8,13 +8,21 @@ recipes (`offline.py`, CodeSearchNet's), applied to the folders in `code_roots`:
 with `offline.pair_records`' length filters, from every documented function (as in CodeSearchNet, an undocumented
 function gives no pair). `grammars.py` lists the languages (tree-sitter grammars from PyPI), the function kinds and
 the documentation styles. Each record has the six record columns plus `split`, `file` (the root's folder name and
-the path inside it), `function`, `start_line` and `end_line` (1-based, the lines of the document's code).
+the path inside it), `function`, `start_line` and `end_line` (1-based, the lines of the document's code), and
+`body_key` (`body_key` of the function's body: the code after its name and signature).
 
 Train and test are split **by file**: a file is "test" when sha256(its path inside the root) % 100 <
 `test_percent` (`offline.split_of`), so nothing of a test file trains and the split does not move when the root
 does. `prepare_code` streams the train split through `prepare_rows` (checks, deduplication, decontamination
-against the held-out texts, the offline evaluation and, if given, MTEB's test keys) and returns the test split
-as `Prepared.heldout`.
+against the held-out texts under `mix.HELDOUT_TEXT`, the offline evaluation and, if given, MTEB's test keys and the
+run's BEIR sets) and returns the test split as `Prepared.heldout`, without its pairs whose query equals their
+positive (counted in the report as "query equals its positive (held out)").
+
+Renamed copies: a train function whose body equals a held-out function's (the same code under another name or
+signature, `grammars.Function.body` from the grammar's body node) is held-out text too, both its pairs dropped. A
+body counts only from `MIN_BODY_CHARS` (64) characters after `records.normalize_text`, about two statements: shorter
+bodies (`pass`, `...`, `return self`, `return False`, `raise NotImplementedError  # pragma: no cover`, a two-field
+`__init__`) recur across unrelated functions (12 functions of rich 15.0.0 share `...`) and would drop them all.
 
 Skip rules, each skipped file or folder counted by reason with up to 5 example paths (`MiningReport.files`):
 - folders `.git`, `.hg`, `.svn`, `node_modules`, `bower_components`, `vendor`, `third_party`, `site-packages`,
@@ -66,12 +74,14 @@ from typing import Any
 
 import pathspec
 
+from .beir import BeirKeys
 from .grammars import BY_EXTENSION, Function, Grammar, error_line, functions, parser_for, summary_of
 from .mix import Prepared, _generate, fingerprint_of, prepare_rows
 from .offline import TEST_PERCENT, pair_records
-from .records import DataError, RowChecker, SkipReport
+from .records import SAME_TEXT, DataError, RowChecker, SkipReport, normalize_text, text_key
 
 MAX_FILE_BYTES = 1_000_000
+MIN_BODY_CHARS = 64  # a function body shorter than this (normalised) is not compared across the split
 MAX_MEAN_LINE = 200  # bytes per line on average above which a file is taken as minified
 SKIP_FOLDERS = frozenset({
     ".git", ".hg", ".svn", "node_modules", "bower_components", "jspm_packages", "vendor", "third_party",
@@ -421,6 +431,11 @@ def every_function(source: SourceFile, report: SkipReport) -> list[Function] | N
     return None if tree is None else list(functions(tree, source.data, source.grammar, Counter(), every=True))
 
 
+def body_key(body: str) -> str:
+    """The `text_key` of a function's body, or "" for one under `MIN_BODY_CHARS` normalised characters."""
+    return text_key(body) if len(normalize_text(body)) >= MIN_BODY_CHARS else ""
+
+
 def _file_records(source: SourceFile, test_percent: int, report: MiningReport):
     """The records of one parsed file's documented functions."""
     rel, name, data, grammar = source.rel, source.root, source.data, source.grammar
@@ -432,7 +447,8 @@ def _file_records(source: SourceFile, test_percent: int, report: MiningReport):
     for function in functions(tree, data, grammar, counts):
         summary = summary_of(function.doc, comment=not function.docstring)
         for row in pair_records(rel, function.name, grammar.language, summary, function.code, test_percent):
-            row.update(file=f"{name}/{rel}", start_line=function.start_line, end_line=function.end_line)
+            row.update(file=f"{name}/{rel}", start_line=function.start_line, end_line=function.end_line,
+                       body_key=body_key(function.body))  # fmt: skip
             report.add(row)
             yield row
     report.functions[grammar.language] += counts["functions"]
@@ -475,7 +491,8 @@ def mined_features():
     from .mix import features
 
     text, line = Value("string"), Value("int32")
-    return Features({**features(), "split": text, "file": text, "function": text, "start_line": line, "end_line": line})
+    return Features({**features(), "split": text, "file": text, "function": text, "start_line": line, "end_line": line,
+                     "body_key": text})  # fmt: skip
 
 
 def _texts(table) -> Iterator[str]:
@@ -489,9 +506,11 @@ def prepare_code(
     test_percent: int = TEST_PERCENT,
     eval_texts: Iterable[str] = (),
     mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
+    beir: BeirKeys | None = None,
 ) -> Prepared:
     """The train split of the mined roots through `prepare_rows` (checked, deduplicated, and decontaminated against
-    `eval_texts`, `mteb_keys` and every held-out query and document), with the test split as `heldout` and the
+    `eval_texts`, `mteb_keys`, the BEIR sets of `beir` and every held-out query, document and function body), with
+    the test split as `heldout` (without `body_key`, and without its pairs whose query equals their positive) and the
     mining's file counts in the report. The mined records pass through an Arrow table on disk, not memory."""
     import numpy as np
 
@@ -509,17 +528,30 @@ def prepare_code(
                         f"({mining.files.passed.total()} files mined, {test_percent} % held out by a hash of each "
                         "path); raise code_test_percent or add files")  # fmt: skip
 
+    same = [i for i, row in enumerate(heldout.select_columns(["query", "positive"]))
+            if text_key(row["query"]) == text_key(row["positive"])]  # fmt: skip
+    skipped, heldout = heldout.select(same), heldout.select(sorted(set(range(len(heldout))) - set(same)))
+    bodies = set(heldout["body_key"]) - {""}
+    heldout = heldout.remove_columns("body_key")
+
     def rows(checker: RowChecker) -> Iterator[dict]:
         checker.report.update(mining.files)  # the files mined and skipped, beside the rows (and in any error)
+        for row in skipped:
+            checker.report.skip(row["dataset"], f"{SAME_TEXT} (held out)", _row_id(row))
         for batch in train.iter(batch_size=1000):
             for i, dataset in enumerate(batch["dataset"]):
-                row_id = f"{batch['file'][i]}:{batch['start_line'][i]} {batch['function'][i]}"
+                row_id = _row_id({key: batch[key][i] for key in ("file", "start_line", "function")})
                 record = checker.record(dataset, row_id, batch["query"][i], batch["positive"][i],
                                         batch["language"][i], batch["instruction"][i])  # fmt: skip
                 if record is not None:
-                    yield record
+                    yield {**record, "body_key": batch["body_key"][i]}  # compared with the held-out bodies
 
     fingerprint = fingerprint_of("code", mining.digest.hexdigest(), test_percent)
-    prepared = prepare_rows(rows, fingerprint, chain(eval_texts, _texts(heldout)), mteb_keys=mteb_keys)
+    heldout_keys = chain(map(text_key, _texts(heldout)), bodies)
+    prepared = prepare_rows(rows, fingerprint, eval_texts, mteb_keys=mteb_keys, heldout_keys=heldout_keys, beir=beir)
     prepared.heldout = heldout
     return prepared
+
+
+def _row_id(row: dict[str, Any]) -> str:
+    return f"{row['file']}:{row['start_line']} {row['function']}"

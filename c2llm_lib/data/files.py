@@ -19,9 +19,11 @@ becomes one record per positive, sharing its negatives.
 - Held out: with `heldout_fraction` f > 0, a row goes to `Prepared.heldout` when the hash of its query's
   normalised text (`records.text_key`) falls in the first f of the hash range, so one query (whitespace variants
   included) never lands on both sides and the split is the same on every run and machine. The training rows are
-  decontaminated against every held-out query and positive (`mix.HELDOUT_TEXT`) as against MTEB's test keys and the
-  offline evaluation texts, and a row's own negative that is one of those texts is dropped and counted (training on
-  it would show the model a test text). Own negatives are kept by `mix.add_hard_negatives(keep_given=True)`.
+  decontaminated against every held-out query and positive (`mix.HELDOUT_TEXT`) as against MTEB's test keys, the
+  offline evaluation texts and the run's BEIR sets (`mix.BEIR_TEXT`), and a row's own negative that is one of those
+  texts is dropped and counted (training on it would show the model a test text). A row whose query equals its
+  positive is skipped and counted, held out or not (`records.SAME_TEXT`). Own negatives are kept by
+  `mix.add_hard_negatives(keep_given=True)`.
 - Nothing is written into a user's folders, and nothing is served from a stale cache: `datasets` keys a local file
   by its path and modification time only, so each file is converted into a fresh scratch folder of its own
   (`mix._scratch_folder`, removed at exit), never looked up in `datasets`' cache; a `save_to_disk` folder is only
@@ -45,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, unknown_keys
+from .beir import BeirKeys
 from .layouts import DEFAULT_LANGUAGE, BadRow, FileDefaults, Layout, PairRow, detect_layout, read_rows
 from .mix import EvalKeys, Prepared, _generate, _scratch_folder, features, fingerprint_of, prepare_rows
 from .records import LANGUAGES, DataError, RowChecker, SkipReport, text_key
@@ -408,9 +411,11 @@ def prepare_files(
     eval_texts: Sequence[str] = (),
     mteb_keys: tuple[Sequence[str], Sequence[str]] = ((), ()),
     base_dir: Path = NOTEBOOK_DIR,
+    beir: BeirKeys | None = None,
 ) -> Prepared:
     """The training rows of a user's files, checked and decontaminated (`mix.prepare_rows`) against the offline
-    evaluation texts, `mteb_keys` and the held-out rows, which come back as `Prepared.heldout`."""
+    evaluation texts, `mteb_keys`, the BEIR sets of `beir` and the held-out rows, which come back as
+    `Prepared.heldout`."""
     if not entries:
         raise DataError("data_source 'files' needs at least one data_files entry")
     if not 0 <= heldout_fraction < 1:
@@ -422,14 +427,15 @@ def prepare_files(
                                  default_instruction, heldout_fraction)  # fmt: skip
     heldout, heldout_keys, heldout_report = _heldout(opened, default_instruction, heldout_fraction, fingerprint)
 
-    evaluated = EvalKeys.of(eval_texts, mteb_keys, heldout_keys)
+    beir = BeirKeys() if beir is None else beir
+    evaluated = EvalKeys.of(eval_texts, mteb_keys, heldout_keys, beir.keys)
 
     def rows(checker: RowChecker) -> Iterator[dict]:
         for item in opened:
             yield from _training_rows(item, checker, default_instruction, heldout_fraction, evaluated)
 
     try:
-        prepared = prepare_rows(rows, fingerprint, eval_texts, mteb_keys=mteb_keys, heldout_keys=heldout_keys)
+        prepared = prepare_rows(rows, fingerprint, eval_texts, None, mteb_keys, heldout_keys, beir)
     except DataError as err:
         if heldout is None or not len(heldout):
             raise
@@ -445,14 +451,15 @@ def prepare_files(
 
 def _evaluated(keys: EvalKeys, text: str) -> bool:
     key = text_key(text)
-    return any(key in s for s in (keys.test_queries, keys.relevant_documents, keys.offline, keys.heldout))
+    return any(key in s for s in (keys.test_queries, keys.relevant_documents, keys.offline, keys.heldout, keys.beir))
 
 
 def _training_rows(
     item: OpenFile, checker: RowChecker, instruction: str, fraction: float, evaluated: EvalKeys
 ) -> Iterator[dict]:
     """The file's training records; a row's own negative that is an evaluated text (held out, offline, an MTEB test
-    query or relevant document) is dropped and counted: training on it would show the model a test text."""
+    query or relevant document, a BEIR set's) is dropped and counted: training on it would show the model a test
+    text."""
     stats = item.stats
     for row in item.rows(instruction):
         stats.rows += 1
@@ -512,7 +519,8 @@ def _notes(opened: list[OpenFile], instruction: str, fraction: float, heldout: A
     ]
     evaluated = sum(f.stats.evaluated_negatives for f in opened)
     if evaluated:
-        notes.append(f"own negatives: {evaluated} dropped as an evaluated text (held out, offline or MTEB test)")
+        notes.append(f"own negatives: {evaluated} dropped as an evaluated text (held out, offline, MTEB test or BEIR "
+                     "set)")  # fmt: skip
     if languages["default"]:
         notes.append(f"language: {languages['default']} rows name none (no language column or entry key): "
                      f"{DEFAULT_LANGUAGE!r}")  # fmt: skip

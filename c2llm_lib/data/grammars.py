@@ -25,6 +25,8 @@ tool directives (`//go:`, `# rubocop:`) removed, the text up to the first tag li
 the first paragraph (`offline.first_paragraph`). The document is the function's lines (decorators, annotations
 and `export` included; any code before it on its first line blanked) without a Python docstring, dedented.
 `functions(..., every=True)` also yields the undocumented functions (their `doc` empty): a search indexes them all.
+A function's `body` is the code of the grammar's `body` node (the block after the signature, an arrow function's
+expression; a Python docstring left out): `code_trees` compares bodies across its split to find renamed copies.
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ class Function:
     doc: str  # the documentation's text, comment markers included (summary_of cleans it); "" when undocumented
     code: str  # dedented, without a Python docstring
     docstring: bool = False  # the documentation is a docstring, not a comment
+    body: str = ""  # the code of the grammar's body node: no name, signature or decorator; "" if it has none
 
 
 @cache
@@ -155,15 +158,24 @@ def _name(node: Any, source: bytes) -> str | None:
     return source[target.start_byte : target.end_byte].decode("utf-8").strip("'\"`")
 
 
+_VALUE_FIELD = {"variable_declarator": "value", "assignment_expression": "right", "pair": "value",
+                "field_definition": "value", "public_field_definition": "value"}  # fmt: skip
+
+
 def _is_function(node: Any) -> bool:
     """A JavaScript/TypeScript match that defines a function (a declarator, assignment, pair or field whose value
     is one); every other grammar's matches are functions by their node type."""
-    value_field = {"variable_declarator": "value", "assignment_expression": "right", "pair": "value",
-                   "field_definition": "value", "public_field_definition": "value"}.get(node.type)  # fmt: skip
+    value_field = _VALUE_FIELD.get(node.type)
     if value_field is None:
         return True
     value = node.child_by_field_name(value_field)
     return value is not None and value.type in FUNCTION_LIKE
+
+
+def _body(node: Any) -> Any:
+    """The function's `body` node (a JavaScript value's, for a declarator, assignment, pair or field), or None."""
+    holder = node.child_by_field_name(_VALUE_FIELD[node.type]) if node.type in _VALUE_FIELD else node
+    return holder.child_by_field_name("body") if holder is not None else None
 
 
 def _outer(node: Any, grammar: Grammar) -> Any:
@@ -284,8 +296,10 @@ def functions(
             continue
         counts["documented"] += doc is not None
         code = _lines(source_lines, top, outer, drop)
+        body = _body(node)
+        body = _lines(source_lines, body, body, drop) if body is not None else ""
         yield Function(name, top.start_point.row + 1, _last_row(outer) + 1, doc or "", code,
-                       grammar.language == "python" and doc is not None)  # fmt: skip
+                       grammar.language == "python" and doc is not None, body)  # fmt: skip
 
 
 _BLOCK_STAR = re.compile(r"^\s*\*+ ?")

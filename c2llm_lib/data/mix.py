@@ -14,7 +14,13 @@ Decontamination compares `records.text_key`s (normalised text) and drops a train
       document") or its positive a test query ("positive is a test query"),
   (c) its query or positive is an offline evaluation text ("offline evaluation text"), or
   (d) its query or positive is a query or positive of the rows a run holds out to evaluate on ("held-out text",
-      `data_source: files` and `code`, listed only where rows are held out: `Prepared.heldout`),
+      `data_source: files` and `code`, listed only where rows are held out: `Prepared.heldout`); in a code run also
+      when its function's body (the code after the name and signature, `code_trees.body_key`) is a held-out
+      function's, so a renamed copy of a held-out function does not train, or
+  (e) its query or positive is a judged query or a relevant document (score > 0, as the model sees it and bare) of
+      a BEIR set the run scores in notebook 04 ("BEIR set text", `beir_sets`, `beir.beir_keys`; listed only where
+      the run names BEIR sets): either text in either place, so a set built from the run's own pairs trains on
+      none of them,
 counting each dropped row once, under the first rule that hits, per source (`Prepared.summary()`).
 Why both directions: CoIR's CodeSearchNet pairs train both ways (code -> docstring, and docstring -> code
 through `swap=True` in `sources.py`), and mteb evaluates both (COIRCodeSearchNetRetrieval asks with the code,
@@ -66,11 +72,14 @@ from typing import Any
 
 import numpy as np
 
+from .beir import BeirKeys
 from .negatives import mine_negatives, own_negatives, top_up_negatives
 from .records import DataError, RowChecker, SkipReport, text_key
 from .sources import SOURCES, iter_records
 
-DATA_FORMAT_VERSION = 3  # 2: decontamination by rule (test queries, relevant documents, offline); 3: both directions
+# 2: decontamination by rule (test queries, relevant documents, offline); 3: both directions; 4: a pair whose query
+# equals its positive is skipped, held-out function bodies and BEIR sets are decontaminated against
+DATA_FORMAT_VERSION = 4
 MTEB_CODE_TASKS = (
     "AppsRetrieval", "CodeEditSearchRetrieval", "CodeFeedbackMT", "CodeFeedbackST", "CodeSearchNetCCRetrieval",
     "CodeSearchNetRetrieval", "CodeTransOceanContest", "CodeTransOceanDL", "COIRCodeSearchNetRetrieval", "CosQA",
@@ -107,6 +116,7 @@ OFFLINE_EVAL_TEXT = "offline evaluation text"
 # checked in this order
 RULES = (QUERY_IS_TEST_QUERY, POSITIVE_IS_RELEVANT, QUERY_IS_RELEVANT, POSITIVE_IS_TEST_QUERY, OFFLINE_EVAL_TEXT)
 HELDOUT_TEXT = "held-out text"  # checked after RULES, only where a run holds rows out (data_source: files, code)
+BEIR_TEXT = "BEIR set text"  # checked last, only where a run scores BEIR sets (beir_sets)
 
 
 @dataclass(frozen=True)
@@ -116,7 +126,8 @@ class EvalKeys:
     test_queries: frozenset[str] = frozenset()
     relevant_documents: frozenset[str] = frozenset()
     offline: frozenset[str] = frozenset()
-    heldout: frozenset[str] = frozenset()  # keys of the queries and positives a run holds out for its evaluation
+    heldout: frozenset[str] = frozenset()  # keys of the queries, positives (and code bodies) a run holds out
+    beir: frozenset[str] = frozenset()  # keys of the judged queries and relevant documents of the run's BEIR sets
 
     @classmethod
     def of(
@@ -124,15 +135,18 @@ class EvalKeys:
         offline_texts: Iterable[str] = (),
         mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
         heldout_keys: Iterable[str] = (),
+        beir_keys: Iterable[str] = (),
     ) -> EvalKeys:
-        """From offline evaluation texts, `mteb_test_keys`' (test-query keys, relevant-document keys) and the keys of
-        the held-out rows' texts."""
+        """From offline evaluation texts, `mteb_test_keys`' (test-query keys, relevant-document keys), the keys of
+        the held-out rows' texts (and, in a code run, of their functions' bodies) and those of the BEIR sets."""
         test_queries, relevant_documents = mteb_keys
         offline = frozenset(map(text_key, offline_texts))
-        return cls(frozenset(test_queries), frozenset(relevant_documents), offline, frozenset(heldout_keys))
+        return cls(frozenset(test_queries), frozenset(relevant_documents), offline, frozenset(heldout_keys),
+                   frozenset(beir_keys))  # fmt: skip
 
-    def rule(self, query: str, positive: str) -> str | None:
-        """The first rule a (query, positive) row breaks, or None if it is clean."""
+    def rule(self, query: str, positive: str, body_key: str = "") -> str | None:
+        """The first rule a (query, positive) row breaks, or None if it is clean; `body_key` is the key of its
+        function's body (`code_trees.body_key`; "" for none), compared with the held-out keys."""
         q, p = text_key(query), text_key(positive)
         if q in self.test_queries:
             return QUERY_IS_TEST_QUERY
@@ -144,18 +158,21 @@ class EvalKeys:
             return POSITIVE_IS_TEST_QUERY
         if q in self.offline or p in self.offline:
             return OFFLINE_EVAL_TEXT
-        if q in self.heldout or p in self.heldout:
+        if q in self.heldout or p in self.heldout or (body_key and body_key in self.heldout):
             return HELDOUT_TEXT
+        if q in self.beir or p in self.beir:
+            return BEIR_TEXT
         return None
 
     def fingerprint(self) -> str:
         """A hash of the rules and of every key of every set (not their sizes: equal sizes, other keys); the held-out
-        rule enters only when it has keys, so a run without held-out rows keeps its earlier fingerprint."""
+        and BEIR rules enter only when they have keys, so a run without them keeps its earlier fingerprint."""
         h = hashlib.sha256(json.dumps(RULES).encode())
         for keys in (self.test_queries, self.relevant_documents, self.offline):
             h.update(b"\x00" + "\n".join(sorted(keys)).encode())
-        if self.heldout:
-            h.update(b"\x00" + HELDOUT_TEXT.encode() + b"\x00" + "\n".join(sorted(self.heldout)).encode())
+        for rule, keys in ((HELDOUT_TEXT, self.heldout), (BEIR_TEXT, self.beir)):
+            if keys:
+                h.update(b"\x00" + rule.encode() + b"\x00" + "\n".join(sorted(keys)).encode())
         return h.hexdigest()
 
 
@@ -182,6 +199,7 @@ class Prepared:
     origin: dict[str, Any] = field(default_factory=dict)  # what the rows were read from (data_source: files)
     kept: Counter = field(default_factory=Counter)  # source -> rows in `rows`: the rows that train
     capped: Counter = field(default_factory=Counter)  # source -> rows left out by `selected` (a cap per group)
+    beir_sets: list[str] = field(default_factory=list)  # the BEIR sets decontaminated against (`BEIR_TEXT`)
 
     def selected(self, indices: Sequence[int], why: str) -> Prepared:
         """These rows only (e.g. a cap per group, `why` saying which); the fingerprint and the counts follow."""
@@ -195,8 +213,9 @@ class Prepared:
         return sorted(set(self.report.sources()) | set(self.decontaminated) | set(self.kept))
 
     def rules(self) -> tuple[str, ...]:
-        """The decontamination rules of this table: `RULES`, and the held-out rule where rows are held out."""
-        return RULES + ((HELDOUT_TEXT,) if self.heldout is not None else ())
+        """The decontamination rules of this table: `RULES`, the held-out rule where rows are held out, and the BEIR
+        rule where the run scores BEIR sets."""
+        return RULES + ((HELDOUT_TEXT,) if self.heldout is not None else ()) + ((BEIR_TEXT,) if self.beir_sets else ())
 
     def decontamination(self) -> dict[str, dict[str, int]]:
         """Rows dropped per source and rule, every rule listed (0 included) for every source seen."""
@@ -218,6 +237,8 @@ class Prepared:
         }
         if self.heldout is not None:
             summary["heldout_rows"] = len(self.heldout)
+        if self.beir_sets:
+            summary["beir_sets"] = list(self.beir_sets)
         if self.origin:
             summary["origin"] = self.origin
         if self.report.notes:
@@ -305,8 +326,10 @@ def mteb_test_keys(tasks: Sequence[Any] = MTEB_CODE_TASKS) -> tuple[frozenset[st
 
 
 def _filtered(rows: Iterable[dict], keys: EvalKeys, counts: dict[str, Counter]) -> Iterator[dict]:
+    """The clean rows, each dropped one counted by source and rule; a row's `body_key` (code runs) is compared, then
+    removed: it is not a column of the table."""
     for row in rows:
-        rule = keys.rule(row["query"], row["positive"])
+        rule = keys.rule(row["query"], row["positive"], row.pop("body_key", ""))
         if rule is not None:
             counts[row["dataset"]][rule] += 1
             continue
@@ -329,7 +352,8 @@ def _cached(cache_dir: Path | None, fingerprint: str) -> Prepared | None:
     for source, by_rule in summary["decontaminated"].items():
         decontaminated[source].update({rule: n for rule, n in by_rule.items() if n})
     rows = load_from_disk(str(cache_dir / fingerprint / "rows"))
-    return Prepared(rows, fingerprint, report, decontaminated, summary["unreachable"], kept=kept)
+    beir_sets = summary.get("beir_sets", [])
+    return Prepared(rows, fingerprint, report, decontaminated, summary["unreachable"], kept=kept, beir_sets=beir_sets)
 
 
 def _store(prepared: Prepared, cache_dir: Path | None) -> Prepared:
@@ -373,22 +397,25 @@ def prepare_rows(
     cache_dir: str | Path | None = None,
     mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
     heldout_keys: Iterable[str] = (),
+    beir: BeirKeys | None = None,
 ) -> Prepared:
     """Checks, deduplicates and decontaminates the rows that `rows(checker)` yields into an Arrow table.
 
     `eval_texts` are offline evaluation texts (rule c), `mteb_keys` is `mteb_test_keys`' (test-query
     keys, relevant-document keys) (rules a and b), `heldout_keys` the `text_key`s of the queries and positives a
-    run holds out to evaluate on (`HELDOUT_TEXT`). The table's fingerprint is `fingerprint` (the rows'
-    origin and options) combined with the hash of every decontamination key, so other keys never read
-    back a cached table."""
+    run holds out to evaluate on, and of their functions' bodies in a code run, which a row's `body_key` is compared
+    with (`HELDOUT_TEXT`), `beir` the BEIR sets the run scores (`BEIR_TEXT`). The table's fingerprint is
+    `fingerprint` (the rows' origin and options) combined with the hash of every decontamination key, so other keys
+    never read back a cached table."""
 
-    keys = EvalKeys.of(eval_texts, mteb_keys, heldout_keys)
+    beir = BeirKeys() if beir is None else beir
+    keys = EvalKeys.of(eval_texts, mteb_keys, heldout_keys, beir.keys)
     fingerprint = fingerprint_of(fingerprint, keys.fingerprint())
     cache = Path(cache_dir) if cache_dir is not None else None
     hit = _cached(cache, fingerprint)
     if hit is not None:
         return hit
-    prepared = Prepared(rows=None, fingerprint=fingerprint)
+    prepared = Prepared(rows=None, fingerprint=fingerprint, beir_sets=list(beir.folders))
     checker = RowChecker(prepared.report)
 
     produced = Counter()
@@ -423,6 +450,7 @@ def prepare_sources(
     on_unreachable: str = "error",
     cache_dir: str | Path | None = None,
     mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
+    beir: BeirKeys | None = None,
 ) -> Prepared:
     """The training rows of the named registry sources, checked and decontaminated (see `prepare_rows`)."""
     unknown = [n for n in names if n not in SOURCES]
@@ -442,7 +470,7 @@ def prepare_sources(
                     raise
                 unreachable[name] = str(err)
 
-    prepared = prepare_rows(rows, fp, eval_texts, cache_dir, mteb_keys)
+    prepared = prepare_rows(rows, fp, eval_texts, cache_dir, mteb_keys, beir=beir)
     prepared.unreachable.update(unreachable)
     return prepared
 
