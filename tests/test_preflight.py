@@ -292,16 +292,64 @@ def test_without_flash_attention_a_gpu_run_warns_with_the_slowdown():
 def test_a_schedule_the_rows_cannot_fill_fails_naming_the_key():
     setup = load_setup(PARAMS / "smoke.yaml", {"checkpoint_steps": [500], "max_steps": None})
     rows = row_count(setup)
-    check = check_schedule(setup, rows, total_steps(setup.train, rows))
+    check = check_schedule(setup, rows, total_steps(setup.train, rows), 1)
     assert check.status == "fail" and "checkpoint_steps" in check.message and "[500]" in check.message
     big = load_setup(PARAMS / "smoke.yaml", {"global_batch_size": 4096})
     rows = row_count(big)
-    check = check_schedule(big, rows, total_steps(big.train, rows))
+    check = check_schedule(big, rows, total_steps(big.train, rows), 1)
     assert check.status == "fail" and "lower global_batch_size to at most" in check.message
     merge = load_setup(PARAMS / "smoke.yaml", {"merge_last": 9})
     rows = row_count(merge)
-    check = check_schedule(merge, rows, total_steps(merge.train, rows))
+    check = check_schedule(merge, rows, total_steps(merge.train, rows), 1)
     assert check.status == "fail" and "merge_last: 3" in check.message  # steps 2, 3 and 4 (the final one)
+
+
+def test_a_global_batch_the_ranks_cannot_split_fails_by_the_samplers_own_rule():
+    from c2llm_lib.samplers import GroupedBatchSampler
+
+    setup = load_setup(PARAMS / "smoke.yaml", {"nproc": 3, "global_batch_size": 4})
+    rows = row_count(setup)
+    check = check_schedule(setup, rows, total_steps(setup.train, rows), 3)
+    assert check.status == "fail" and check.values["batch_refused"]
+    assert "global_batch_size 4 is not divisible by world_size 3" in check.message  # the sampler's words
+    assert "nproc x nnodes = 3 (e.g. 6)" in check.message and "nproc 3 x nnodes 1" in check.figure
+    with pytest.raises(ValueError, match="global_batch_size 4 is not divisible by world_size 3"):
+        GroupedBatchSampler([("a", "python")] * 8, list("abcdefgh"), list("ABCDEFGH"), 4, world_size=3)
+    with pytest.raises(ValueError, match="not divisible"):  # was 2 rows per rank: rounded up, never refused
+        measure.rows_per_process(setup, 3)
+    even = load_setup(PARAMS / "smoke.yaml", {"nproc": 2, "global_batch_size": 4})
+    assert check_schedule(even, rows, total_steps(even.train, rows), 2).status == "pass"
+    assert measure.rows_per_process(even, 2) == 2
+    alone = load_setup(PARAMS / "smoke.yaml", {"nproc": 3, "global_batch_size": 4}, only=["01", "06"])
+    assert "batch_refused" not in check_schedule(alone, rows, total_steps(alone.train, rows), 3).values  # 06: 1 rank
+
+
+@pytest.mark.parametrize(
+    "sets,only",
+    [({"global_batch_size": 4096}, ["02"]), ({"nproc": 3, "global_batch_size": 4}, ["02", "04"])],
+    ids=["absurd", "uneven"],
+)
+def test_a_batch_the_schedule_refuses_is_never_measured(sets, only, tmp_path, monkeypatch):
+    from c2llm_lib.preflight import run_preflight
+
+    started = []
+
+    def probes(specs, timeout):  # records what would have been measured; measures nothing
+        started.extend(spec for spec, _ in specs)
+        return [(None, "not measured in this test") for _ in specs]
+
+    monkeypatch.setattr(measure, "run_probes", probes)
+    report = run_preflight(PARAMS / "smoke.yaml", sets, outputs=tmp_path, only=only)
+    checks = {f"{c.group}/{c.name}": c for c in report.checks}
+    assert checks["inputs/schedule"].status == "fail"
+    for name in ("memory/largest batch", "speed/training", "writes/checkpoint round trip"):
+        assert checks[name].figure == "not run" and "see inputs/schedule" in checks[name].message, name
+    assert all(spec.measure == ["inference"] and spec.rows == 0 for spec in started)  # was the refused batch itself
+    assert len(started) == ("04" in only)
+    projection = checks["speed/projection"]
+    assert projection.status == "warn" and projection.figure in ("not run", "not projected")  # no training time
+    if sets.get("nproc", 1) > 1:
+        assert checks["processes/ranks"].figure == "not run"
 
 
 def test_a_rendezvous_that_does_not_resolve_fails_naming_it():

@@ -33,10 +33,11 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig, TrainConfig
+from ..samplers import local_batch_size
 from ..scale import Arch, forward_flops_per_token, step_flops
-from .probe import ROOM, ProbeResult, ProbeSpec
+from .probe import ROOM, TRAINING, ProbeResult, ProbeSpec
 from .report import Check, Limits, duration, gib
-from .setup import RowCount, Setup
+from .setup import RowCount, Setup, world_size
 
 ASSUMED_MFU = 0.35  # the plan's assumption (benchmarks/paper_scale_plan.py), used only where nothing was measured
 WARN_SHARE = ROOM  # a peak above this share of the budget leaves too little room: a warning
@@ -75,8 +76,9 @@ def subject(setup: Setup, device: torch.device, loadable: bool, run_arch: Arch |
 
 
 def rows_per_process(setup: Setup, nproc: int) -> int:
-    """The rows of one global batch each training process embeds."""
-    return math.ceil(setup.train.global_batch_size / (nproc * setup.launch.nnodes))
+    """The rows of one global batch each training process embeds, by the sampler's own rule
+    (`samplers.local_batch_size`: a batch the ranks cannot split evenly is a ValueError, as at rank start)."""
+    return local_batch_size(setup.train.global_batch_size, world_size(setup, nproc))
 
 
 def probe_spec(setup: Setup, who: Subject, nproc: int, limits: Limits, checkpoint_dir: Path | None,
@@ -87,7 +89,8 @@ def probe_spec(setup: Setup, who: Subject, nproc: int, limits: Limits, checkpoin
     return ProbeSpec(
         model={**who.model.to_dict(), "device": "cuda" if device.type == "cuda" else who.model.device},
         train=who.train.to_dict(),
-        rows=rows_per_process(setup, nproc), negatives=min(who.train.num_negatives, setup.data.num_negatives),
+        rows=rows_per_process(setup, nproc) if TRAINING & set(measure) else 0,
+        negatives=min(who.train.num_negatives, setup.data.num_negatives),
         budget_bytes=budget, share=share, measure=measure, steps=limits.steps,
         arch=dataclasses.asdict(who.arch) if who.arch else None,
         eval_batch_size=setup.evaluation.eval_batch_size, eval_max_length=setup.evaluation.eval_max_length,
@@ -414,6 +417,8 @@ def projection_check(setup: Setup, found, who: Subject, spec: ProbeSpec, per_ste
                        f"rows: {rows.source}; every text at max_length (an upper bound)")  # fmt: skip
         p.values.update(steps=steps, trainings=trainings, seconds_per_step=seconds, step_basis=how,
                         checkpoints=checkpoints, train_seconds=p.train_seconds)  # fmt: skip
+    elif setup.trains:
+        p.notes.append("training: not projected, no step was measured (see speed/training)")
     if setup.runs("04"):
         rate, how = inference_rate(found, who, setup)
         counted = eval_tokens(setup, tasks, chars_per_token())
@@ -426,13 +431,15 @@ def projection_check(setup: Setup, found, who: Subject, spec: ProbeSpec, per_ste
         p.values.update(evaluation=counted, eval_seconds=p.eval_seconds, eval_rate=rate)
     parts = [f"training {duration(p.train_seconds)}" if p.train_seconds is not None else "",
              f"evaluation {duration(p.eval_seconds)}" if p.eval_seconds is not None else ""]  # fmt: skip
-    parts = [x for x in parts if x]
-    if not parts:
+    parts = [x for x in parts if x] + (["training not projected"] if setup.trains and per_step is None else [])
+    if p.train_seconds is None and p.eval_seconds is None:
         return Check("speed", "projection", "warn", "not projected", "no step or inference rate was measured (see "
                      "speed/training)")  # fmt: skip
     total = (p.train_seconds or 0) + (p.eval_seconds or 0)
     computed = who.stand_in or not rows.exact
-    return Check("speed", "projection", "pass", f"{', '.join(parts)}; {duration(total)} in all", " | ".join(p.notes),
+    partial = setup.trains and p.train_seconds is None  # the evaluation alone: no total for the run
+    figure = ", ".join(parts) + ("" if partial else f"; {duration(total)} in all")
+    return Check("speed", "projection", "warn" if partial else "pass", figure, " | ".join(p.notes),
                  "computed" if computed else "measured", {**p.values, "total_seconds": total})  # fmt: skip
 
 

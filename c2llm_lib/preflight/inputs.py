@@ -20,7 +20,7 @@ import yaml
 from ..data.mirror import repo_dir
 from ..data.sources import SOURCES, Source
 from .report import Check, gib
-from .setup import RowCount, Setup
+from .setup import RowCount, Setup, world_size
 
 
 @dataclass
@@ -351,10 +351,14 @@ def check_release(setup: Setup, hub: Hub) -> Check | None:
 
 
 # the schedule ---------------------------------------------------------------------------------------------------------
-def check_schedule(setup: Setup, rows: RowCount, steps: int) -> Check:
-    """The recipe against its rows: whole global batches exist, checkpoint_steps lie within the run, and notebook 03
-    finds merge_last checkpoints; the figure is the run's optimizer steps."""
+def check_schedule(setup: Setup, rows: RowCount, steps: int, nproc: int) -> Check:
+    """The recipe against its rows and processes: the global batch splits evenly over the ranks (the sampler's own
+    rule, `samplers.local_batch_size`), whole global batches exist, checkpoint_steps lie within the run, and notebook
+    03 finds merge_last checkpoints; the figure is the run's optimizer steps. A failure of the batch itself (it does
+    not split, or no group holds one) is recorded as `values["batch_refused"]`: the measurements that take that batch
+    are not run (`run.device_checks`)."""
     from ..config import ConfigError
+    from ..samplers import local_batch_size
     from ..train import checkpoint_schedule
 
     train = setup.train
@@ -363,8 +367,20 @@ def check_schedule(setup: Setup, rows: RowCount, steps: int) -> Check:
     basis = "measured" if rows.exact else "computed"
     if not setup.trains:
         return Check("inputs", "schedule", "pass", "no training in the notebooks chosen", basis="given")
+    world = world_size(setup, nproc)
+    try:
+        local_batch_size(train.global_batch_size, world)
+    except ValueError as err:
+        multiple = -(-train.global_batch_size // world) * world
+        values["batch_refused"] = f"global_batch_size {train.global_batch_size} does not split over {world} ranks"
+        return Check("inputs", "schedule", "fail", f"global_batch_size {train.global_batch_size} over {world} ranks "
+                     f"(nproc {nproc} x nnodes {setup.launch.nnodes})", f"{err}: every rank takes an equal slice, and "
+                     "the trainer's sampler refuses this batch when the ranks start; set global_batch_size to a "
+                     f"multiple of nproc x nnodes = {world} (e.g. {multiple}), or nproc and nnodes to divide "
+                     f"{train.global_batch_size}", "computed", values)  # fmt: skip
     if steps == 0:
         largest = max(rows.groups.values(), default=0)
+        values["batch_refused"] = f"no (dataset, language) group holds a global batch of {train.global_batch_size}"
         return Check("inputs", "schedule", "fail", figure, f"no (dataset, language) group holds "
                      f"{train.global_batch_size} rows (the largest holds {largest}): lower global_batch_size to at "
                      f"most {largest}", basis, values)  # fmt: skip

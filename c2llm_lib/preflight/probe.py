@@ -53,6 +53,7 @@ from ..scale import Arch, arch_of, step_flops
 MAX_TRIALS = 7  # settings the memory search may measure
 ROOM = 0.9  # a suggested setting's peak stays within this share of the budget (the margin a pass keeps)
 FIRST_STEP_S = 20.0  # on a CPU, a memory step longer than this is timed on its own (no further step)
+TRAINING = frozenset({"memory", "speed", "checkpoint"})  # the measurements that take the largest training batch
 DATASET, LANGUAGE = "CodeSearchNetRetrieval", "python"  # a dataset every prompt style has prompts for
 
 
@@ -62,7 +63,7 @@ class ProbeSpec:
 
     model: dict[str, Any]  # ModelConfig as resolved (device included)
     train: dict[str, Any]  # TrainConfig as resolved
-    rows: int  # rows of the global batch this process embeds (global batch / processes)
+    rows: int  # rows of the global batch this process embeds (global batch / processes; 0: no training measured)
     negatives: int  # K
     budget_bytes: float | None  # the most the step may use, given (None: the device's free memory at the start)
     share: float = 1.0  # of the host's free memory, on a CPU where several processes share it
@@ -415,9 +416,11 @@ def probe(spec: ProbeSpec) -> ProbeResult:
     result = ProbeResult(name, str(encoder.device), str(dtype).removeprefix("torch."),
                          dataclasses.asdict(measured_arch), trainable)  # fmt: skip
     try:
-        training = {"memory", "speed", "checkpoint"} & set(spec.measure)
+        training = TRAINING & set(spec.measure)
         step = trainer_for(encoder, train, spec.negatives) if training else None
-        batch = largest_batch(encoder.tokenizer, spec.rows, spec.negatives, train.max_length, spec.seed)
+        batch = None  # an evaluation alone builds no training batch
+        if training:
+            batch = largest_batch(encoder.tokenizer, spec.rows, spec.negatives, train.max_length, spec.seed)
         if "memory" in spec.measure:
             budget = budget_for(spec, free, resident)
             result.memory = measure_memory(step, batch, encoder.device, budget)

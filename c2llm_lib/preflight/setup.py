@@ -60,6 +60,11 @@ class Setup:
         return self.runs("02") or (self.runs("06") and bool(compared))
 
 
+def world_size(setup: Setup, nproc: int) -> int:
+    """The ranks one global batch is split over: notebook 02's nproc x nnodes (notebook 06 trains in its kernel)."""
+    return nproc * setup.launch.nnodes if setup.runs("02") else 1
+
+
 def _stage(cls: type, values: dict[str, Any], source: str):
     names = {f.name for f in dataclasses.fields(cls)}
     return from_dict(cls, {k: v for k, v in values.items() if k in names}, source)
