@@ -132,6 +132,52 @@ def test_without_hub_or_mirror_every_source_fails_quickly_naming_its_revision(tm
     assert "HF_HUB_OFFLINE" in training["message"]
 
 
+@pytest.mark.parametrize("stem", sorted(USER_DATA), ids=str)
+def test_own_data_is_read_as_notebook_01_reads_it_and_no_hub_source_is_asked(stem, tmp_path, capsys):
+    assert os.environ["HF_HUB_OFFLINE"] == "1"  # and no hub_mirror: an own-data run reads neither
+    sets = [f"{key}={json.dumps(value)}" for key, value in USER_DATA[stem].items()]
+    args = [str(PARAMS / f"{stem}.yaml"), "--overlay", str(OVERLAY), "--only", "01", "--set", *sets]
+    code, report, printed = preflight(args, tmp_path, capsys)
+    training = by_name(report)["inputs/training data"]
+    assert code == 0 and training["status"] == "pass", printed  # was: "0 of 12 readable" from the hub's sources
+    given = next(iter(USER_DATA[stem].values()))[0]
+    assert given in training["figure"] and "CoIR-Retrieval" not in printed
+    found = training["values"]
+    assert found["rows"] > 0 and found["heldout"] > 0 and sum(found["groups"].values()) <= found["rows"]
+    disk = by_name(report)["writes/disk"]["values"]["needs"]
+    assert not any("hub" in need["label"] for need in disk)  # nothing is downloaded for it
+
+
+def test_own_data_gives_the_schedule_its_rows():
+    from c2llm_lib.preflight.run import input_checks
+
+    setup = load_setup(PARAMS / "own-pairs.yaml", {**USER_DATA["own-pairs"], "backbone": "tiny-random-qwen2",
+                                                   "global_batch_size": 4}, only=["01", "02"])  # fmt: skip
+    checks, found = input_checks(setup, Limits(), 1)
+    groups = {c.name: c for c in checks}["training data"].values["groups"]
+    assert found["rows"].groups == groups and found["rows"].source.startswith("your files as notebook 01 reads")
+    assert found["steps"] == min(30, setup.train.epochs * sum(n // 4 for n in groups.values()))  # whole batches
+
+
+def test_own_data_that_cannot_be_used_fails_with_the_readers_words(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(measure, "run_probes", lambda specs, timeout: [(None, "not measured here") for _ in specs])
+    bad = tmp_path / "pairs.jsonl"
+    bad.write_text('{"query": "sort a list", "pos": ["sorted(xs)"]}\nnot json\n')
+    args = [str(PARAMS / "own-pairs.yaml"), "--only", "01", "02", "--set", f"data_files=[{bad}]"]
+    code, report, _ = preflight(args, tmp_path / "files", capsys)
+    checks = by_name(report)
+    training = checks["inputs/training data"]
+    assert code == 1 and training["status"] == "fail" and str(bad) in training["figure"]
+    assert "cannot be read as json (line 2: line with malformed JSON" in training["message"]
+    assert checks["inputs/schedule"]["figure"] == "not checked"  # was: the paper's ~3M pairs stood in for the file's
+    (tmp_path / "empty").mkdir()
+    args = [str(PARAMS / "own-code.yaml"), "--only", "01", "--set", f"code_roots=[{tmp_path / 'empty'}]"]
+    code, report, _ = preflight(args, tmp_path / "code", capsys)
+    training = by_name(report)["inputs/training data"]
+    assert code == 1 and training["status"] == "fail" and "code root 'empty'" in training["message"]
+    assert "has no source file to mine" in training["message"]
+
+
 def test_a_disk_budget_the_run_exceeds_fails_naming_it(tmp_path, capsys):
     args = [str(PARAMS / "smoke.yaml"), "--only", "01", "03", "--preflight-disk-gb", "0.0001"]
     code, report, printed = preflight(args, tmp_path, capsys)

@@ -20,6 +20,7 @@ from .inputs import (
     Hub,
     check_backbone,
     check_evaluation_data,
+    check_own_data,
     check_release,
     check_schedule,
     check_training_sources,
@@ -40,8 +41,12 @@ def input_checks(setup: Setup, limits: Limits, nproc: int) -> tuple[list[Check],
     """The inputs group, and what later checks use: the backbone's availability, rows, steps, sizes, tasks, and why
     the schedule refuses the training batch ('' when it does not)."""
     checks, found = [], {"loadable": False, "tasks": [], "source_bytes": None, "groups": {}}
-    hub = Hub(limits.hub_timeout_s)
-    if setup.runs("01"):
+    hub, own = Hub(limits.hub_timeout_s), None
+    if setup.runs("01") and setup.data.data_source in ("files", "code"):  # the user's data, never the hub's sources
+        check, own = check_own_data(setup)
+        checks.append(check)
+        found["source_bytes"] = check.values.get("bytes") or None
+    elif setup.runs("01"):
         check, sources = check_training_sources(setup, hub)
         checks.append(check)
         found["source_bytes"] = check.values.get("bytes") or None
@@ -54,7 +59,7 @@ def input_checks(setup: Setup, limits: Limits, nproc: int) -> tuple[list[Check],
     release = check_release(setup, hub)
     if release is not None:
         checks.append(release)
-    found["rows"] = row_count(setup, found["groups"] or None)
+    found["rows"] = row_count(setup, found["groups"] or None, own)
     found["steps"] = total_steps(setup.train, found["rows"])
     schedule = check_schedule(setup, found["rows"], found["steps"], nproc)
     found["checkpoints"] = schedule.values.get("checkpoints", 0)
@@ -151,7 +156,8 @@ def run_preflight(params_file: str | Path, sets: dict[str, Any] | None = None, o
         report.checks += checks
         unknown = [] if run_arch is not None else [f"checkpoints and merged model ({setup.model.backbone}: "
                                                    "architecture unknown)"]  # fmt: skip
-        needs = data_needs(setup, found["source_bytes"], setup.data.hub_mirror is None) if setup.runs("01") else []
+        from_hub = setup.data.data_source == "hub" and setup.data.hub_mirror is None
+        needs = data_needs(setup, found["source_bytes"], from_hub) if setup.runs("01") else []
         dtype = figures.get("dtype") or setup.model.dtype  # the resolved dtype where a probe ran
         half = dtype in ("bfloat16", "float16") or (dtype == "auto" and getattr(device, "type", "") == "cuda")
         needs += model_needs(setup, run_arch, found["checkpoints"], figures.get("checkpoint_bytes"), half)
