@@ -264,6 +264,92 @@ def test_the_memory_search_halves_then_bisects_to_the_largest_chunk_that_fits(mo
     assert measured[0] == (True, False, 32) and all(gc for gc, _, _ in measured)
 
 
+class Clock:
+    """A fake `time` for the probe: it moves only when a fake forward runs, by the seconds scripted for each call."""
+
+    def __init__(self, durations: list[float]):
+        self.now, self.durations = 0.0, list(durations)
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def forward(self) -> None:
+        self.now += self.durations.pop(0) if self.durations else 0.1
+
+
+class TimedEncoder:
+    """The parts of an encoder `measure_inference` uses; each forward advances `clock`."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, clock: Clock):
+        from c2llm_lib.config import ModelConfig
+        from c2llm_lib.model.backbone import TINY_BACKBONE, load_tokenizer
+
+        self.clock, self.tokenizer = clock, load_tokenizer(ModelConfig(backbone=TINY_BACKBONE))
+
+    def format_texts(self, texts, kind):
+        return texts
+
+    def tokenize_formatted(self, texts, length):
+        return {"attention_mask": torch.ones(len(texts), length)}  # (B, T)
+
+    def __call__(self, **tokens):
+        self.clock.forward()
+
+    def eval(self):
+        pass
+
+    def train(self):
+        pass
+
+
+def test_the_inference_rate_is_the_median_of_enough_passes_not_one(monkeypatch):
+    from types import SimpleNamespace
+
+    from c2llm_lib.preflight import probe
+
+    clock = Clock([4.0, 3.0, 2.0, 0.1, 0.1, 0.12, 0.1])  # warm-ups, then a first pass 20x slower than the rest
+    monkeypatch.setattr(probe, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    found = probe.measure_inference(TimedEncoder(clock), 16, 64, 0)
+    assert found["texts"] == 4 and found["tokens"] == 4 * 64  # at most 4 texts on a CPU
+    assert found["seconds"] == pytest.approx(0.1) and found["passes"] == probe.MIN_PASSES  # was 2.0 s: one pass
+    assert found["tokens_per_second"] == pytest.approx(256 / 0.1)
+    assert (found["fastest"], found["slowest"]) == (pytest.approx(0.1), pytest.approx(2.0))
+    assert found["quartiles"] == [pytest.approx(0.1), pytest.approx(0.12)]  # the spread: the outlier weighs nothing
+    quick = Clock([0.001] * 100)  # a tiny model's millisecond passes: as many as MAX_PASSES allows
+    monkeypatch.setattr(probe, "time", SimpleNamespace(perf_counter=quick.perf_counter))
+    assert probe.measure_inference(TimedEncoder(quick), 4, 64, 0)["passes"] == probe.MAX_PASSES
+    slow = Clock([20.0] * 10)  # a large model on a CPU: three passes once MAX_TIMED_S have passed
+    monkeypatch.setattr(probe, "time", SimpleNamespace(perf_counter=slow.perf_counter))
+    assert probe.measure_inference(TimedEncoder(slow), 4, 64, 0)["passes"] == 3
+
+
+@pytest.mark.parametrize("slowest,label", [(0.12, "measured"), (2.0, "estimate")])  # the third quartile
+def test_the_evaluation_time_says_whether_it_is_measured_or_an_estimate(slowest, label):
+    from c2llm_lib.preflight.probe import ProbeResult
+
+    setup = load_setup(PARAMS / "smoke.yaml", only=["04"])
+    who = measure.subject(setup, torch.device("cpu"), True, None)
+    spec = measure.probe_spec(setup, who, 1, Limits(), None, ["inference"], torch.device("cpu"))
+    inference = {"texts": 4, "tokens": 1000, "seconds": 0.1, "passes": 7, "quartiles": [0.1, slowest],
+                 "tokens_per_second": 10_000.0}  # fmt: skip
+    found = [(ProbeResult("tiny", "cpu", "float32", {}, 0, inference=inference), "")]
+    rows = row_count(setup)
+    check = measure.projection_check(setup, found, who, spec, None, rows, 0, 0, [], 1, torch.device("cpu"))
+    tokens = check.values["evaluation"]["passes_tokens"]
+    assert check.values["eval_seconds"] == pytest.approx(tokens / 10_000)
+    assert check.values["eval_basis"] == label and "the median of 7 timed passes" in check.message
+    assert check.values["eval_seconds_range"] == [
+        pytest.approx(tokens / 10_000),
+        pytest.approx(tokens * slowest / 1000),
+    ]
+    if label == "estimate":  # the passes varied 20x: said in the line itself, with the range
+        assert "an estimate" in check.figure and "the passes varied 20.0x" in check.message
+    else:
+        assert "estimate" not in check.figure and "within 1.5x" in check.message
+
+
 def test_an_outputs_folder_that_cannot_be_written_fails_naming_it(tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder\n")  # root ignores chmod; nothing can be created under a file
