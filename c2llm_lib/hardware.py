@@ -4,10 +4,18 @@ Training and inference time on a CPU is matrix multiplication, and whether bf16 
 or avx512_bf16 a bf16 GEMM runs several times faster than fp32, while on a CPU with AVX2 alone PyTorch emulates bf16
 and it runs about 9x *slower*. So `dtype: auto` gives bf16 on CUDA and, on a CPU, whichever of bf16 and fp32 a short
 probe measures faster on this machine. The probe (about a second) is cached per machine (CPU model, flags, thread
-count, torch version) in `~/.cache/c2llm/cpu-dtype.json` (under `C2LLM_CACHE` when set), and its figures are the
-reason the manifest records. A cache entry is trusted only when it names exactly the two probed dtypes with finite
-positive GFLOP/s; a damaged file or entry (edited, truncated, crafted) is named in a warning and probed again, so it
-can neither crash a run nor choose the dtype.
+count, torch version, limits on the instruction set) in `~/.cache/c2llm/cpu-dtype.json` (under `C2LLM_CACHE` when
+set), and its figures are the reason the manifest records. The file is a cache, never an authority: anyone who can
+write it could plant plausible figures. So an entry is used only when
+- it names exactly the two probed dtypes with finite positive GFLOP/s (`entry_problem`), and
+- a short measurement in this process (`CONFIRM_SIZE` GEMMs for `CONFIRM_SECONDS` per dtype, a fraction of a second;
+  a second one where the first contradicts, since one in ten or so lands far off on a loaded machine) does not
+  contradict its choice: an entry choosing bf16 is refuted where bf16 measures below `BF16_MARGIN /
+  CONFIRM_FACTOR` of fp32's speed, one choosing fp32 where bf16 measures above `BF16_MARGIN * CONFIRM_FACTOR`
+  (`contradiction`). Between the two the machine sits near the margin and either choice is close to the best.
+Otherwise the CPU is probed again in full and the fresh figures decide and replace the entry; a damaged file or entry,
+or one whose choice the fresh probe overturns, is named in a warning. A crafted entry can therefore neither crash a
+run nor choose a dtype that this CPU does not measure as the faster one.
 
 A machine can rehearse a lesser CPU: `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2`
 keeps oneDNN, ATen's vector kernels and MKL to AVX2, as on a CPU without avx512_bf16 or AMX (bf16 GEMMs then run at
@@ -31,6 +39,9 @@ CACHE = Path(os.environ.get("C2LLM_CACHE", Path.home() / ".cache" / "c2llm")) / 
 CAPABILITIES = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2", "fma")  # /proc/cpuinfo flag names
 ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")  # what the kernels may use
 BF16_MARGIN = 1.2  # bf16 must measure this much faster than fp32 to be chosen (it costs precision)
+CONFIRM_SIZE, CONFIRM_SECONDS = 256, 0.05  # the short measurement that must not contradict a cached entry's choice
+CONFIRM_TRIES = 2  # short measurements in a row that must contradict it to refute it
+CONFIRM_FACTOR = 1.5  # how far past the margin that measurement must land to refute the entry (its noise is large)
 
 
 def cpu_info() -> dict[str, Any]:
@@ -89,6 +100,39 @@ def entry_problem(entry: Any) -> str:
     return f"its figures {bad} are not finite positive GFLOP/s" if bad else ""
 
 
+def choice(figures: dict[str, float]) -> torch.dtype:
+    """bf16 where its GEMM measures at least BF16_MARGIN times fp32's, else fp32."""
+    return torch.bfloat16 if figures["bfloat16"] >= BF16_MARGIN * figures["float32"] else torch.float32
+
+
+def contradiction(entry: dict[str, float], quick: dict[str, float]) -> str:
+    """Why a short measurement in this process (`quick`) refutes a cached entry's choice ('' when it does not): bf16
+    chosen where it measures below BF16_MARGIN / CONFIRM_FACTOR of fp32's speed, or fp32 where bf16 measures above
+    BF16_MARGIN * CONFIRM_FACTOR."""
+    ratio = quick["bfloat16"] / quick["float32"]
+    chosen = choice(entry)
+    refuted = ratio < BF16_MARGIN / CONFIRM_FACTOR if chosen == torch.bfloat16 else ratio > BF16_MARGIN * CONFIRM_FACTOR
+    if not refuted:
+        return ""
+    return (
+        f"its figures (bf16 {entry['bfloat16']:.0f} vs fp32 {entry['float32']:.0f} GFLOP/s) choose "
+        f"{str(chosen).removeprefix('torch.')}, but this process measures bf16 at {ratio:.2f}x fp32's speed"
+    )
+
+
+def confirm(entry: dict[str, float]) -> str:
+    """`contradiction` of a cached entry by short GEMM measurements of both dtypes made now: refuted only when
+    CONFIRM_TRIES of them in a row contradict it (on a loaded machine one short measurement in ten or so lands far
+    off)."""
+    why = ""
+    for _ in range(CONFIRM_TRIES):
+        quick = {name: gemm_gflops(getattr(torch, name), size=CONFIRM_SIZE, seconds=CONFIRM_SECONDS) for name in PROBED}
+        why = contradiction(entry, quick)
+        if not why:
+            return ""
+    return why
+
+
 def read_cache(cache: Path | None) -> tuple[dict[str, Any], str]:
     """(the cache's entries, why the file cannot be used or ''); a missing file is an empty cache."""
     if cache is None or not cache.exists():
@@ -103,16 +147,23 @@ def read_cache(cache: Path | None) -> tuple[dict[str, Any], str]:
 
 
 def cpu_gemm_figures(cache: Path | None = CACHE) -> dict[str, float]:
-    """{"float32": GFLOP/s, "bfloat16": GFLOP/s} of this CPU's GEMM, probed once per machine and cached; a cache file or
-    entry that cannot be trusted (`read_cache`, `entry_problem`) is named in a warning and the CPU probed again."""
+    """{"float32": GFLOP/s, "bfloat16": GFLOP/s} of this CPU's GEMM, probed once per machine and cached. A cache file or
+    entry that cannot be trusted (`read_cache`, `entry_problem`) is named in a warning and the CPU probed again; an
+    entry whose choice a short measurement now contradicts (`confirm`) is probed again too, and named in a warning
+    where the fresh figures choose otherwise than it did."""
     key = _probe_key(cpu_info())
     cached, problem = read_cache(cache)
     entry = cached.get(key)
     problem = problem or (entry_problem(entry) if entry is not None else "")
     if problem:
         warnings.warn(f"{cache}: {problem}; probing this CPU's GEMM speed again", stacklevel=2)
-    if entry is None or problem:
-        entry = {"float32": gemm_gflops(torch.float32), "bfloat16": gemm_gflops(torch.bfloat16)}
+    refuted = confirm(entry) if entry is not None and not problem else ""
+    if entry is None or problem or refuted:
+        fresh = {"float32": gemm_gflops(torch.float32), "bfloat16": gemm_gflops(torch.bfloat16)}
+        if refuted and choice(fresh) != choice(entry):  # not noise: the entry chose what this CPU does not
+            warnings.warn(f"{cache}: the entry for this CPU is not what it measures: {refuted}; probed again: bf16 "
+                          f"{fresh['bfloat16']:.0f} vs fp32 {fresh['float32']:.0f} GFLOP/s", stacklevel=2)  # fmt: skip
+        entry = fresh
         if cache is not None:
             try:  # written beside and renamed: a symlink in its place is replaced, never written through
                 cache.parent.mkdir(parents=True, exist_ok=True)
@@ -125,11 +176,12 @@ def cpu_gemm_figures(cache: Path | None = CACHE) -> dict[str, float]:
 
 
 def cpu_dtype(cache: Path | None = CACHE) -> tuple[torch.dtype, str]:
-    """(bf16 or fp32, why) for this CPU: whichever GEMM runs faster here, probed once per machine and cached."""
+    """(bf16 or fp32, why) for this CPU: whichever GEMM runs faster here, probed once per machine and cached (an entry
+    used only where a short measurement now does not contradict it: `cpu_gemm_figures`)."""
     info = cpu_info()
     figures = cpu_gemm_figures(cache)
     fp32, bf16 = figures["float32"], figures["bfloat16"]
-    chosen = torch.bfloat16 if bf16 >= BF16_MARGIN * fp32 else torch.float32
+    chosen = choice(figures)
     flags = ", ".join(info["capabilities"]) or "none of " + ", ".join(CAPABILITIES)
     flags += f"; kernels limited by {info['isa_limit']}" if info.get("isa_limit") else ""
     why = (f"CPU {info['model']} ({flags}): GEMM {bf16:.0f} GFLOP/s in bf16 vs {fp32:.0f} in fp32 "

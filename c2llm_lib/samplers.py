@@ -47,6 +47,14 @@ def pack_group(
     return batches, len(pending)
 
 
+def local_batch_size(global_batch_size: int, world_size: int) -> int:
+    """The rows of each global batch one rank takes: its equal slice. A global batch that the ranks cannot split
+    evenly is a ValueError, raised when the sampler is built at rank start (and by the preflight, before a run)."""
+    if global_batch_size % world_size:
+        raise ValueError(f"global_batch_size {global_batch_size} is not divisible by world_size {world_size}")
+    return global_batch_size // world_size
+
+
 class GroupedBatchSampler:
     """Yields this rank's slice of each global batch; identical group sequence on every rank."""
 
@@ -60,8 +68,7 @@ class GroupedBatchSampler:
         rank: int = 0,
         seed: int = 0,
     ) -> None:
-        if global_batch_size % world_size:
-            raise ValueError(f"global_batch_size {global_batch_size} is not divisible by world_size {world_size}")
+        self.local = local_batch_size(global_batch_size, world_size)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         if not (len(groups) == len(query_keys) == len(positive_keys)):
@@ -101,7 +108,7 @@ class GroupedBatchSampler:
 
     def __iter__(self) -> Iterator[list[int]]:
         plan = self.plan(self.epoch)
-        local = self.global_batch_size // self.world_size
+        local = self.local
         while self.step < len(plan.batches):
             batch = plan.batches[self.step]
             self.step += 1

@@ -1,4 +1,5 @@
-"""`dtype: auto` on a CPU: the faster of bf16 and fp32 as measured on this machine, probed once and cached."""
+"""`dtype: auto` on a CPU: the faster of bf16 and fp32 as measured on this machine, probed once and cached, a cached
+entry used only where a short measurement in the process does not contradict its choice."""
 
 import json
 import os
@@ -9,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from c2llm_lib import hardware
 from c2llm_lib.hardware import CAPABILITIES, _probe_key, auto_dtype, cpu_dtype, cpu_info, gemm_gflops
 from c2llm_lib.model.backbone import resolve_dtype
 
@@ -19,19 +21,57 @@ def planted(tmp_path, fp32: float, bf16: float):
     return cache
 
 
-def test_bf16_only_where_it_measures_faster(tmp_path):
-    assert cpu_dtype(planted(tmp_path, fp32=69.0, bf16=7.5))[0] == torch.float32  # AVX2 only: bf16 is emulated
-    dtype, why = cpu_dtype(planted(tmp_path, fp32=23.0, bf16=90.0))  # AMX or avx512_bf16
-    assert dtype == torch.bfloat16 and "90 GFLOP/s in bf16 vs 23 in fp32" in why
-    assert cpu_dtype(planted(tmp_path, fp32=50.0, bf16=55.0))[0] == torch.float32  # within the margin: keep fp32
+def machine(monkeypatch, fp32: float, bf16: float, quick: tuple[float, float] | None = None) -> list[int]:
+    """This CPU as a fake one whose GEMMs measure these GFLOP/s (the short confirmation `quick` = (fp32, bf16) where
+    given); returns the sizes measured, in order."""
+    measured = []
+
+    def fake(dtype, size=1024, seconds=0.5, device="cpu"):
+        measured.append(size)
+        short = quick if quick is not None and size == hardware.CONFIRM_SIZE else (fp32, bf16)
+        return short[0] if dtype == torch.float32 else short[1]
+
+    monkeypatch.setattr(hardware, "gemm_gflops", fake)
+    return measured
 
 
-def test_the_probe_runs_once_and_is_cached(tmp_path):
+@pytest.mark.parametrize("fp32,bf16,chosen", [(69.0, 7.5, torch.float32), (23.0, 90.0, torch.bfloat16),
+                                              (50.0, 55.0, torch.float32)], ids=["avx2", "amx", "margin"])  # fmt: skip
+def test_bf16_only_where_it_measures_faster(tmp_path, monkeypatch, fp32, bf16, chosen):
+    measured = machine(monkeypatch, fp32, bf16)
+    dtype, why = cpu_dtype(planted(tmp_path, fp32=fp32, bf16=bf16))  # cached figures this CPU confirms
+    assert dtype == chosen and f"{bf16:.0f} GFLOP/s in bf16 vs {fp32:.0f} in fp32" in why
+    assert measured == [hardware.CONFIRM_SIZE] * 2  # the short confirmation only, no full probe
+
+
+@pytest.mark.parametrize("fp32,bf16,crafted", [(69.0, 7.5, (23.0, 90.0)), (23.0, 90.0, (69.0, 7.5))],
+                         ids=["bf16-planted-on-avx2", "fp32-planted-on-amx"])  # fmt: skip
+def test_crafted_but_plausible_figures_do_not_choose_the_dtype(tmp_path, monkeypatch, fp32, bf16, crafted):
+    machine(monkeypatch, fp32, bf16)
+    cache = planted(tmp_path, fp32=crafted[0], bf16=crafted[1])  # well formed, plausible for another CPU
+    with pytest.warns(UserWarning, match=f"{re.escape(str(cache))}: the entry for this CPU is not what it measures"):
+        dtype, why = cpu_dtype(cache)
+    assert dtype == (torch.bfloat16 if bf16 > fp32 else torch.float32)  # was: the crafted entry's choice
+    assert f"{bf16:.0f} GFLOP/s in bf16 vs {fp32:.0f} in fp32" in why  # the figures measured now
+    assert json.loads(cache.read_text())[_probe_key(cpu_info())] == {"float32": fp32, "bfloat16": bf16}  # replaced
+
+
+def test_a_confirmation_that_noise_contradicts_probes_again_without_a_warning(tmp_path, monkeypatch, recwarn):
+    measured = machine(monkeypatch, fp32=50.0, bf16=130.0, quick=(50.0, 30.0))  # noisy short measurements, twice
+    dtype, why = cpu_dtype(planted(tmp_path, fp32=49.0, bf16=124.0))
+    assert dtype == torch.bfloat16 and "130 GFLOP/s in bf16 vs 50 in fp32" in why  # the full probe decided
+    assert measured == [hardware.CONFIRM_SIZE] * 4 + [1024] * 2 and not recwarn.list  # and agreed: nothing to name
+
+
+def test_the_probe_runs_once_and_is_cached(tmp_path, monkeypatch):
     cache = tmp_path / "sub" / "cpu-dtype.json"
     dtype, why = cpu_dtype(cache)
     entry = json.loads(cache.read_text())[_probe_key(cpu_info())]
     assert entry["float32"] > 0 and entry["bfloat16"] > 0
-    assert cpu_dtype(cache) == (dtype, why)  # read back, not measured again
+    measured = machine(monkeypatch, entry["float32"], entry["bfloat16"])
+    assert cpu_dtype(cache) == (dtype, why)  # read back and confirmed, not probed again
+    assert measured == [hardware.CONFIRM_SIZE] * 2
+    monkeypatch.undo()
     cache.write_text("not json")  # a damaged cache is measured again, never an error
     with pytest.warns(UserWarning, match="cannot be read as JSON"):
         assert cpu_dtype(cache)[0] in (torch.float32, torch.bfloat16)
@@ -49,7 +89,7 @@ CRAFTED = [  # a well-formed JSON entry that must not be trusted, and what the w
 
 
 @pytest.mark.parametrize("entry,message", CRAFTED, ids=lambda v: str(v)[:30])
-def test_a_cache_entry_that_cannot_be_trusted_is_named_and_probed_again(tmp_path, entry, message):
+def test_a_cache_entry_that_cannot_be_trusted_is_named_and_probed_again(tmp_path, monkeypatch, entry, message):
     cache = tmp_path / "cpu-dtype.json"
     other = {"another CPU|avx2|2|torch 2.13": {"float32": 60.0, "bfloat16": 7.0}}
     cache.write_text(json.dumps({**other, _probe_key(cpu_info()): entry}))
@@ -60,6 +100,7 @@ def test_a_cache_entry_that_cannot_be_trusted_is_named_and_probed_again(tmp_path
     assert fresh["float32"] > 0 and fresh["bfloat16"] > 0 and set(fresh) == {"float32", "bfloat16"}
     assert f"GEMM {fresh['bfloat16']:.0f} GFLOP/s in bf16 vs {fresh['float32']:.0f} in fp32" in why  # the new figures
     assert probed["another CPU|avx2|2|torch 2.13"] == other["another CPU|avx2|2|torch 2.13"]  # other machines kept
+    machine(monkeypatch, fresh["float32"], fresh["bfloat16"])  # this CPU, measuring as it did (no load's noise)
     assert cpu_dtype(cache) == (dtype, why)  # and trusted from then on
 
 
@@ -97,6 +138,7 @@ def test_cpu_info_names_the_model_and_capabilities():
 
 def test_an_isa_limit_is_reported_and_cached_apart(tmp_path, monkeypatch):
     plain = _probe_key(cpu_info())
+    machine(monkeypatch, fp32=69.0, bf16=7.5)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     info = cpu_info()
     assert info["isa_limit"] == "ONEDNN_MAX_CPU_ISA=AVX2" and _probe_key(info) != plain

@@ -132,6 +132,52 @@ def test_without_hub_or_mirror_every_source_fails_quickly_naming_its_revision(tm
     assert "HF_HUB_OFFLINE" in training["message"]
 
 
+@pytest.mark.parametrize("stem", sorted(USER_DATA), ids=str)
+def test_own_data_is_read_as_notebook_01_reads_it_and_no_hub_source_is_asked(stem, tmp_path, capsys):
+    assert os.environ["HF_HUB_OFFLINE"] == "1"  # and no hub_mirror: an own-data run reads neither
+    sets = [f"{key}={json.dumps(value)}" for key, value in USER_DATA[stem].items()]
+    args = [str(PARAMS / f"{stem}.yaml"), "--overlay", str(OVERLAY), "--only", "01", "--set", *sets]
+    code, report, printed = preflight(args, tmp_path, capsys)
+    training = by_name(report)["inputs/training data"]
+    assert code == 0 and training["status"] == "pass", printed  # was: "0 of 12 readable" from the hub's sources
+    given = next(iter(USER_DATA[stem].values()))[0]
+    assert given in training["figure"] and "CoIR-Retrieval" not in printed
+    found = training["values"]
+    assert found["rows"] > 0 and found["heldout"] > 0 and sum(found["groups"].values()) <= found["rows"]
+    disk = by_name(report)["writes/disk"]["values"]["needs"]
+    assert not any("hub" in need["label"] for need in disk)  # nothing is downloaded for it
+
+
+def test_own_data_gives_the_schedule_its_rows():
+    from c2llm_lib.preflight.run import input_checks
+
+    setup = load_setup(PARAMS / "own-pairs.yaml", {**USER_DATA["own-pairs"], "backbone": "tiny-random-qwen2",
+                                                   "global_batch_size": 4}, only=["01", "02"])  # fmt: skip
+    checks, found = input_checks(setup, Limits(), 1)
+    groups = {c.name: c for c in checks}["training data"].values["groups"]
+    assert found["rows"].groups == groups and found["rows"].source.startswith("your files as notebook 01 reads")
+    assert found["steps"] == min(30, setup.train.epochs * sum(n // 4 for n in groups.values()))  # whole batches
+
+
+def test_own_data_that_cannot_be_used_fails_with_the_readers_words(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(measure, "run_probes", lambda specs, timeout: [(None, "not measured here") for _ in specs])
+    bad = tmp_path / "pairs.jsonl"
+    bad.write_text('{"query": "sort a list", "pos": ["sorted(xs)"]}\nnot json\n')
+    args = [str(PARAMS / "own-pairs.yaml"), "--only", "01", "02", "--set", f"data_files=[{bad}]"]
+    code, report, _ = preflight(args, tmp_path / "files", capsys)
+    checks = by_name(report)
+    training = checks["inputs/training data"]
+    assert code == 1 and training["status"] == "fail" and str(bad) in training["figure"]
+    assert "cannot be read as json (line 2: line with malformed JSON" in training["message"]
+    assert checks["inputs/schedule"]["figure"] == "not checked"  # was: the paper's ~3M pairs stood in for the file's
+    (tmp_path / "empty").mkdir()
+    args = [str(PARAMS / "own-code.yaml"), "--only", "01", "--set", f"code_roots=[{tmp_path / 'empty'}]"]
+    code, report, _ = preflight(args, tmp_path / "code", capsys)
+    training = by_name(report)["inputs/training data"]
+    assert code == 1 and training["status"] == "fail" and "code root 'empty'" in training["message"]
+    assert "has no source file to mine" in training["message"]
+
+
 def test_a_disk_budget_the_run_exceeds_fails_naming_it(tmp_path, capsys):
     args = [str(PARAMS / "smoke.yaml"), "--only", "01", "03", "--preflight-disk-gb", "0.0001"]
     code, report, printed = preflight(args, tmp_path, capsys)
@@ -218,6 +264,92 @@ def test_the_memory_search_halves_then_bisects_to_the_largest_chunk_that_fits(mo
     assert measured[0] == (True, False, 32) and all(gc for gc, _, _ in measured)
 
 
+class Clock:
+    """A fake `time` for the probe: it moves only when a fake forward runs, by the seconds scripted for each call."""
+
+    def __init__(self, durations: list[float]):
+        self.now, self.durations = 0.0, list(durations)
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def forward(self) -> None:
+        self.now += self.durations.pop(0) if self.durations else 0.1
+
+
+class TimedEncoder:
+    """The parts of an encoder `measure_inference` uses; each forward advances `clock`."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, clock: Clock):
+        from c2llm_lib.config import ModelConfig
+        from c2llm_lib.model.backbone import TINY_BACKBONE, load_tokenizer
+
+        self.clock, self.tokenizer = clock, load_tokenizer(ModelConfig(backbone=TINY_BACKBONE))
+
+    def format_texts(self, texts, kind):
+        return texts
+
+    def tokenize_formatted(self, texts, length):
+        return {"attention_mask": torch.ones(len(texts), length)}  # (B, T)
+
+    def __call__(self, **tokens):
+        self.clock.forward()
+
+    def eval(self):
+        pass
+
+    def train(self):
+        pass
+
+
+def test_the_inference_rate_is_the_median_of_enough_passes_not_one(monkeypatch):
+    from types import SimpleNamespace
+
+    from c2llm_lib.preflight import probe
+
+    clock = Clock([4.0, 3.0, 2.0, 0.1, 0.1, 0.12, 0.1])  # warm-ups, then a first pass 20x slower than the rest
+    monkeypatch.setattr(probe, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    found = probe.measure_inference(TimedEncoder(clock), 16, 64, 0)
+    assert found["texts"] == 4 and found["tokens"] == 4 * 64  # at most 4 texts on a CPU
+    assert found["seconds"] == pytest.approx(0.1) and found["passes"] == probe.MIN_PASSES  # was 2.0 s: one pass
+    assert found["tokens_per_second"] == pytest.approx(256 / 0.1)
+    assert (found["fastest"], found["slowest"]) == (pytest.approx(0.1), pytest.approx(2.0))
+    assert found["quartiles"] == [pytest.approx(0.1), pytest.approx(0.12)]  # the spread: the outlier weighs nothing
+    quick = Clock([0.001] * 100)  # a tiny model's millisecond passes: as many as MAX_PASSES allows
+    monkeypatch.setattr(probe, "time", SimpleNamespace(perf_counter=quick.perf_counter))
+    assert probe.measure_inference(TimedEncoder(quick), 4, 64, 0)["passes"] == probe.MAX_PASSES
+    slow = Clock([20.0] * 10)  # a large model on a CPU: three passes once MAX_TIMED_S have passed
+    monkeypatch.setattr(probe, "time", SimpleNamespace(perf_counter=slow.perf_counter))
+    assert probe.measure_inference(TimedEncoder(slow), 4, 64, 0)["passes"] == 3
+
+
+@pytest.mark.parametrize("slowest,label", [(0.12, "measured"), (2.0, "estimate")])  # the third quartile
+def test_the_evaluation_time_says_whether_it_is_measured_or_an_estimate(slowest, label):
+    from c2llm_lib.preflight.probe import ProbeResult
+
+    setup = load_setup(PARAMS / "smoke.yaml", only=["04"])
+    who = measure.subject(setup, torch.device("cpu"), True, None)
+    spec = measure.probe_spec(setup, who, 1, Limits(), None, ["inference"], torch.device("cpu"))
+    inference = {"texts": 4, "tokens": 1000, "seconds": 0.1, "passes": 7, "quartiles": [0.1, slowest],
+                 "tokens_per_second": 10_000.0}  # fmt: skip
+    found = [(ProbeResult("tiny", "cpu", "float32", {}, 0, inference=inference), "")]
+    rows = row_count(setup)
+    check = measure.projection_check(setup, found, who, spec, None, rows, 0, 0, [], 1, torch.device("cpu"))
+    tokens = check.values["evaluation"]["passes_tokens"]
+    assert check.values["eval_seconds"] == pytest.approx(tokens / 10_000)
+    assert check.values["eval_basis"] == label and "the median of 7 timed passes" in check.message
+    assert check.values["eval_seconds_range"] == [
+        pytest.approx(tokens / 10_000),
+        pytest.approx(tokens * slowest / 1000),
+    ]
+    if label == "estimate":  # the passes varied 20x: said in the line itself, with the range
+        assert "an estimate" in check.figure and "the passes varied 20.0x" in check.message
+    else:
+        assert "estimate" not in check.figure and "within 1.5x" in check.message
+
+
 def test_an_outputs_folder_that_cannot_be_written_fails_naming_it(tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder\n")  # root ignores chmod; nothing can be created under a file
@@ -292,16 +424,64 @@ def test_without_flash_attention_a_gpu_run_warns_with_the_slowdown():
 def test_a_schedule_the_rows_cannot_fill_fails_naming_the_key():
     setup = load_setup(PARAMS / "smoke.yaml", {"checkpoint_steps": [500], "max_steps": None})
     rows = row_count(setup)
-    check = check_schedule(setup, rows, total_steps(setup.train, rows))
+    check = check_schedule(setup, rows, total_steps(setup.train, rows), 1)
     assert check.status == "fail" and "checkpoint_steps" in check.message and "[500]" in check.message
     big = load_setup(PARAMS / "smoke.yaml", {"global_batch_size": 4096})
     rows = row_count(big)
-    check = check_schedule(big, rows, total_steps(big.train, rows))
+    check = check_schedule(big, rows, total_steps(big.train, rows), 1)
     assert check.status == "fail" and "lower global_batch_size to at most" in check.message
     merge = load_setup(PARAMS / "smoke.yaml", {"merge_last": 9})
     rows = row_count(merge)
-    check = check_schedule(merge, rows, total_steps(merge.train, rows))
+    check = check_schedule(merge, rows, total_steps(merge.train, rows), 1)
     assert check.status == "fail" and "merge_last: 3" in check.message  # steps 2, 3 and 4 (the final one)
+
+
+def test_a_global_batch_the_ranks_cannot_split_fails_by_the_samplers_own_rule():
+    from c2llm_lib.samplers import GroupedBatchSampler
+
+    setup = load_setup(PARAMS / "smoke.yaml", {"nproc": 3, "global_batch_size": 4})
+    rows = row_count(setup)
+    check = check_schedule(setup, rows, total_steps(setup.train, rows), 3)
+    assert check.status == "fail" and check.values["batch_refused"]
+    assert "global_batch_size 4 is not divisible by world_size 3" in check.message  # the sampler's words
+    assert "nproc x nnodes = 3 (e.g. 6)" in check.message and "nproc 3 x nnodes 1" in check.figure
+    with pytest.raises(ValueError, match="global_batch_size 4 is not divisible by world_size 3"):
+        GroupedBatchSampler([("a", "python")] * 8, list("abcdefgh"), list("ABCDEFGH"), 4, world_size=3)
+    with pytest.raises(ValueError, match="not divisible"):  # was 2 rows per rank: rounded up, never refused
+        measure.rows_per_process(setup, 3)
+    even = load_setup(PARAMS / "smoke.yaml", {"nproc": 2, "global_batch_size": 4})
+    assert check_schedule(even, rows, total_steps(even.train, rows), 2).status == "pass"
+    assert measure.rows_per_process(even, 2) == 2
+    alone = load_setup(PARAMS / "smoke.yaml", {"nproc": 3, "global_batch_size": 4}, only=["01", "06"])
+    assert "batch_refused" not in check_schedule(alone, rows, total_steps(alone.train, rows), 3).values  # 06: 1 rank
+
+
+@pytest.mark.parametrize(
+    "sets,only",
+    [({"global_batch_size": 4096}, ["02"]), ({"nproc": 3, "global_batch_size": 4}, ["02", "04"])],
+    ids=["absurd", "uneven"],
+)
+def test_a_batch_the_schedule_refuses_is_never_measured(sets, only, tmp_path, monkeypatch):
+    from c2llm_lib.preflight import run_preflight
+
+    started = []
+
+    def probes(specs, timeout):  # records what would have been measured; measures nothing
+        started.extend(spec for spec, _ in specs)
+        return [(None, "not measured in this test") for _ in specs]
+
+    monkeypatch.setattr(measure, "run_probes", probes)
+    report = run_preflight(PARAMS / "smoke.yaml", sets, outputs=tmp_path, only=only)
+    checks = {f"{c.group}/{c.name}": c for c in report.checks}
+    assert checks["inputs/schedule"].status == "fail"
+    for name in ("memory/largest batch", "speed/training", "writes/checkpoint round trip"):
+        assert checks[name].figure == "not run" and "see inputs/schedule" in checks[name].message, name
+    assert all(spec.measure == ["inference"] and spec.rows == 0 for spec in started)  # was the refused batch itself
+    assert len(started) == ("04" in only)
+    projection = checks["speed/projection"]
+    assert projection.status == "warn" and projection.figure in ("not run", "not projected")  # no training time
+    if sets.get("nproc", 1) > 1:
+        assert checks["processes/ranks"].figure == "not run"
 
 
 def test_a_rendezvous_that_does_not_resolve_fails_naming_it():

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import DataStage
-from .beir import beir_keys
+from .beir import BeirKeys, beir_keys
 from .code_trees import prepare_code
 from .files import prepare_files
 from .mirror import mteb_tasks as mirrored_mteb_tasks
@@ -76,6 +76,24 @@ def _capped_table(prepared: Prepared, stage: DataStage) -> Prepared:
     return prepared.selected(kept, f"rows_per_group {stage.rows_per_group}, seed {stage.seed}")
 
 
+def own_rows(
+    stage: DataStage,
+    eval_texts: Sequence[str],
+    mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
+    beir: BeirKeys | None = None,
+) -> Prepared:
+    """A user's rows (`data_source` files or code) as notebook 01 reads them: every file or folder opened, every row
+    checked, the held-out share set apart (`Prepared.heldout`) and the rest decontaminated (against `beir`, the BEIR
+    sets the run scores, too), before the cap per group and the negatives; a `DataError` names the file, folder or
+    row that cannot be used. The preflight reads them through here too."""
+    if stage.data_source == "files":
+        return prepare_files(stage.file_entries(), stage.files_instruction, stage.files_heldout_fraction, eval_texts,
+                             mteb_keys, beir=beir)  # fmt: skip
+    if stage.data_source == "code":
+        return prepare_code(stage.code_roots, stage.code_test_percent, eval_texts, mteb_keys, beir)
+    raise ValueError(f"data_source {stage.data_source!r} holds no user data (files or code)")
+
+
 def build_training_data(
     stage: DataStage, local_root: str | Path | None = None, mteb_tasks: Sequence[Any] | None = None
 ) -> tuple[Prepared, dict[str, int]]:
@@ -114,15 +132,10 @@ def build_training_data(
         # prepare_rows adds the hash of every decontamination key to this fingerprint
         fingerprint = fingerprint_of("offline", stage.rows_per_group, stage.seed)
         prepared = prepare_rows(rows, fingerprint, eval_texts, mteb_keys=mteb_keys, beir=beir)
-    elif stage.data_source == "code":
-        prepared = prepare_code(stage.code_roots, stage.code_test_percent, eval_texts, mteb_keys, beir)
-        prepared = _capped_table(prepared, stage)
+    elif stage.data_source in ("files", "code"):
+        prepared = _capped_table(own_rows(stage, eval_texts, mteb_keys, beir), stage)
     else:
-        if stage.data_source == "files":
-            prepared = prepare_files(stage.file_entries(), stage.files_instruction, stage.files_heldout_fraction,
-                                     eval_texts, mteb_keys, beir=beir)  # fmt: skip
-        else:
-            prepared = prepare_sources(stage.hub_sources, local_root, eval_texts, mteb_keys=mteb_keys, beir=beir)
+        prepared = prepare_sources(stage.hub_sources, local_root, eval_texts, mteb_keys=mteb_keys, beir=beir)
         prepared = _capped_table(prepared, stage)
     keep_given = stage.data_source == "files"  # a user's own negatives stay; the hub's and snapshot's are mined
     return add_hard_negatives(prepared, k=stage.num_negatives, method=stage.mining, keep_given=keep_given)

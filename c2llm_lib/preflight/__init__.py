@@ -8,8 +8,11 @@ them, one `Check` per line (pass, warn or fail, the figure behind it, and the se
 1. environment (`environment.py`): CUDA and its devices, bf16, the attention kernel for this dtype (without
    flash-attention, the slowdown to expect), NCCL or gloo for several processes, the installed libraries against
    pyproject.toml;
-2. inputs (`inputs.py`): every hub source and evaluation dataset at its pinned revision, in `hub_mirror` or reachable,
-   with its size; the backbone's files and revision; a release to evaluate; the schedule against the rows;
+2. inputs (`inputs.py`): the training data the run's data_source names (every hub source at its pinned revision, in
+   `hub_mirror` or reachable, with its size; or the user's data_files or code_roots, read by notebook 01's readers)
+   and every evaluation dataset; the backbone's files and revision; a release to evaluate; the schedule against the
+   rows and the ranks (the sampler's rule), and where it refuses the training batch, the steps below that take it are
+   not run;
 3. memory (`device.py`, measured by `probe.py` in a child process per device): the largest batch the recipe can see,
    every text at max_length, one forward and backward with the peak measured; a failure names the measured setting
    that fits;

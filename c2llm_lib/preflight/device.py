@@ -9,7 +9,9 @@ CPU) and collects what each measured. From that:
   suggestion is a measured one.
 - speed: tokens/s of the timed steps and their MFU against the GEMM peak measured in the same process;
 - projection: the run's optimizer steps (`setup.row_count`) at the measured seconds per step, its checkpoints at the
-  measured seconds per checkpoint, and the evaluation's tokens at the measured inference rate. Where the run's
+  measured seconds per checkpoint, and the evaluation's tokens at the measured inference rate (the median of several
+  timed passes, `probe.time_passes`), with the range the passes' quartiles give: where those differ by more than
+  SPREAD_LIMIT, the evaluation's time is labelled an estimate with that range. Where the run's
   backbone could not be loaded and no GPU can hold random weights of its architecture, the tiny model stands in: its
   rates are shown, and the projection is computed from the run's architecture's FLOPs (`scale.py`) at the measured
   GEMM peak and the plan's assumed MFU (35 %), and says so.
@@ -33,13 +35,16 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig, TrainConfig
+from ..samplers import local_batch_size
 from ..scale import Arch, forward_flops_per_token, step_flops
-from .probe import ROOM, ProbeResult, ProbeSpec
+from .probe import ROOM, TRAINING, ProbeResult, ProbeSpec
 from .report import Check, Limits, duration, gib
-from .setup import RowCount, Setup
+from .setup import RowCount, Setup, world_size
 
 ASSUMED_MFU = 0.35  # the plan's assumption (benchmarks/paper_scale_plan.py), used only where nothing was measured
 WARN_SHARE = ROOM  # a peak above this share of the budget leaves too little room: a warning
+SPREAD_LIMIT = 1.5  # the timed inference passes' third quartile over their first beyond which the evaluation time is
+# labelled an estimate
 
 
 @dataclass
@@ -75,8 +80,9 @@ def subject(setup: Setup, device: torch.device, loadable: bool, run_arch: Arch |
 
 
 def rows_per_process(setup: Setup, nproc: int) -> int:
-    """The rows of one global batch each training process embeds."""
-    return math.ceil(setup.train.global_batch_size / (nproc * setup.launch.nnodes))
+    """The rows of one global batch each training process embeds, by the sampler's own rule
+    (`samplers.local_batch_size`: a batch the ranks cannot split evenly is a ValueError, as at rank start)."""
+    return local_batch_size(setup.train.global_batch_size, world_size(setup, nproc))
 
 
 def probe_spec(setup: Setup, who: Subject, nproc: int, limits: Limits, checkpoint_dir: Path | None,
@@ -87,7 +93,8 @@ def probe_spec(setup: Setup, who: Subject, nproc: int, limits: Limits, checkpoin
     return ProbeSpec(
         model={**who.model.to_dict(), "device": "cuda" if device.type == "cuda" else who.model.device},
         train=who.train.to_dict(),
-        rows=rows_per_process(setup, nproc), negatives=min(who.train.num_negatives, setup.data.num_negatives),
+        rows=rows_per_process(setup, nproc) if TRAINING & set(measure) else 0,
+        negatives=min(who.train.num_negatives, setup.data.num_negatives),
         budget_bytes=budget, share=share, measure=measure, steps=limits.steps,
         arch=dataclasses.asdict(who.arch) if who.arch else None,
         eval_batch_size=setup.evaluation.eval_batch_size, eval_max_length=setup.evaluation.eval_max_length,
@@ -334,22 +341,27 @@ def chars_per_token(sample: int = 400) -> float:
     return sum(len(t) for t in texts) / max(1, tokens)
 
 
-def inference_rate(found, who: Subject, setup: Setup) -> tuple[float | None, str]:
-    """(tokens/s of inference at eval_max_length, how it was obtained)."""
+def inference_rate(found, who: Subject, setup: Setup) -> tuple[float | None, str, tuple[float, float] | None]:
+    """(tokens/s of inference at eval_max_length, how it was obtained, (the rates at the passes' third and first
+    quartiles) where it was measured; None where it was computed)."""
     result = slowest(found, "inference")
     if result is None:
-        return None, "not measured"
-    rate = result.inference["tokens_per_second"]
+        return None, "not measured", None
+    inference = result.inference
+    rate = inference["tokens_per_second"]
     if not who.stand_in or who.run_arch is None:
+        first, third = inference["quartiles"]
+        spread = (inference["tokens"] / third, inference["tokens"] / first)
         return rate, (f"a measured {rate:,.0f} tokens/s (texts of {setup.evaluation.eval_max_length} tokens, "
-                      f"{who.description})")  # fmt: skip
+                      f"{who.description}; the median of {inference['passes']} timed passes after warm-ups, the "
+                      f"middle half of them {first:.3g} to {third:.3g} s)"), spread  # fmt: skip
     gemm = result.gemm_gflops.get("peak", 0.0)
     if not gemm:
-        return None, "not measured"
+        return None, "not measured", None
     flops = forward_flops_per_token(who.run_arch, setup.evaluation.eval_max_length)
     rate = gemm * 1e9 * ASSUMED_MFU / flops
     return rate, (f"a computed {rate:,.0f} tokens/s ({who.run_arch.name}'s forward FLOPs at the measured "
-                  f"{gemm:,.0f} GFLOP/s and an assumed MFU of {ASSUMED_MFU:.0%})")  # fmt: skip
+                  f"{gemm:,.0f} GFLOP/s and an assumed MFU of {ASSUMED_MFU:.0%})"), None  # fmt: skip
 
 
 def step_seconds(setup: Setup, found, who: Subject, spec: ProbeSpec, measured: float) -> tuple[float, str]:
@@ -414,25 +426,41 @@ def projection_check(setup: Setup, found, who: Subject, spec: ProbeSpec, per_ste
                        f"rows: {rows.source}; every text at max_length (an upper bound)")  # fmt: skip
         p.values.update(steps=steps, trainings=trainings, seconds_per_step=seconds, step_basis=how,
                         checkpoints=checkpoints, train_seconds=p.train_seconds)  # fmt: skip
+    elif setup.trains:
+        p.notes.append("training: not projected, no step was measured (see speed/training)")
+    evaluation = ""
     if setup.runs("04"):
-        rate, how = inference_rate(found, who, setup)
+        rate, how, spread = inference_rate(found, who, setup)
         counted = eval_tokens(setup, tasks, chars_per_token())
         if rate:
-            p.eval_seconds = counted["passes_tokens"] / rate
-            p.notes.append(f"evaluation: {counted['passes_tokens']:,.0f} tokens over {len(counted['tasks'])} tasks "
+            tokens = counted["passes_tokens"]
+            p.eval_seconds = tokens / rate
+            evaluation = f"evaluation {duration(p.eval_seconds)}"
+            if spread is not None:  # the passes' spread: measured where they agree, an estimate where they do not
+                fast, slow = tokens / spread[1], tokens / spread[0]
+                varied = spread[1] / spread[0]
+                estimate = varied > SPREAD_LIMIT
+                span = f"{duration(fast)} to {duration(slow)}"
+                how += (f"; an estimate: the middle half of the passes varied {varied:.1f}x, so the evaluation may "
+                        f"take {span}" if estimate else f"; measured: {span} over the middle half of the passes "
+                        f"(within {SPREAD_LIMIT}x)")  # fmt: skip
+                evaluation += f" (an estimate: {span})" if estimate else ""
+                p.values.update(eval_seconds_range=[fast, slow], eval_basis="estimate" if estimate else "measured")
+            p.notes.append(f"evaluation: {tokens:,.0f} tokens over {len(counted['tasks'])} tasks "
                            f"({counted['chars_per_token']:.2f} characters per token, measured on real code; the "
                            f"model's pass, and the untrained baselines' shared pass on the held-out tasks; ablations "
                            f"not counted) at {how}")  # fmt: skip
         p.values.update(evaluation=counted, eval_seconds=p.eval_seconds, eval_rate=rate)
-    parts = [f"training {duration(p.train_seconds)}" if p.train_seconds is not None else "",
-             f"evaluation {duration(p.eval_seconds)}" if p.eval_seconds is not None else ""]  # fmt: skip
-    parts = [x for x in parts if x]
-    if not parts:
+    parts = [f"training {duration(p.train_seconds)}" if p.train_seconds is not None else "", evaluation]
+    parts = [x for x in parts if x] + (["training not projected"] if setup.trains and per_step is None else [])
+    if p.train_seconds is None and p.eval_seconds is None:
         return Check("speed", "projection", "warn", "not projected", "no step or inference rate was measured (see "
                      "speed/training)")  # fmt: skip
     total = (p.train_seconds or 0) + (p.eval_seconds or 0)
     computed = who.stand_in or not rows.exact
-    return Check("speed", "projection", "pass", f"{', '.join(parts)}; {duration(total)} in all", " | ".join(p.notes),
+    partial = setup.trains and p.train_seconds is None  # the evaluation alone: no total for the run
+    figure = ", ".join(parts) + ("" if partial else f"; {duration(total)} in all")
+    return Check("speed", "projection", "warn" if partial else "pass", figure, " | ".join(p.notes),
                  "computed" if computed else "measured", {**p.values, "total_seconds": total})  # fmt: skip
 
 

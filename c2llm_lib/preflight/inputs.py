@@ -1,6 +1,9 @@
-"""What a run reads before it can train or evaluate (paper section 4.1 data, section 4.2 evaluation): every hub source
-and evaluation dataset at its pinned revision, reachable or present in `hub_mirror`, with its size; the backbone's
-files and revision; a release to evaluate; and whether the recipe's schedule fits the rows it will get.
+"""What a run reads before it can train or evaluate (paper section 4.1 data, section 4.2 evaluation): the training data
+of its `data_source` (the shipped snapshot; every hub source at its pinned revision, reachable or present in
+`hub_mirror`, with its size; or the user's `data_files` or `code_roots`, read through notebook 01's own readers,
+`data.build.own_rows`, so that a file, folder or row they refuse fails here with their words, and the rows per group
+they give are the schedule's); every evaluation dataset; the backbone's files and revision; a release to evaluate;
+and whether the recipe's schedule fits the rows and processes it will get.
 
 Without a mirror and without the hub (`HF_HUB_OFFLINE=1`, or a request that fails within the timeout), a dataset
 counts as reachable only when the local hub cache holds its pinned snapshot: the run would fail on it otherwise, so
@@ -10,17 +13,24 @@ each is a failure naming it and its revision. A mirror is checked file by file, 
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import datasets
+import pyarrow.compute as pc
 import yaml
 
+from ..config import ConfigError, DataStage
+from ..data.files import NOTEBOOK_DIR
 from ..data.mirror import repo_dir
+from ..data.records import DataError
 from ..data.sources import SOURCES, Source
 from .report import Check, gib
-from .setup import RowCount, Setup
+from .setup import RowCount, Setup, world_size
 
 
 @dataclass
@@ -144,12 +154,60 @@ def in_mirror(source: Source, mirror: Path) -> Found:
     return Found(label, True, size, where=str(mirror), groups=groups)
 
 
+def own_stage(data: DataStage) -> DataStage:
+    """The run's data stage with its code_roots resolved as the notebooks resolve them (from notebooks/, where they
+    run, not from where the preflight runs); data_files resolve from there already (`files.NOTEBOOK_DIR`)."""
+    roots = [r if Path(r).expanduser().is_absolute() else str(NOTEBOOK_DIR / r) for r in data.code_roots]
+    return dataclasses.replace(data, code_roots=roots)
+
+
+def check_own_data(setup: Setup) -> tuple[Check, RowCount | None]:
+    """The user's data_files or code_roots, read as notebook 01 reads them (`build.own_rows`: the readers' own checks,
+    the held-out share, the decontamination against the offline evaluation); (check, the training rows per group)."""
+    from ..data.build import offline_eval_texts, own_rows
+
+    data = setup.data
+    given = data.data_files if data.data_source == "files" else data.code_roots
+    names = ", ".join(str(e.get("path", e) if isinstance(e, dict) else e) for e in given)
+    what = f"{'data_files' if data.data_source == 'files' else 'code_roots'} [{names}]"
+    quiet = not datasets.utils.are_progress_bars_disabled()
+    if quiet:  # one line per check, not the readers' progress bars
+        datasets.utils.disable_progress_bars()
+    try:
+        prepared = own_rows(own_stage(data), offline_eval_texts())
+    except (DataError, ConfigError, ValueError) as err:
+        return Check("inputs", "training data", "fail", f"{what}: not usable", f"{err}. Fix it, or point "
+                     f"{what.split()[0]} at another file or folder (relative paths resolve from notebooks/)",
+                     values={"data_source": data.data_source, "given": given}), None  # fmt: skip
+    finally:
+        if quiet:
+            datasets.utils.enable_progress_bars()
+    table = prepared.rows
+    groups = Counter(f"{d}/{lang}" for d, lang in zip(table["dataset"], table["language"], strict=True))
+    if data.rows_per_group is not None:
+        groups = Counter({k: min(n, data.rows_per_group) for k, n in groups.items()})
+    heldout = 0 if prepared.heldout is None else len(prepared.heldout)
+    text = sum(pc.sum(pc.binary_length(table.data.column(c))).as_py() or 0 for c in ("query", "positive"))
+    skipped = sum(sum(reasons.values()) for reasons in prepared.report.skipped.values())  # rows, and code's files
+    mteb = " and before MTEB decontamination (decontaminate_mteb)" if data.decontaminate_mteb else ""
+    cap = f", at most rows_per_group {data.rows_per_group} each" if data.rows_per_group is not None else ""
+    source = f"your {data.data_source} as notebook 01 reads them{cap}{mteb}"
+    rows = RowCount(dict(groups), source, not data.decontaminate_mteb)
+    figure = (f"{what}: {len(table):,} training rows in {len(groups)} group(s), {heldout:,} held out, {skipped:,} "
+              f"{'rows or files' if data.data_source == 'code' else 'rows'} skipped, {gib(text)} of text")  # fmt: skip
+    values = {"data_source": data.data_source, "given": given, "rows": len(table), "heldout": heldout,
+              "skipped": prepared.report.as_dict(), "groups": dict(groups), "bytes": text}  # fmt: skip
+    return Check("inputs", "training data", "pass", figure, "; ".join(prepared.report.lines()[:6]), values=values), rows
+
+
 def check_training_sources(setup: Setup, hub: Hub) -> tuple[Check, list[Found]]:
-    """Every hub source notebook 01 reads, at its pinned revision: in the mirror, or reachable."""
+    """Every hub source notebook 01 reads, at its pinned revision: in the mirror, or reachable (data_source hub)."""
     data = setup.data
     if data.data_source == "offline":
         return Check("inputs", "training data", "pass", "the offline snapshot shipped in c2llm_lib/assets",
                      basis="given"), []  # fmt: skip
+    if data.data_source != "hub":
+        raise ValueError(f"data_source {data.data_source!r} reads no hub source: see check_own_data")
     found = []
     for name in data.hub_sources:
         source = SOURCES[name]
@@ -351,10 +409,13 @@ def check_release(setup: Setup, hub: Hub) -> Check | None:
 
 
 # the schedule ---------------------------------------------------------------------------------------------------------
-def check_schedule(setup: Setup, rows: RowCount, steps: int) -> Check:
-    """The recipe against its rows: whole global batches exist, checkpoint_steps lie within the run, and notebook 03
-    finds merge_last checkpoints; the figure is the run's optimizer steps."""
-    from ..config import ConfigError
+def check_schedule(setup: Setup, rows: RowCount, steps: int, nproc: int) -> Check:
+    """The recipe against its rows and processes: the global batch splits evenly over the ranks (the sampler's own
+    rule, `samplers.local_batch_size`), whole global batches exist, checkpoint_steps lie within the run, and notebook
+    03 finds merge_last checkpoints; the figure is the run's optimizer steps. A failure of the batch itself (it does
+    not split, or no group holds one) is recorded as `values["batch_refused"]`: the measurements that take that batch
+    are not run (`run.device_checks`)."""
+    from ..samplers import local_batch_size
     from ..train import checkpoint_schedule
 
     train = setup.train
@@ -363,8 +424,23 @@ def check_schedule(setup: Setup, rows: RowCount, steps: int) -> Check:
     basis = "measured" if rows.exact else "computed"
     if not setup.trains:
         return Check("inputs", "schedule", "pass", "no training in the notebooks chosen", basis="given")
+    world = world_size(setup, nproc)
+    try:
+        local_batch_size(train.global_batch_size, world)
+    except ValueError as err:
+        multiple = -(-train.global_batch_size // world) * world
+        values["batch_refused"] = f"global_batch_size {train.global_batch_size} does not split over {world} ranks"
+        return Check("inputs", "schedule", "fail", f"global_batch_size {train.global_batch_size} over {world} ranks "
+                     f"(nproc {nproc} x nnodes {setup.launch.nnodes})", f"{err}: every rank takes an equal slice, and "
+                     "the trainer's sampler refuses this batch when the ranks start; set global_batch_size to a "
+                     f"multiple of nproc x nnodes = {world} (e.g. {multiple}), or nproc and nnodes to divide "
+                     f"{train.global_batch_size}", "computed", values)  # fmt: skip
+    if not rows.groups:
+        return Check("inputs", "schedule", "warn", "not checked", f"the rows are {rows.source}: the steps and "
+                     "checkpoints follow from them", basis="given", values=values)  # fmt: skip
     if steps == 0:
         largest = max(rows.groups.values(), default=0)
+        values["batch_refused"] = f"no (dataset, language) group holds a global batch of {train.global_batch_size}"
         return Check("inputs", "schedule", "fail", figure, f"no (dataset, language) group holds "
                      f"{train.global_batch_size} rows (the largest holds {largest}): lower global_batch_size to at "
                      f"most {largest}", basis, values)  # fmt: skip

@@ -21,8 +21,9 @@ OUT receives a `ProbeResult` as JSON. In order:
   steps and after the inference (`hardware.gemm_gflops`); MFU is taken against the higher of the two.
 - speed: more optimizer steps on the same batch, timed (`steps`); real tokens per second, the step's FLOPs by the
   plan's formula (`scale.step_flops`) and MFU.
-- inference: one timed no-grad forward of `eval_batch_size` texts of `eval_max_length` tokens (after a warm-up; at
-  most 4 texts on a CPU, whose rate does not grow with the batch).
+- inference: timed no-grad forwards of `eval_batch_size` texts of `eval_max_length` tokens (at most 4 texts on a CPU,
+  whose rate does not grow with the batch): two warm-ups, then at least 5 passes and 2 s (at most 50, or 3 after 30 s,
+  `time_passes`); the rate is the median pass's, and the passes' quartiles are kept as its spread.
 - checkpoint: `train.save_checkpoint` of the adapter, head and optimizer state into the given folder, read back with
   `read_checkpoint` and compared tensor by tensor, with its size and the seconds it took.
 
@@ -38,6 +39,7 @@ import gc
 import json
 import os
 import random
+import statistics
 import sys
 import time
 import traceback
@@ -53,6 +55,13 @@ from ..scale import Arch, arch_of, step_flops
 MAX_TRIALS = 7  # settings the memory search may measure
 ROOM = 0.9  # a suggested setting's peak stays within this share of the budget (the margin a pass keeps)
 FIRST_STEP_S = 20.0  # on a CPU, a memory step longer than this is timed on its own (no further step)
+WARM_UPS, MIN_PASSES, MAX_PASSES = (
+    2,
+    5,
+    50,
+)  # inference forwards: untimed first, then timed (`time_passes`): at least, at most
+MIN_TIMED_S, MAX_TIMED_S = 2.0, 30.0  # seconds of them: at least (with MIN_PASSES), and enough once 3 passes are in
+TRAINING = frozenset({"memory", "speed", "checkpoint"})  # the measurements that take the largest training batch
 DATASET, LANGUAGE = "CodeSearchNetRetrieval", "python"  # a dataset every prompt style has prompts for
 
 
@@ -62,7 +71,7 @@ class ProbeSpec:
 
     model: dict[str, Any]  # ModelConfig as resolved (device included)
     train: dict[str, Any]  # TrainConfig as resolved
-    rows: int  # rows of the global batch this process embeds (global batch / processes)
+    rows: int  # rows of the global batch this process embeds (global batch / processes; 0: no training measured)
     negatives: int  # K
     budget_bytes: float | None  # the most the step may use, given (None: the device's free memory at the start)
     share: float = 1.0  # of the host's free memory, on a CPU where several processes share it
@@ -331,26 +340,47 @@ def measure_speed(step, batch: dict[str, list], steps: int | None, arch: Arch, d
             "tokens_per_second": sum(tokens) / sum(seconds), "flops_per_step": flops}  # fmt: skip
 
 
+def time_passes(run, synchronize) -> list[float]:
+    """Seconds of each timed call of `run` (`synchronize` after each), after WARM_UPS untimed calls: at least
+    MIN_PASSES calls and MIN_TIMED_S in all, at most MAX_PASSES calls, or 3 once MAX_TIMED_S have passed. One call of a
+    small model lasts milliseconds, where a context switch or a frequency step weighs as much as the call itself."""
+    for _ in range(WARM_UPS):
+        run()
+        synchronize()
+    seconds: list[float] = []
+    while True:
+        tick = time.perf_counter()
+        run()
+        synchronize()
+        seconds.append(time.perf_counter() - tick)
+        count, total = len(seconds), sum(seconds)
+        enough = (count >= MIN_PASSES and total >= MIN_TIMED_S) or (count >= 3 and total >= MAX_TIMED_S)
+        if enough or count >= MAX_PASSES:
+            return seconds
+
+
 def measure_inference(encoder, batch_size: int, length: int, seed: int) -> dict[str, Any]:
-    """One timed no-grad forward of `batch_size` texts of `length` tokens (after one warm-up forward)."""
+    """Timed no-grad forwards of `batch_size` texts of `length` tokens (`time_passes`): the rate at the median pass,
+    with the passes' quartiles (the spread the projection reports) and the fastest and slowest."""
     if encoder.device.type == "cpu":
         batch_size = min(batch_size, 4)  # a CPU's rate does not grow with the batch; a GPU's does
     texts = full_length_texts(encoder.tokenizer, batch_size, length, seed + 1)
     tokens = encoder.tokenize_formatted(encoder.format_texts(texts, "document"), length)  # (B, T)
     encoder.eval()
     device = encoder.device
+
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     with torch.no_grad():
-        encoder(**tokens)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        tick = time.perf_counter()
-        encoder(**tokens)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        seconds = time.perf_counter() - tick
+        seconds = time_passes(lambda: encoder(**tokens), synchronize)
     encoder.train()
     real = int(tokens["attention_mask"].sum())
-    return {"texts": batch_size, "tokens": real, "seconds": seconds, "tokens_per_second": real / seconds}
+    first, median, third = statistics.quantiles(seconds, n=4, method="inclusive")
+    return {"texts": batch_size, "tokens": real, "seconds": median, "passes": len(seconds), "pass_seconds": seconds,
+            "quartiles": [first, third], "fastest": min(seconds), "slowest": max(seconds),
+            "tokens_per_second": real / median}  # fmt: skip
 
 
 def round_trip(step, folder: Path) -> dict[str, Any]:
@@ -415,9 +445,11 @@ def probe(spec: ProbeSpec) -> ProbeResult:
     result = ProbeResult(name, str(encoder.device), str(dtype).removeprefix("torch."),
                          dataclasses.asdict(measured_arch), trainable)  # fmt: skip
     try:
-        training = {"memory", "speed", "checkpoint"} & set(spec.measure)
+        training = TRAINING & set(spec.measure)
         step = trainer_for(encoder, train, spec.negatives) if training else None
-        batch = largest_batch(encoder.tokenizer, spec.rows, spec.negatives, train.max_length, spec.seed)
+        batch = None  # an evaluation alone builds no training batch
+        if training:
+            batch = largest_batch(encoder.tokenizer, spec.rows, spec.negatives, train.max_length, spec.seed)
         if "memory" in spec.measure:
             budget = budget_for(spec, free, resident)
             result.memory = measure_memory(step, batch, encoder.device, budget)

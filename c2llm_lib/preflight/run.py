@@ -20,6 +20,7 @@ from .inputs import (
     Hub,
     check_backbone,
     check_evaluation_data,
+    check_own_data,
     check_release,
     check_schedule,
     check_training_sources,
@@ -36,11 +37,16 @@ def needs_backbone(setup: Setup) -> bool:
     return any(setup.runs(n) for n in ("02", "03", "05", "06")) or own_eval
 
 
-def input_checks(setup: Setup, limits: Limits) -> tuple[list[Check], dict[str, Any]]:
-    """The inputs group, and what later checks use: the backbone's availability, rows, steps, sizes, tasks."""
+def input_checks(setup: Setup, limits: Limits, nproc: int) -> tuple[list[Check], dict[str, Any]]:
+    """The inputs group, and what later checks use: the backbone's availability, rows, steps, sizes, tasks, and why
+    the schedule refuses the training batch ('' when it does not)."""
     checks, found = [], {"loadable": False, "tasks": [], "source_bytes": None, "groups": {}}
-    hub = Hub(limits.hub_timeout_s)
-    if setup.runs("01"):
+    hub, own = Hub(limits.hub_timeout_s), None
+    if setup.runs("01") and setup.data.data_source in ("files", "code"):  # the user's data, never the hub's sources
+        check, own = check_own_data(setup)
+        checks.append(check)
+        found["source_bytes"] = check.values.get("bytes") or None
+    elif setup.runs("01"):
         check, sources = check_training_sources(setup, hub)
         checks.append(check)
         found["source_bytes"] = check.values.get("bytes") or None
@@ -53,30 +59,46 @@ def input_checks(setup: Setup, limits: Limits) -> tuple[list[Check], dict[str, A
     release = check_release(setup, hub)
     if release is not None:
         checks.append(release)
-    found["rows"] = row_count(setup, found["groups"] or None)
+    found["rows"] = row_count(setup, found["groups"] or None, own)
     found["steps"] = total_steps(setup.train, found["rows"])
-    schedule = check_schedule(setup, found["rows"], found["steps"])
+    schedule = check_schedule(setup, found["rows"], found["steps"], nproc)
     found["checkpoints"] = schedule.values.get("checkpoints", 0)
+    found["batch_refused"] = schedule.values.get("batch_refused", "")
     checks.append(schedule)
     return checks, found
 
 
+def not_run(why: str) -> list[Check]:
+    """The training measurements' lines when the schedule refuses the batch they would take: not run, and why."""
+    message = f"not run: {why} (see inputs/schedule); nothing is measured on a batch the run cannot take"
+    lines = (("memory", "largest batch"), ("speed", "training"), ("writes", "checkpoint round trip"))
+    return [Check(group, name, "warn", "not run", message, basis="given") for group, name in lines]
+
+
 def device_checks(setup: Setup, limits: Limits, device, nproc: int, found: dict[str, Any], scratch: Path | None,
                   run_arch) -> tuple[list[Check], dict[str, Any]]:  # fmt: skip
-    """Memory, speed, projection and the checkpoint round trip, from the probes; (checks, the probe's figures)."""
+    """Memory, speed, projection and the checkpoint round trip, from the probes; (checks, the probe's figures). Where
+    the schedule refuses the training batch, the training measurements are not run (lines saying why), and only the
+    evaluation's inference, which takes no training batch, is measured."""
     trains, evaluates = setup.trains, setup.runs("04")
     if not (trains or evaluates):
         return [], {}
+    refused = found.get("batch_refused", "") if trains else ""
+    skipped = not_run(refused) if refused else []
+    measured = trains and not refused
+    if not (measured or evaluates):
+        projection = Check("speed", "projection", "warn", "not run", skipped[0].message, basis="given")
+        return [*skipped, projection], {}
     if device is None:
         return [Check("memory", "largest batch", "fail", "not measured", "no device: see environment/device")], {}
     who = measure.subject(setup, device, found["loadable"], run_arch)
-    wanted = (["memory", "speed", "checkpoint"] if trains else []) + (["inference"] if evaluates else [])
+    wanted = (["memory", "speed", "checkpoint"] if measured else []) + (["inference"] if evaluates else [])
     spec = measure.probe_spec(setup, who, nproc, limits, scratch, wanted, device)
     gpus = measure.gpus_for(device, nproc)
     specs = [(dataclasses.replace(spec, search=i == 0), gpu) for i, gpu in enumerate(gpus)]  # one device searches
     results = measure.run_probes(specs, limits.probe_timeout_s)
-    checks, per_step = [], None
-    if trains:
+    checks, per_step = skipped, None
+    if measured:
         checks.append(measure.memory_check(setup, spec, results, who))
         speed, per_step = measure.speed_check(setup, results, who)
         checks.append(speed)
@@ -125,7 +147,7 @@ def run_preflight(params_file: str | Path, sets: dict[str, Any] | None = None, o
     environment, device, nproc = environment_checks(setup, run_arch)
     report.checks += environment
     report.device = environment[0].values | {"figure": environment[0].figure}
-    inputs, found = input_checks(setup, limits)
+    inputs, found = input_checks(setup, limits, nproc)
     report.checks += inputs
     scratch, writable = scratch_folder(setup)
     report.checks += [writable, check_run_dir(setup)]
@@ -134,12 +156,17 @@ def run_preflight(params_file: str | Path, sets: dict[str, Any] | None = None, o
         report.checks += checks
         unknown = [] if run_arch is not None else [f"checkpoints and merged model ({setup.model.backbone}: "
                                                    "architecture unknown)"]  # fmt: skip
-        needs = data_needs(setup, found["source_bytes"], setup.data.hub_mirror is None) if setup.runs("01") else []
+        from_hub = setup.data.data_source == "hub" and setup.data.hub_mirror is None
+        needs = data_needs(setup, found["source_bytes"], from_hub) if setup.runs("01") else []
         dtype = figures.get("dtype") or setup.model.dtype  # the resolved dtype where a probe ran
         half = dtype in ("bfloat16", "float16") or (dtype == "auto" and getattr(device, "type", "") == "cuda")
         needs += model_needs(setup, run_arch, found["checkpoints"], figures.get("checkpoint_bytes"), half)
         report.checks.append(check_disk(needs, limits, unknown))
-        if setup.trains:
+        several = nproc * setup.launch.nnodes > 1
+        if setup.trains and found["batch_refused"] and several:  # its gathered step takes a share of that batch
+            report.checks.append(Check("processes", "ranks", "warn", "not run", f"not run: {found['batch_refused']} "
+                                       "(see inputs/schedule)", basis="given"))  # fmt: skip
+        elif setup.trains:
             width = figures.get("width") or (run_arch.hidden if run_arch else 0)
             report.checks.append(check_processes(setup, nproc, figures.get("texts", 0), width,
                                                  figures.get("trainable", 0)))  # fmt: skip

@@ -60,6 +60,11 @@ class Setup:
         return self.runs("02") or (self.runs("06") and bool(compared))
 
 
+def world_size(setup: Setup, nproc: int) -> int:
+    """The ranks one global batch is split over: notebook 02's nproc x nnodes (notebook 06 trains in its kernel)."""
+    return nproc * setup.launch.nnodes if setup.runs("02") else 1
+
+
 def _stage(cls: type, values: dict[str, Any], source: str):
     names = {f.name for f in dataclasses.fields(cls)}
     return from_dict(cls, {k: v for k, v in values.items() if k in names}, source)
@@ -160,12 +165,17 @@ def offline_rows(data: DataStage) -> RowCount:
     return RowCount(dict(groups), "the offline snapshot's training rows (before decontamination: at most)", False)
 
 
-def row_count(setup: Setup, mirror_groups: dict[str, int] | None = None) -> RowCount:
-    """The run's training rows: notebook 01's product when it has run, else the offline snapshot, else the mirror's
-    training pairs (`mirror_groups`, counted by the inputs check), else the paper's ~3M pairs."""
+def row_count(setup: Setup, mirror_groups: dict[str, int] | None = None, own: RowCount | None = None) -> RowCount:
+    """The run's training rows: notebook 01's product when it has run, else the user's files or code as the inputs
+    check read them (`own`; no rows, an unknown count, when they were not read), else the offline snapshot, else the
+    mirror's training pairs (`mirror_groups`, counted by the inputs check), else the paper's ~3M pairs."""
     found = prepared_rows(setup.run_dir)
     if found is not None:
         return found
+    if own is not None:
+        return own
+    if setup.data.data_source in ("files", "code"):  # the user's data, unread or unreadable: no estimate stands in
+        return RowCount({}, f"unknown: your {setup.data.data_source} were not read (see inputs/training data)", False)
     if setup.data.data_source == "offline":
         return offline_rows(setup.data)
     if mirror_groups:
