@@ -1,6 +1,7 @@
 """Evaluation on a run's own held-out split (`data/heldout` of a files or code run): the tasks it makes, known answers
 of which documents and qrels each holds, their names and instructions, and the offline tasks kept for the others."""
 
+import random
 from pathlib import Path
 
 import pytest
@@ -48,14 +49,35 @@ def test_heldout_tasks_known_answer():
     assert tasks["heldout-pairs-go"].corpus == {"d0": "func Reverse(s []int) {}"}
     assert task_sizes(tasks.values())["heldout-pairs-python"] == {"queries": 4, "documents": 4}
     limited = {t.name: t for t in heldout_tasks(ROWS, limit=1)}["heldout-pairs-python"]
-    assert limited.queries == {"q0": "read json"} and limited.corpus == python.corpus  # the corpus stays whole
-    assert limited.qrels == {"q0": {"d0": 1, "d2": 1}}
+    assert len(limited.queries) == 1 and limited.corpus == python.corpus  # the corpus stays whole
+    assert limited.qrels == {q: python.qrels[q] for q in limited.queries}
+
+
+def test_the_limit_draws_its_queries_across_the_split_whatever_the_order_of_its_files():
+    """eval_limit took the first N queries: in a code run the alphabetically first held-out files, not a sample."""
+    rows = [row("pairs", "python", f"query {i}", f"document {i}") | {"file": f"f{i // 5:02}.py"} for i in range(60)]
+    (full,) = heldout_tasks(rows)
+    (task,) = heldout_tasks(rows, limit=10)
+    drawn = set(task.queries.values())
+    assert len(drawn) == 10 and drawn != {f"query {i}" for i in range(10)}  # not the first two files
+    assert len({int(q.split()[1]) // 5 for q in drawn}) > 4  # from across the split's files
+    assert task.qrels == {q: full.qrels[q] for q in task.queries} and task.corpus == full.corpus
+    assert list(task.queries) == [q for q in full.queries if q in task.queries]  # in the task's order
+    for order in (rows[::-1], random.Random(3).sample(rows, len(rows))):  # the files read in another order
+        assert set(heldout_tasks(order, limit=10)[0].queries.values()) == drawn
+    assert heldout_tasks(rows, limit=10)[0] == task  # the same on every run
+    assert set(heldout_tasks(rows, limit=10, seed=1)[0].queries.values()) != drawn  # the seed draws
+    assert (task.split_queries, task.seed) == (60, 0) and (full.split_queries, full.seed) == (None, None)
+    assert task_sizes([task])[task.name] == {"queries": 10, "documents": 60, "queries in the split": 60, "seed": 0}
+    (positives,) = heldout_tasks(rows, limit=10, max_documents=12)  # every drawn query's positive is in the corpus
+    assert positives.queries == task.queries and len(positives.corpus) == 12
+    assert all(d in positives.corpus for relevant in positives.qrels.values() for d in relevant)
 
 
 def test_max_documents_keeps_the_evaluated_positives_and_samples_the_rest():
     rows = [row("pairs", "python", f"query {i}", f"document {i}") for i in range(30)]
     (task,) = heldout_tasks(rows, limit=2, max_documents=10)
-    assert len(task.corpus) == 10 and {"d0", "d1"} <= set(task.corpus)
+    assert len(task.corpus) == 10 and {d for r in task.qrels.values() for d in r} <= set(task.corpus)
     assert [t.corpus for t in heldout_tasks(rows, limit=2, max_documents=10)] == [task.corpus]  # fixed
     assert heldout_tasks(rows, limit=2, max_documents=10, seed=1)[0].corpus != task.corpus
 

@@ -171,7 +171,9 @@ def check_own_data(root: Path, eval_limit: int) -> None:
     for count in ("queries", "documents"):
         (row,) = [line for line in lines if line.startswith(f"| *{count} per task* |")]
         cells = [c.strip() for c in row.strip("|").split("|")][1:]
-        assert cells[: len(sizes)] == [str(sizes[task][count]) for task in columns[:-1]]
+        split = {t: sizes[t].get("queries in the split") if count == "queries" else None for t in columns[:-1]}
+        drawn = {t: f" of {n}" if n is not None else "" for t, n in split.items()}  # eval_limit drew them: "3 of 7"
+        assert cells[: len(sizes)] == [f"{sizes[task][count]}{drawn[task]}" for task in columns[:-1]]
     attention = json.loads((root / "metrics" / "attention.json").read_text())
     assert set(attention["corpus_languages"]) <= set(heldout["language"]) and attention["category_texts"]
 
