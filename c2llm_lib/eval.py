@@ -17,6 +17,8 @@ adapter), never the other way round (the pieces both need, `RetrievalTask`, `cor
   `heldout-<group>-<language>` for a user's files; a query repeated with several positives is one query with all of
   them relevant. No HumanEval beside them: it measures the offline recipe, not the user's data. `evaluation_tasks`
   picks the run's tasks (its own held-out split when it has one, else the offline ones);
+- `contamination_note`: the evaluated sets a run's training rows were not decontaminated against (notebook 01 checks
+  the held-out tasks always, MTEB(Code, v1) only with `decontaminate_mteb`, never a BEIR set), said beside the scores;
 - `instruction_overrides`: in the c2llm prompt style, a task whose instruction is its own (a user's files' groups,
   a local BEIR set, `data/beir.py`) is evaluated with that instruction, as its rows trained;
 - `chunked_topk`: exact top-k by cosine over a corpus scored in chunks. Memory is bounded by
@@ -227,6 +229,38 @@ def instruction_overrides(config, tasks: Sequence[RetrievalTask]) -> dict[str, s
         if query != task.instruction:
             overrides[task.name] = task.instruction
     return overrides
+
+
+CHECKED_KEY = "decontaminated_mteb_tasks"  # notebook 01's record in metrics/data.json (data/build.py)
+
+
+def contamination_note(evaluated: Sequence[str], data_record: dict | None, model: str) -> str:
+    """A paragraph naming the evaluated sets (task names, in order) that `model`'s training rows were not checked
+    against, "" when there is none. `data_record` is the run's `metrics/data.json`: notebook 01 removes every text of
+    the offline held-out split, HumanEval and the run's own held-out split from the rows, and the test texts of the
+    MTEB tasks it records (`CHECKED_KEY`; none unless `decontaminate_mteb`), never a local BEIR set's or another
+    benchmark's; so any other set is named. None (a released checkpoint, whose training data this repository did not
+    prepare) names every evaluated set, as does a record that predates the key."""
+    evaluated = list(dict.fromkeys(evaluated))  # a task of two benchmarks, once
+    if data_record is None:
+        unchecked, why = list(evaluated), "its training data was not prepared here, so nothing was checked against it"
+    elif not isinstance(data_record.get(CHECKED_KEY), list):
+        unchecked = [s for s in evaluated if not _always_checked(s)]
+        why = "metrics/data.json does not record which MTEB tasks notebook 01 decontaminated against (rerun 01)"
+    else:
+        unchecked = [s for s in evaluated if not _always_checked(s) and s not in data_record[CHECKED_KEY]]
+        why = ("notebook 01 decontaminates only against MTEB(Code, v1)'s test sets, and only with decontaminate_mteb: "
+               f"it checked {len(data_record[CHECKED_KEY])} MTEB tasks")  # fmt: skip
+    if not unchecked:
+        return ""
+    return (f"**Not checked for contamination**: the training rows of {model} were not decontaminated against "
+            f"{', '.join(unchecked)} ({why}); a score there may count texts the model trained on.\n")  # fmt: skip
+
+
+def _always_checked(task: str) -> bool:
+    """A task (named by this module) notebook 01 always decontaminates against: the offline held-out tasks, HumanEval,
+    a run's own held-out tasks."""
+    return task == "HumanEval" or task.startswith(("offline-", "heldout-"))
 
 
 def task_sizes(

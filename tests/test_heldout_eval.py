@@ -1,6 +1,7 @@
 """Evaluation on a run's own held-out split (`data/heldout` of a files or code run): the tasks it makes, known answers
 of which documents and qrels each holds, their names and instructions, and the offline tasks kept for the others."""
 
+import json
 import random
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 from c2llm_lib.data.records import DataError
 from c2llm_lib.data.sources import TABLE_1
 from c2llm_lib.eval import (
+    contamination_note,
     evaluation_tasks,
     heldout_task_names,
     heldout_tasks,
@@ -19,6 +21,7 @@ from c2llm_lib.eval import (
 from c2llm_lib.mteb_code import task_fingerprint
 
 REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = {n: json.loads(next((REPO / "notebooks").glob(f"{n}_*.ipynb")).read_text()) for n in ("01", "04")}
 FILES = "Given a query, retrieve relevant code or text that answers it:"
 
 
@@ -141,3 +144,36 @@ def _config(style):
     from c2llm_lib.config import ModelConfig
 
     return ModelConfig(backbone="tiny-random-qwen2", prompt_style=style)
+
+
+def test_the_sets_the_training_was_not_checked_against_are_named():
+    """Notebook 04 scored mteb_tasks and BEIR sets that notebook 01 had not decontaminated against (decontaminate_mteb
+    is false by default) and said nothing."""
+    from c2llm_lib.config import DataStage
+    from c2llm_lib.data.build import decontaminated_mteb_tasks
+    from c2llm_lib.mteb_code import MTEB_CODE_V1
+
+    evaluated = ["offline-text2code-python", "HumanEval", "heldout-text2code-go", "beir-mine", "CosQA", "CosQA",
+                 "CoREB-Text2Code"]  # fmt: skip
+    unchecked = {"decontaminated_mteb_tasks": decontaminated_mteb_tasks(DataStage())}
+    assert decontaminated_mteb_tasks(DataStage()) == [] and "CosQA" not in decontaminated_mteb_tasks(DataStage())
+    note = contamination_note(evaluated, unchecked, "run r")
+    assert note.startswith("**Not checked for contamination**: the training rows of run r were not decontaminated "
+                           "against beir-mine, CosQA, CoREB-Text2Code (")  # fmt: skip
+    checked = {"decontaminated_mteb_tasks": decontaminated_mteb_tasks(DataStage(decontaminate_mteb=True))}
+    assert set(checked["decontaminated_mteb_tasks"]) == set(MTEB_CODE_V1)
+    assert "against beir-mine, CoREB-Text2Code (" in contamination_note(evaluated, checked, "run r")
+    assert contamination_note(evaluated[:3] + ["CosQA"], checked, "run r") == ""  # every evaluated set checked
+    released = contamination_note(evaluated[:2], None, "released x")  # its training data is not ours
+    assert "against offline-text2code-python, HumanEval (its training data was not prepared here" in released
+    assert "does not record which MTEB tasks" in contamination_note(["CosQA"], {"rows": 3}, "run r")  # an old record
+
+
+def test_notebook_04_reads_what_notebook_01_recorded():
+    from c2llm_lib.runs import INPUTS, PRODUCERS, upstream
+
+    assert "metrics/data.json" in INPUTS["04_eval_mteb_code"]  # a rerun of 01 makes 04's note stale, so 04 reruns
+    assert upstream("04_eval_mteb_code")["metrics/data.json"] == PRODUCERS["metrics/data.json"] == "01_data_prep"
+    cells = {name: "".join("".join(c["source"]) for c in nb["cells"]) for name, nb in NOTEBOOKS.items()}
+    assert '"decontaminated_mteb_tasks": decontaminated_mteb_tasks(data)' in cells["01"]
+    assert "contamination_note(" in cells["04"] and 'save_text("results.md"' in cells["04"]

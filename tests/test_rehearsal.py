@@ -145,6 +145,7 @@ def check_beir(root: Path) -> None:
     table = results[results.index("### Local BEIR sets") :]
     assert "| model | beir-my-set | mean |" in table and "| *queries per task* | 3 |" in table
     assert "| *documents per task* | 4 |" in table
+    assert "the training rows of C2LLM recipe (merged) were not decontaminated against beir-my-set (" in table
 
 
 def check_own_data(root: Path, eval_limit: int) -> None:
