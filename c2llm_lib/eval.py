@@ -477,6 +477,7 @@ def baselines(trained, poolings: Sequence[str]) -> dict[str, Any]:
     built = {poolings[0]: first}
     for p in poolings[1:]:
         built[p] = C2LLMEncoder(first.backbone, first.tokenizer, dataclasses.replace(first.config, pooling=p))
+        built[p].directory = first.directory  # a release's backbone: keyed by its folder too (mteb_code.fingerprint)
     return {f"{kind}, {p} pooling": built[p] for p in poolings}
 
 

@@ -99,19 +99,19 @@ def fingerprint(
     return digest.hexdigest()
 
 
-_FOLDER_DIGESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # encoder -> weights_digest
+_FOLDER_DIGESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loaded backbone -> weights_digest
 
 
 def weights_digest(encoder) -> str | None:
     """`files.file_digest` of the folder `encoder` was loaded from (`C2LLMEncoder.directory`: a run's `merged/`, a
-    release), every file of it, read once per loaded encoder (about 1 GB for the 0.5B model); None for an encoder
-    built in memory (the untrained baselines, the ablations' variants)."""
+    release), every file of it, read once per loaded backbone (about 1 GB for the 0.5B model; the baselines' poolers
+    share one); None for an encoder built in memory (the untrained baselines of a run, the ablations' variants)."""
     directory = getattr(encoder, "directory", None)
     if directory is None:
         return None
-    if encoder not in _FOLDER_DIGESTS:
-        _FOLDER_DIGESTS[encoder] = file_digest(directory)
-    return _FOLDER_DIGESTS[encoder]
+    if encoder.backbone not in _FOLDER_DIGESTS:
+        _FOLDER_DIGESTS[encoder.backbone] = file_digest(directory)
+    return _FOLDER_DIGESTS[encoder.backbone]
 
 
 def task_fingerprint(task: RetrievalTask) -> str:

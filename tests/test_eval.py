@@ -141,6 +141,7 @@ def test_baselines_of_a_release_are_built_on_its_backbone(tmp_path):
         for name, value in baseline.base_model.state_dict().items():
             assert torch.equal(value, released[f"plm_model.model.{name}"]), (label, name)
     assert baseline_encoder(trained, "mean").encode(["x = 1"]).shape == (1, 64)
+    assert all(b.directory == release for b in built.values())  # mteb's revision hashes the release's files
 
 
 def test_baselines_of_a_run_are_its_untrained_backbone(make_encoder):
