@@ -429,7 +429,7 @@ class MergeStage:
 class EvalStage:
     """Notebook 04: the held-out evaluation and its baselines."""
 
-    eval_limit: int | None = None  # queries per offline task; None: all of them
+    eval_limit: int | None = None  # queries per task, drawn with a fixed seed across it (eval.limit_task); None: all
     eval_max_documents: int | None = None  # documents per offline task (>= 200): the evaluated queries' positives
     # plus a fixed seeded sample of the others, for a CPU budget; None: every held-out document
     eval_batch_size: int = 16

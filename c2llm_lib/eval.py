@@ -6,16 +6,19 @@ adapter), never the other way round (the pieces both need, `RetrievalTask`, `cor
 - `RetrievalTask`: queries, a corpus and graded relevance (qrels), in mteb's shape;
 - `offline_tasks`: tasks built from the held-out split of the offline real-code dataset (one per
   (recipe, language)) and from HumanEval. Every held-out positive is in the corpus, also when `limit`
-  caps the queries, so each query competes against all held-out documents of its task (or, with
-  `max_documents`, for a CPU budget: every positive of the evaluated queries and a fixed seeded sample of
-  the other documents; `limit_task` does both, for any task); `task_sizes` counts queries and documents, and with
-  an encoder how many of them its evaluation length cuts (`truncation_counts`), which every results table shows
-  with that length (`results_markdown`);
+  caps the queries (a sample drawn with a seed across the whole task, `drawn_queries`, never its first rows), so
+  each query competes against all held-out documents of its task (or, with `max_documents`, for a CPU budget:
+  every positive of the evaluated queries and a fixed seeded sample of the other documents; `limit_task` does both,
+  for any task); `task_sizes` counts queries (drawn of how many, with which seed) and documents, and with an encoder
+  how many of them its evaluation length cuts (`truncation_counts`), which every results table shows with that
+  length (`results_markdown`);
 - `heldout_tasks`: the same tasks built from a run's own held-out split (`data/heldout` of a `files` or `code` run),
   one per (dataset, language) group: `heldout-text2code-<language>` and `heldout-code2code-<language>` for code,
   `heldout-<group>-<language>` for a user's files; a query repeated with several positives is one query with all of
   them relevant. No HumanEval beside them: it measures the offline recipe, not the user's data. `evaluation_tasks`
   picks the run's tasks (its own held-out split when it has one, else the offline ones);
+- `contamination_note`: the evaluated sets a run's training rows were not decontaminated against (notebook 01 checks
+  the held-out tasks always, MTEB(Code, v1) only with `decontaminate_mteb`, never a BEIR set), said beside the scores;
 - `instruction_overrides`: in the c2llm prompt style, a task whose instruction is its own (a user's files' groups,
   a local BEIR set, `data/beir.py`) is evaluated with that instruction, as its rows trained;
 - `chunked_topk`: exact top-k by cosine over a corpus scored in chunks. Memory is bounded by
@@ -37,6 +40,8 @@ adapter), never the other way round (the pieces both need, `RetrievalTask`, `cor
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import random
 from collections import Counter
@@ -56,25 +61,46 @@ from .retrieval import RetrievalTask, corpus_text, file_safe, truncate
 def limit_task(
     task: RetrievalTask, limit: int | None = None, max_documents: int | None = None, seed: int = 0
 ) -> RetrievalTask:
-    """`task` with its first `limit` queries (all when None) and their qrels; the corpus keeps every document, so a
-    limit shortens the query list and never the corpus. With `max_documents`, the corpus keeps every document judged
-    for an evaluated query and a sample of the others (seeded by `seed` and the task name, so the same on every run)
-    up to `max_documents`; documents keep their ids and order."""
+    """`task` with `limit` of its queries (all when None) and their qrels; the corpus keeps every document, so a
+    limit shortens the query list and never the corpus. The queries are drawn with `seed` across the whole task
+    (`drawn_queries`: the same on every run, whatever the order of the rows or files they came from), and kept in the
+    task's order; the result records how many the task held (`split_queries`) and the seed. With `max_documents`, the
+    corpus keeps every document judged for an evaluated query and a sample of the others (seeded by `seed` and the
+    task name, so the same on every run) up to `max_documents`; documents keep their ids and order."""
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be a positive number of queries or None, got {limit}")
     if max_documents is not None and max_documents < 1:
         raise ValueError(f"max_documents must be a positive number of documents or None, got {max_documents}")
-    kept_queries = list(task.queries)[:limit]
+    drawn = limit is not None and limit < len(task.queries)
+    kept_queries = drawn_queries(task, limit, seed) if drawn else list(task.queries)
     queries = {q: task.queries[q] for q in kept_queries}
     qrels = {q: task.qrels[q] for q in kept_queries}
     corpus = task.corpus
-    if max_documents is not None and len(corpus) > max_documents:
+    sampled = max_documents is not None and len(corpus) > max_documents
+    if sampled:
         judged = {d for relevant in qrels.values() for d in relevant}
         distractors = [d for d in corpus if d not in judged]
         k = min(len(distractors), max(0, max_documents - len(judged)))
         kept = judged | set(random.Random(f"{seed}:{task.name}").sample(distractors, k))
         corpus = {d: text for d, text in corpus.items() if d in kept}
-    return RetrievalTask(task.name, queries, corpus, qrels, task.instruction)
+    return RetrievalTask(task.name, queries, corpus, qrels, task.instruction,
+                         split_queries=len(task.queries) if drawn else task.split_queries,
+                         seed=seed if drawn or sampled else task.seed)  # fmt: skip
+
+
+def drawn_queries(task: RetrievalTask, limit: int, seed: int = 0) -> list[str]:
+    """The ids of `limit` queries of `task` drawn with `seed`, in task order: those with the smallest hash of the seed,
+    the query's text and its relevant documents' texts and grades (ties, a query repeated with the same answers, by
+    id). A draw from the whole task that depends on its content only, never on the order of its rows: a limit takes a
+    sample, not the first files' queries, and the same one on every run while the task is unchanged."""
+
+    def key(q: str) -> tuple[str, str]:
+        answers = sorted((task.corpus.get(d, d), grade) for d, grade in task.qrels.get(q, {}).items())
+        blob = json.dumps([seed, task.queries[q], answers], ensure_ascii=False).encode()
+        return hashlib.sha256(blob).hexdigest(), q
+
+    chosen = set(sorted(task.queries, key=key)[:limit])
+    return [q for q in task.queries if q in chosen]
 
 
 def task_from_rows(
@@ -86,10 +112,10 @@ def task_from_rows(
     seed: int = 0,
     distinct_queries: bool = False,
 ) -> RetrievalTask:
-    """Queries from the first `limit` rows (all when None); the corpus holds every row's positive, so a limit
-    shortens the query list and never the corpus. Identical documents share an id. With `distinct_queries`, rows
-    sharing a query text are one query, relevant to each of their positives (a query's other correct answers are
-    not counted as misses). `max_documents` as in `limit_task`."""
+    """A task of the rows' queries, `limit` of them drawn with `seed` (all when None; `limit_task`); the corpus holds
+    every row's positive, so a limit shortens the query list and never the corpus. Identical documents share an id.
+    With `distinct_queries`, rows sharing a query text are one query, relevant to each of their positives (a query's
+    other correct answers are not counted as misses). `max_documents` as in `limit_task`."""
     corpus, ids, queries, qrels, query_ids = {}, {}, {}, {}, {}
     for row in rows:
         doc_id = ids.setdefault(row["positive"], f"d{len(ids)}")
@@ -104,7 +130,8 @@ def task_from_rows(
 def offline_tasks(
     limit: int | None = None, include_humaneval: bool = True, max_documents: int | None = None, seed: int = 0
 ) -> list[RetrievalTask]:
-    """Held-out offline tasks, one per (recipe, language), plus HumanEval; `limit` caps queries per task, and
+    """Held-out offline tasks, one per (recipe, language), plus HumanEval; `limit` caps queries per task (drawn with
+    `seed` across the task, `limit_task`), and
     every task's corpus holds all of its held-out documents, or with `max_documents` every positive of the
     evaluated queries and a seeded sample of the others up to that many (`task_from_rows`)."""
     groups: dict[tuple[str, str], list[dict]] = {}
@@ -204,13 +231,51 @@ def instruction_overrides(config, tasks: Sequence[RetrievalTask]) -> dict[str, s
     return overrides
 
 
+CHECKED_KEY = "decontaminated_mteb_tasks"  # notebook 01's record in metrics/data.json (data/build.py)
+
+
+def contamination_note(evaluated: Sequence[str], data_record: dict | None, model: str) -> str:
+    """A paragraph naming the evaluated sets (task names, in order) that `model`'s training rows were not checked
+    against, "" when there is none. `data_record` is the run's `metrics/data.json`: notebook 01 removes every text of
+    the offline held-out split, HumanEval and the run's own held-out split from the rows, and the test texts of the
+    MTEB tasks it records (`CHECKED_KEY`; none unless `decontaminate_mteb`), never a local BEIR set's or another
+    benchmark's; so any other set is named. None (a released checkpoint, whose training data this repository did not
+    prepare) names every evaluated set, as does a record that predates the key."""
+    evaluated = list(dict.fromkeys(evaluated))  # a task of two benchmarks, once
+    if data_record is None:
+        unchecked, why = list(evaluated), "its training data was not prepared here, so nothing was checked against it"
+    elif not isinstance(data_record.get(CHECKED_KEY), list):
+        unchecked = [s for s in evaluated if not _always_checked(s)]
+        why = "metrics/data.json does not record which MTEB tasks notebook 01 decontaminated against (rerun 01)"
+    else:
+        unchecked = [s for s in evaluated if not _always_checked(s) and s not in data_record[CHECKED_KEY]]
+        why = ("notebook 01 decontaminates only against MTEB(Code, v1)'s test sets, and only with decontaminate_mteb: "
+               f"it checked {len(data_record[CHECKED_KEY])} MTEB tasks")  # fmt: skip
+    if not unchecked:
+        return ""
+    return (f"**Not checked for contamination**: the training rows of {model} were not decontaminated against "
+            f"{', '.join(unchecked)} ({why}); a score there may count texts the model trained on.\n")  # fmt: skip
+
+
+def _always_checked(task: str) -> bool:
+    """A task (named by this module) notebook 01 always decontaminates against: the offline held-out tasks, HumanEval,
+    a run's own held-out tasks."""
+    return task == "HumanEval" or task.startswith(("offline-", "heldout-"))
+
+
 def task_sizes(
     tasks: Sequence[RetrievalTask], encoder=None, max_length: int | None = None
 ) -> dict[str, dict[str, int]]:
-    """{task: {"queries": n, "documents": corpus size}}: what each score was ranked against. With an `encoder`
-    and the evaluation's `max_length`, also how many queries and documents were cut at that length
+    """{task: {"queries": n, "documents": corpus size}}: what each score was ranked against; for a task whose queries a
+    limit drew (`limit_task`), also "queries in the split" (how many it held) and "seed" (the draw's). With an
+    `encoder` and the evaluation's `max_length`, also how many queries and documents were cut at that length
     (`truncation_counts`)."""
     sizes = {t.name: {"queries": len(t.queries), "documents": len(t.corpus)} for t in tasks}
+    for t in tasks:
+        if t.split_queries is not None:
+            sizes[t.name]["queries in the split"] = t.split_queries
+        if t.seed is not None:
+            sizes[t.name]["seed"] = t.seed
     if encoder is not None:
         for name, counts in truncation_counts(encoder, tasks, max_length or encoder.config.max_length).items():
             sizes[name].update(counts)
@@ -412,6 +477,7 @@ def baselines(trained, poolings: Sequence[str]) -> dict[str, Any]:
     built = {poolings[0]: first}
     for p in poolings[1:]:
         built[p] = C2LLMEncoder(first.backbone, first.tokenizer, dataclasses.replace(first.config, pooling=p))
+        built[p].directory = first.directory  # a release's backbone: keyed by its folder too (mteb_code.fingerprint)
     return {f"{kind}, {p} pooling": built[p] for p in poolings}
 
 
@@ -489,17 +555,34 @@ def results_markdown(
 ) -> str:
     """The table as markdown; with `sizes` (`task_sizes`), rows saying how many queries and documents each
     task's corpus held (and how many were truncated, when counted), so that no score is read without its corpus
-    size; with `max_length`, a line stating the evaluation length."""
+    size: "40 of 213" queries where a limit drew them, with a line naming the seed; with `max_length`, a line
+    stating the evaluation length."""
+    sizes = sizes or {}
     header = "| model | " + " | ".join(frame.columns) + " |\n|---|" + "---|" * len(frame.columns) + "\n"
     cell = lambda v: "" if v != v else f"{v:.1f}"  # noqa: E731  a blank for NaN: a public mean has no task scores
     rows = "".join(f"| {m} | " + " | ".join(cell(v) for v in frame.loc[m]) + " |\n" for m in frame.index)
-    counts = list(dict.fromkeys(key for task in (sizes or {}).values() for key in task))
+    drawn = ("queries in the split", "seed")
+    counts = list(dict.fromkeys(key for task in sizes.values() for key in task if key not in drawn))
     for count in counts:
-        cells = [str(sizes[c][count]) if count in sizes.get(c, {}) else "" for c in frame.columns]
+        cells = [_count_cell(sizes.get(c, {}), count) for c in frame.columns]
         label = f"{count} at {max_length} tokens" if count.startswith("truncated") and max_length else count
         rows += f"| *{label} per task* | " + " | ".join(cells) + " |\n"
     stated = ""
+    seeds = sorted({task["seed"] for task in sizes.values() if "queries in the split" in task})
+    if seeds:
+        stated += (f"\nWhere a task holds more queries than the limit (\"40 of 213\"), the evaluated ones are drawn "
+                   f"with seed {', '.join(map(str, seeds))} across all of its queries, the same on every run whatever "
+                   "the order of its files; every positive of a drawn query is in its corpus.\n")  # fmt: skip
     if max_length:
-        stated = (f"\nEvaluated at max length {max_length} tokens (instruction or document prefix included); "
-                  "longer texts are cut on the right.\n")  # fmt: skip
+        stated += (f"\nEvaluated at max length {max_length} tokens (instruction or document prefix included); "
+                   "longer texts are cut on the right.\n")  # fmt: skip
     return f"### {title}\n\n{header}{rows}{stated}"
+
+
+def _count_cell(task: dict[str, int], count: str) -> str:
+    """One task's cell of a `results_markdown` count row: "" when not counted, "40 of 213" for drawn queries."""
+    if count not in task:
+        return ""
+    if count == "queries" and "queries in the split" in task:
+        return f"{task['queries']} of {task['queries in the split']}"
+    return str(task[count])

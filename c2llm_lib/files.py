@@ -6,11 +6,12 @@ named, also where it lies in place of the safetensors file a loader looks for (`
 `adapter_model.safetensors`), and `check_no_pickles` refuses a folder handed whole to another library that would
 read one. Weights must be finite: a NaN or infinite value is an error naming the file and the tensors, since it
 would only show later as NaN embeddings. JSON records (configs, trainer state) are read with a message naming the
-file when they are missing, truncated or not an object.
+file when they are missing, truncated or not an object. `file_digest` is the one content digest of a file or a folder.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -112,3 +113,18 @@ def load_json(path: str | Path, what: str = "record") -> dict[str, Any]:
     if not isinstance(value, dict):
         raise CorruptFile(f"{path}: the {what} file must hold a JSON object, got {type(value).__name__}")
     return value
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file's bytes, or of every file of a folder (relative names, sizes and bytes, in name order: a byte
+    moved from one file to the next is a change)."""
+    path = Path(path)
+    h = hashlib.sha256()
+    parts = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for part in parts:
+        if path.is_dir():
+            h.update(f"{part.relative_to(path).as_posix()}\x00{part.stat().st_size}\x00".encode())
+        with part.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()

@@ -17,10 +17,10 @@ code (`mteb.evaluate`), not a re-implementation:
   `cached_query_scores` reads them back for the paired bootstrap (`uncertainty.py`) without encoding again.
 - `run_mteb`: evaluates tasks with results cached under a folder in mteb's own layout
   (`ResultCache`); tasks already there are not rerun. The cache is keyed by the model's name and revision, and
-  the revision is a `fingerprint` of the weights and of every setting that changes a score (max length,
-  prompts, dtype, width), so a changed setting is a new computation, never a stale score. mteb files one result
-  per model and task name whatever the task's data, so a cached result whose dataset revision is not the task's
-  (another `eval_limit`, a changed mirror) is computed again and replaced, never read.
+  the revision is a `fingerprint` of the weights (every file of the model's folder) and of every setting that changes
+  a score (max length, batch size, prompts, dtype, width), so a changed setting is a new computation, never a stale
+  score. mteb files one result per model and task name whatever the task's data, so a cached result whose dataset
+  revision is not the task's (another `eval_limit`, a changed mirror) is computed again and replaced, never read.
 - `mteb_task_sizes`: queries and documents of each benchmark task (mteb's statistics), for the results table;
 - `comparison_table`: our per-task nDCG@10 beside table 2 and the reference scores, with the full mean and
   a contamination-clean mean. The clean mean leaves out CodeEditSearch, which is evaluated on its train
@@ -29,6 +29,9 @@ code (`mteb.evaluate`), not a re-implementation:
 
 from __future__ import annotations
 
+import hashlib
+import json
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,7 @@ from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.models.abs_encoder import AbsEncoder
 
 from .batching import length_batches
+from .files import file_digest
 from .prompts import C2LLM_PROMPTS, OFFLINE_TASKS, prompts
 from .retrieval import RetrievalTask, truncate
 
@@ -59,16 +63,18 @@ REFERENCE_SCORES = {
 }  # in MTEB_CODE_V1 order
 
 
-def fingerprint(encoder, max_length: int | None = None, overrides: dict[str, str] | None = None) -> str:
+def fingerprint(
+    encoder, max_length: int | None = None, overrides: dict[str, str] | None = None, batch_size: int | None = None
+) -> str:
     """A short hash of every setting that changes an encoder's scores: its config (pooling, prompt style,
-    document prefix, ...), the dtype its backbone computes in, the embedding width (a Truncated view's), the
-    evaluation's `max_length`, the query instruction `overrides`, the prompts its style gives every known task,
-    and the weights that training or a merge change (PMA head, LoRA, the first layer's query projection).
-    mteb caches results by model name and revision, so a retrained model, or the same model evaluated
-    differently, under the same name must get a new revision, never the old scores."""
-    import hashlib
-    import json
-
+    document prefix, ...), the dtype its backbone computes in (what `dtype: auto` resolved to), the embedding width (a
+    Truncated view's), the evaluation's `max_length` and `batch_size` (in bf16 an embedding moves with the padding of
+    its batch), the query instruction `overrides`, the prompts its style gives every known task, and the weights: every
+    file of the folder the encoder was loaded from (`weights_digest`: backbone, adapter, head, tokenizer, configs), and
+    the tensors that training or a merge change in memory (PMA head, LoRA, the first layer's query projection; all an
+    encoder built in memory has besides the backbone its config names). mteb caches results by model name and
+    revision, so a retrained model, or the same model evaluated differently, under the same name must get a new
+    revision, never the old scores."""
     base = getattr(encoder, "encoder", encoder)  # a Truncated view hashes its encoder and its width
     config = base.config
     settings = {
@@ -76,8 +82,10 @@ def fingerprint(encoder, max_length: int | None = None, overrides: dict[str, str
         "dtype": str(next(base.base_model.parameters()).dtype),
         "embedding_dim": getattr(encoder, "embedding_dim", None),
         "max_length": max_length,
+        "batch_size": batch_size,
         "overrides": dict(sorted((overrides or {}).items())),
         "prompts": {t: prompts(config.prompt_style, t, config.document_prefix) for t in PROMPTED_TASKS},
+        "folder": weights_digest(base),
     }
     digest = hashlib.blake2b(digest_size=8)
     digest.update(json.dumps(settings, sort_keys=True).encode())
@@ -91,13 +99,25 @@ def fingerprint(encoder, max_length: int | None = None, overrides: dict[str, str
     return digest.hexdigest()
 
 
+_FOLDER_DIGESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loaded backbone -> weights_digest
+
+
+def weights_digest(encoder) -> str | None:
+    """`files.file_digest` of the folder `encoder` was loaded from (`C2LLMEncoder.directory`: a run's `merged/`, a
+    release), every file of it, read once per loaded backbone (about 1 GB for the 0.5B model; the baselines' poolers
+    share one); None for an encoder built in memory (the untrained baselines of a run, the ablations' variants)."""
+    directory = getattr(encoder, "directory", None)
+    if directory is None:
+        return None
+    if encoder.backbone not in _FOLDER_DIGESTS:
+        _FOLDER_DIGESTS[encoder.backbone] = file_digest(directory)
+    return _FOLDER_DIGESTS[encoder.backbone]
+
+
 def task_fingerprint(task: RetrievalTask) -> str:
     """A short hash of what a retrieval task ranks: its queries, its corpus and its qrels (ids, texts, grades, in
     order). Two tasks of one name (the offline tasks under another `eval_limit` or `eval_max_documents`) share it
     only when they score the same."""
-    import hashlib
-    import json
-
     content = [task.queries, task.corpus, task.qrels]
     return hashlib.blake2b(json.dumps(content, ensure_ascii=False).encode(), digest_size=8).hexdigest()
 
@@ -108,6 +128,7 @@ def model_meta(
     revision: str | None = None,
     max_length: int | None = None,
     overrides: dict[str, str] | None = None,
+    batch_size: int | None = None,
 ):
     """A ModelMeta for our encoder (mteb needs one, or it substitutes an empty record and tries the hub); its
     revision is the `fingerprint` of the encoder and of the evaluation settings unless given."""
@@ -116,7 +137,7 @@ def model_meta(
     return ModelMeta.create_empty(
         overwrites={
             "name": name,
-            "revision": revision or fingerprint(encoder, max_length, overrides),
+            "revision": revision or fingerprint(encoder, max_length, overrides, batch_size),
             "embed_dim": encoder.embedding_dim,
             "max_tokens": max_length or encoder.config.max_length,
             "similarity_fn_name": ScoringFunction.COSINE,
@@ -299,7 +320,8 @@ class MTEBEncoder(AbsEncoder):
         self.overrides = dict(prompts or {})
         self.batch_size, self.max_length = batch_size, max_length
         self.cache = cache
-        self.mteb_model_meta = model_meta(encoder, name, max_length=max_length, overrides=self.overrides)
+        self.mteb_model_meta = model_meta(encoder, name, max_length=max_length, overrides=self.overrides,
+                                          batch_size=batch_size)  # fmt: skip
 
     def task_prompts(self, task: str) -> tuple[str, str]:
         """(query instruction, document prefix) for a task name."""

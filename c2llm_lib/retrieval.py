@@ -21,6 +21,8 @@ class RetrievalTask:
     corpus: dict[str, str]  # doc id -> text
     qrels: dict[str, dict[str, int]]  # query id -> {doc id: relevance}
     instruction: str  # the query instruction (table 1)
+    split_queries: int | None = None  # queries of the whole task when a limit drew fewer (`eval.limit_task`)
+    seed: int | None = None  # the seed a limit drew the queries (and a document cap the documents) with
 
 
 def file_safe(name: str) -> str:

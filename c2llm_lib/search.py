@@ -13,8 +13,13 @@ module turns a run's merged model into a code search over a folder and shows why
   `search/index/` as `index.json` (settings, per-file fingerprints, documents) and `tensors.safetensors`
   (embeddings, attention): no pickle. Each file is fingerprinted by size, modification time and the sha256 of its
   content: a file whose content is unchanged is reused (a touched file too), a changed or new file is encoded, a
-  file gone from the folder is dropped. Another model, prompt or length (`index_settings`) encodes everything
-  again. The index is saved every minute while it grows, so a killed run keeps what it had encoded.
+  file gone from the folder is dropped. A reused file is checked against the index first: each of its functions must
+  be the index's (name, lines, text: the file is parsed again, which costs no encoding) and its vectors must fit them
+  (finite unit embeddings; for PMA an attention over each function's tokens). A file that does not match is encoded
+  again and named in the log, and an index whose structure is inconsistent is built again whole (`previous_index`),
+  so that a damaged or hand-edited index never shows a function at lines its file does not have, nor fails every
+  rerun. Another model, prompt or length (`index_settings`) encodes everything again. The index is saved every
+  minute while it grows, so a killed run keeps what it had encoded.
 - **Before encoding** `update_index` says what it will encode (files, functions, tokens counted with the tokenizer,
   how many are cut), measures the model on a short sample of those functions spread over their lengths (the first
   one untimed) and states the time the rest should take at that rate, then shows a progress bar.
@@ -243,6 +248,7 @@ class IndexReport:
     new_files: int = 0
     changed_files: int = 0
     removed_files: int = 0
+    mismatched_files: int = 0  # unchanged files whose entries in the index did not match them: encoded again
     beyond_max_files: int = 0
     encoded_documents: int = 0
     encoded_tokens: int = 0
@@ -257,6 +263,7 @@ class IndexReport:
         out.append(
             f"files: {self.reused_files} unchanged (reused), {self.new_files} new, {self.changed_files} "
             f"changed, {self.removed_files} dropped (gone or no longer selected)"
+            + (f", {self.mismatched_files} not matching the index (encoded again)" if self.mismatched_files else "")
             + (f", {self.beyond_max_files} left out by search_max_files" if self.beyond_max_files else "")
         )
         rate = f" ({self.encoded_tokens / self.seconds:.0f} tokens/s)" if self.seconds and self.encoded_tokens else ""
@@ -312,31 +319,69 @@ def _previous_parts(previous: SearchIndex | None) -> dict[str, _Part]:
 
 
 def _scan(sources: Sources, earlier: dict[str, _Part], max_files: int | None, report: IndexReport) -> list[_Part]:
-    """The index's files in walk order: earlier parts whose content is unchanged, the others parsed into documents
-    still to encode. Counts reused, new, changed and left-out files; files that do not parse are skipped."""
+    """The index's files in walk order: earlier parts that match their file now (its content digest, and every
+    function at the lines and with the text the file gives it, `_mismatch`), the others parsed into documents still to
+    encode. Counts reused, new, changed, mismatched and left-out files; files that do not parse are skipped."""
     parts: list[_Part] = []
     for source in source_files(sources.roots, report.files, keep=sources.keep):
         if max_files is not None and len(parts) >= max_files:
             report.beyond_max_files += 1
             continue
         old = earlier.get(source.file)
-        digest = hashlib.sha256(source.data).hexdigest()
-        if old is not None and old.state.sha256 == digest:
-            report.files.passed[f"code root {source.root}"] += 1
-            report.reused_files += 1
-            stat = os.stat(source.path, follow_symlinks=False)
-            old.state = FileState(stat.st_size, stat.st_mtime_ns, digest, old.state.documents)
-            parts.append(old)
-            continue
         functions = every_function(source, report.files)
         if functions is None:
             continue
         documents = _documents(source, functions)
-        parts.append(_Part(source.file, _fingerprint(source, len(documents)), documents))
-        report.changed_files += old is not None
-        report.new_files += old is None
+        state = _fingerprint(source, len(documents))
+        if old is not None and old.state.sha256 == state.sha256:
+            problem = _mismatch(old.documents, documents)
+            if problem is None:
+                report.reused_files += 1
+                old.state = state
+                parts.append(old)
+                continue
+            report.mismatched_files += 1
+            report.notes.append(f"{source.file} is unchanged, but the index does not match it ({problem}): encoded "
+                                "again")  # fmt: skip
+        else:
+            report.changed_files += old is not None
+            report.new_files += old is None
+        parts.append(_Part(source.file, state, documents))
     report.removed_files = len(set(earlier) - {p.file for p in parts})
     return parts
+
+
+def _mismatch(recorded: list[Document], found: list[Document]) -> str | None:
+    """How an index's documents of a file differ from the file's functions now (None: they do not): functions the file
+    does not have, at other lines, or with another text."""
+    if recorded == found:
+        return None
+    if len(recorded) != len(found):
+        return f"it holds {len(recorded)} functions of the file, the file has {len(found)}"
+    old, new = next((r, f) for r, f in zip(recorded, found, strict=True) if r != f)
+    if (old.function, old.start_line, old.end_line) != (new.function, new.start_line, new.end_line):
+        return (f"it holds {old.function!r} at lines {old.start_line}-{old.end_line}, the file has {new.function!r} at "
+                f"lines {new.start_line}-{new.end_line}")  # fmt: skip
+    return f"its text of {old.function!r} at lines {old.start_line}-{old.end_line} is not the file's"
+
+
+def _vector_mismatch(encoder, part: _Part, settings: dict[str, Any]) -> str | None:
+    """How a reused part's vectors fail its documents (None: they do not): an embedding that is not a finite unit
+    row, or, for a PMA model, an attention that is not one finite distribution over the tokens the model gives each
+    document (`stored_attention` would refuse it when the hit is shown)."""
+    norms = np.linalg.norm(part.embeddings, axis=1) if len(part.documents) else np.ones(0)
+    if not np.isfinite(part.embeddings).all() or not np.allclose(norms, 1.0, atol=1e-3):
+        return "an embedding is not a finite unit vector"
+    if encoder.config.pooling != "pma" or not part.documents:
+        return None
+    if part.attention is None or len(part.attention) != len(part.documents):
+        return "it holds no PMA attention for every function"
+    texts = encoder.format_texts([d.code for d in part.documents], "document", settings["document_instruction"])
+    lengths = encoder.token_lengths(texts, settings["max_length"])
+    for doc, weights, n in zip(part.documents, part.attention, lengths, strict=True):
+        if len(weights) != n or not np.isfinite(weights).all() or abs(float(weights.sum()) - 1) > 1e-3:
+            return f"the attention of {doc.function!r} is not a distribution over its {n} tokens"
+    return None
 
 
 def _encode(encoder, texts: Sequence[str], instruction: str, max_length: int, batch_size: int):
@@ -405,6 +450,13 @@ def update_index(
                         f"{'; '.join(report.files.lines()) or 'nothing'}")  # fmt: skip
     pma, dim = encoder.config.pooling == "pma", encoder.embedding_dim
     for part in parts:
+        problem = _vector_mismatch(encoder, part, settings) if part.embeddings is not None else None
+        if problem is not None:  # the file matches, its vectors do not: encoded again
+            part.embeddings = part.attention = None
+            report.reused_files -= 1
+            report.mismatched_files += 1
+            report.notes.append(f"{part.file} is unchanged, but the index does not match it ({problem}): encoded "
+                                "again")  # fmt: skip
         if not part.documents and part.embeddings is None:  # a file without functions: indexed, nothing to encode
             part.embeddings, part.attention = np.zeros((0, dim), np.float32), [] if pma else None
     pending = [(p, j) for p in parts if p.embeddings is None for j in range(len(p.documents))]
@@ -529,6 +581,9 @@ def read_index(folder: str | os.PathLike) -> SearchIndex | None:
         if index.embeddings.shape[1] != index.settings["embedding_dim"]:
             raise ValueError(f"embeddings of width {index.embeddings.shape[1]}, settings say "
                              f"{index.settings['embedding_dim']}")  # fmt: skip
+        if (attention is not None) != (index.settings["pooling"] == "pma"):
+            raise ValueError(f"settings say pooling {index.settings['pooling']!r}, and the index holds "
+                             f"{'a' if attention is not None else 'no'} PMA attention")  # fmt: skip
         return index
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise CorruptFile(f"{folder}: the search index is inconsistent ({type(err).__name__}: {err})") from None

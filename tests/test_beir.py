@@ -70,7 +70,7 @@ def test_a_beir_set_is_scored_through_mteb_with_its_instruction(tmp_path, make_e
     assert scores["BM25"]["beir-set"] > 0.6  # lexical overlap finds the json functions
     assert task_sizes([task]) == {"beir-set": {"queries": 3, "documents": 4}}
     capped = limit_task(task, limit=1)
-    assert capped.queries == {"q1": "read a json file"} and capped.corpus == task.corpus
+    assert len(capped.queries) == 1 and capped.queries.items() <= task.queries.items() and capped.corpus == task.corpus
 
 
 def test_two_sets_of_one_folder_name_are_refused(tmp_path):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from c2llm_lib.data.offline import load_snapshot
 from c2llm_lib.eval import (
     RetrievalTask,
     chunked_topk,
@@ -86,7 +87,32 @@ def test_the_limit_caps_queries_never_the_corpus():
         assert task.corpus == full[name].corpus, name  # every held-out document of the task
         assert all(task.qrels[q] == full[name].qrels[q] for q in task.queries)
     assert len(limited["HumanEval"].corpus) == 164
-    assert task_sizes(limited.values())["HumanEval"] == {"queries": 5, "documents": 164}
+    assert task_sizes(limited.values())["HumanEval"] == {"queries": 5, "documents": 164, "queries in the split": 164,
+                                                         "seed": 0}  # fmt: skip
+
+
+def test_the_limit_draws_offline_queries_from_every_file_not_the_first_ones():
+    """The default run's eval_limit 40 took each task's first 40 rows: the alphabetically first held-out files."""
+    files = {(r["query"], r["positive"]): r["file"] for r in load_snapshot() if r["split"] == "test"}
+    full = {t.name: t for t in offline_tasks(include_humaneval=False)}
+    for name, task in {t.name: t for t in offline_tasks(limit=40, include_humaneval=False)}.items():
+        first = list(full[name].queries)[:40]
+        assert set(task.queries) != set(first), name
+        every = sorted({files[full[name].queries[q], full[name].corpus[d]] for q in full[name].queries
+                        for d in full[name].qrels[q]})  # fmt: skip
+        drawn = {files[task.queries[q], task.corpus[d]] for q in task.queries for d in task.qrels[q]}
+        assert max(drawn) > every[len(every) // 2], name  # files from the second half of the split too
+
+
+def test_results_markdown_says_how_many_queries_were_drawn_and_with_which_seed():
+    task = offline_tasks(limit=3, include_humaneval=False)[0]
+    frame = results_frame({"BM25": {task.name: evaluate_bm25(task)["ndcg_at_10"]}})
+    text = results_markdown(frame, "t", task_sizes([task]))
+    assert f"| *queries per task* | 3 of {task.split_queries} |  |" in text
+    assert "drawn with seed 0 across all of its queries" in text
+    assert "| *seed per task*" not in text and "queries in the split per task" not in text
+    whole = offline_tasks(include_humaneval=False)[0]
+    assert "drawn with seed" not in results_markdown(frame, "t", task_sizes([whole]))
 
 
 def test_results_markdown_shows_each_corpus_size():
@@ -94,7 +120,7 @@ def test_results_markdown_shows_each_corpus_size():
     frame = results_frame({"BM25": {task.name: evaluate_bm25(task)["ndcg_at_10"]}})
     text = results_markdown(frame, "t", task_sizes([task]))
     assert f"| *documents per task* | {len(task.corpus)} |  |" in text
-    assert "| *queries per task* | 3 |  |" in text
+    assert f"| *queries per task* | 3 of {task.split_queries} |  |" in text
 
 
 def test_baselines_of_a_release_are_built_on_its_backbone(tmp_path):
@@ -115,6 +141,7 @@ def test_baselines_of_a_release_are_built_on_its_backbone(tmp_path):
         for name, value in baseline.base_model.state_dict().items():
             assert torch.equal(value, released[f"plm_model.model.{name}"]), (label, name)
     assert baseline_encoder(trained, "mean").encode(["x = 1"]).shape == (1, 64)
+    assert all(b.directory == release for b in built.values())  # mteb's revision hashes the release's files
 
 
 def test_baselines_of_a_run_are_its_untrained_backbone(make_encoder):

@@ -1,6 +1,8 @@
 """Evaluation on a run's own held-out split (`data/heldout` of a files or code run): the tasks it makes, known answers
 of which documents and qrels each holds, their names and instructions, and the offline tasks kept for the others."""
 
+import json
+import random
 from pathlib import Path
 
 import pytest
@@ -8,6 +10,7 @@ import pytest
 from c2llm_lib.data.records import DataError
 from c2llm_lib.data.sources import TABLE_1
 from c2llm_lib.eval import (
+    contamination_note,
     evaluation_tasks,
     heldout_task_names,
     heldout_tasks,
@@ -15,8 +18,10 @@ from c2llm_lib.eval import (
     offline_tasks,
     task_sizes,
 )
+from c2llm_lib.mteb_code import task_fingerprint
 
 REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = {n: json.loads(next((REPO / "notebooks").glob(f"{n}_*.ipynb")).read_text()) for n in ("01", "04")}
 FILES = "Given a query, retrieve relevant code or text that answers it:"
 
 
@@ -48,14 +53,37 @@ def test_heldout_tasks_known_answer():
     assert tasks["heldout-pairs-go"].corpus == {"d0": "func Reverse(s []int) {}"}
     assert task_sizes(tasks.values())["heldout-pairs-python"] == {"queries": 4, "documents": 4}
     limited = {t.name: t for t in heldout_tasks(ROWS, limit=1)}["heldout-pairs-python"]
-    assert limited.queries == {"q0": "read json"} and limited.corpus == python.corpus  # the corpus stays whole
-    assert limited.qrels == {"q0": {"d0": 1, "d2": 1}}
+    assert len(limited.queries) == 1 and limited.corpus == python.corpus  # the corpus stays whole
+    assert limited.qrels == {q: python.qrels[q] for q in limited.queries}
+
+
+def test_the_limit_draws_its_queries_across_the_split_whatever_the_order_of_its_files():
+    """eval_limit took the first N queries: in a code run the alphabetically first held-out files, not a sample."""
+    rows = [row("pairs", "python", f"query {i}", f"document {i}") | {"file": f"f{i // 5:02}.py"} for i in range(60)]
+    (full,) = heldout_tasks(rows)
+    (task,) = heldout_tasks(rows, limit=10)
+    drawn = set(task.queries.values())
+    assert len(drawn) == 10 and drawn != {f"query {i}" for i in range(10)}  # not the first two files
+    assert len({int(q.split()[1]) // 5 for q in drawn}) > 4  # from across the split's files
+    assert task.qrels == {q: full.qrels[q] for q in task.queries} and task.corpus == full.corpus
+    assert list(task.queries) == [q for q in full.queries if q in task.queries]  # in the task's order
+    for order in (rows[::-1], random.Random(3).sample(rows, len(rows))):  # the files read in another order
+        assert set(heldout_tasks(order, limit=10)[0].queries.values()) == drawn
+    assert heldout_tasks(rows, limit=10)[0] == task  # the same on every run
+    other = heldout_tasks(rows, limit=10, seed=1)[0]
+    assert set(other.queries.values()) != drawn  # the seed draws
+    assert task_fingerprint(other) != task_fingerprint(task)  # mteb's cache and notebook 06's keys follow the draw
+    assert (task.split_queries, task.seed) == (60, 0) and (full.split_queries, full.seed) == (None, None)
+    assert task_sizes([task])[task.name] == {"queries": 10, "documents": 60, "queries in the split": 60, "seed": 0}
+    (positives,) = heldout_tasks(rows, limit=10, max_documents=12)  # every drawn query's positive is in the corpus
+    assert positives.queries == task.queries and len(positives.corpus) == 12
+    assert all(d in positives.corpus for relevant in positives.qrels.values() for d in relevant)
 
 
 def test_max_documents_keeps_the_evaluated_positives_and_samples_the_rest():
     rows = [row("pairs", "python", f"query {i}", f"document {i}") for i in range(30)]
     (task,) = heldout_tasks(rows, limit=2, max_documents=10)
-    assert len(task.corpus) == 10 and {"d0", "d1"} <= set(task.corpus)
+    assert len(task.corpus) == 10 and {d for r in task.qrels.values() for d in r} <= set(task.corpus)
     assert [t.corpus for t in heldout_tasks(rows, limit=2, max_documents=10)] == [task.corpus]  # fixed
     assert heldout_tasks(rows, limit=2, max_documents=10, seed=1)[0].corpus != task.corpus
 
@@ -116,3 +144,36 @@ def _config(style):
     from c2llm_lib.config import ModelConfig
 
     return ModelConfig(backbone="tiny-random-qwen2", prompt_style=style)
+
+
+def test_the_sets_the_training_was_not_checked_against_are_named():
+    """Notebook 04 scored mteb_tasks and BEIR sets that notebook 01 had not decontaminated against (decontaminate_mteb
+    is false by default) and said nothing."""
+    from c2llm_lib.config import DataStage
+    from c2llm_lib.data.build import decontaminated_mteb_tasks
+    from c2llm_lib.mteb_code import MTEB_CODE_V1
+
+    evaluated = ["offline-text2code-python", "HumanEval", "heldout-text2code-go", "beir-mine", "CosQA", "CosQA",
+                 "CoREB-Text2Code"]  # fmt: skip
+    unchecked = {"decontaminated_mteb_tasks": decontaminated_mteb_tasks(DataStage())}
+    assert decontaminated_mteb_tasks(DataStage()) == [] and "CosQA" not in decontaminated_mteb_tasks(DataStage())
+    note = contamination_note(evaluated, unchecked, "run r")
+    assert note.startswith("**Not checked for contamination**: the training rows of run r were not decontaminated "
+                           "against beir-mine, CosQA, CoREB-Text2Code (")  # fmt: skip
+    checked = {"decontaminated_mteb_tasks": decontaminated_mteb_tasks(DataStage(decontaminate_mteb=True))}
+    assert set(checked["decontaminated_mteb_tasks"]) == set(MTEB_CODE_V1)
+    assert "against beir-mine, CoREB-Text2Code (" in contamination_note(evaluated, checked, "run r")
+    assert contamination_note(evaluated[:3] + ["CosQA"], checked, "run r") == ""  # every evaluated set checked
+    released = contamination_note(evaluated[:2], None, "released x")  # its training data is not ours
+    assert "against offline-text2code-python, HumanEval (its training data was not prepared here" in released
+    assert "does not record which MTEB tasks" in contamination_note(["CosQA"], {"rows": 3}, "run r")  # an old record
+
+
+def test_notebook_04_reads_what_notebook_01_recorded():
+    from c2llm_lib.runs import INPUTS, PRODUCERS, upstream
+
+    assert "metrics/data.json" in INPUTS["04_eval_mteb_code"]  # a rerun of 01 makes 04's note stale, so 04 reruns
+    assert upstream("04_eval_mteb_code")["metrics/data.json"] == PRODUCERS["metrics/data.json"] == "01_data_prep"
+    cells = {name: "".join("".join(c["source"]) for c in nb["cells"]) for name, nb in NOTEBOOKS.items()}
+    assert '"decontaminated_mteb_tasks": decontaminated_mteb_tasks(data)' in cells["01"]
+    assert "contamination_note(" in cells["04"] and 'save_text("results.md"' in cells["04"]

@@ -2,8 +2,10 @@
 
 import numpy as np
 import pytest
+import torch
 
 from c2llm_lib.eval import evaluate_encoder, offline_tasks
+from c2llm_lib.files import file_digest
 from c2llm_lib.mteb_code import (
     MTEB_CODE_V1,
     REFERENCE_SCORES,
@@ -99,6 +101,62 @@ def test_the_fingerprint_sees_every_setting_that_changes_a_score(make_encoder):
     upcast = make_encoder(pma_heads=4, dtype="bfloat16")
     upcast.base_model.float()  # the same weight values, computed in float32
     assert fingerprint(half, 64) != fingerprint(upcast, 64)
+
+
+def test_dtype_auto_is_keyed_by_the_dtype_it_resolved_to(make_encoder):
+    from c2llm_lib.mteb_code import fingerprint
+
+    float32, bfloat16 = make_encoder(pma_heads=4, dtype="auto"), make_encoder(pma_heads=4, dtype="auto")
+    float32.base_model.float()  # what `auto` gives on a CPU without fast bf16
+    bfloat16.base_model.to(torch.bfloat16)  # and on one with it (AMX, avx512_bf16) or a GPU
+    assert float32.config.dtype == bfloat16.config.dtype == "auto"
+    assert fingerprint(float32, 64) != fingerprint(bfloat16, 64)
+
+
+def test_the_revision_follows_the_evaluation_batch_size(make_encoder):
+    """Padding moves a bf16 embedding: results of one batch size must not answer for another."""
+    encoder = make_encoder(pma_heads=4)
+    revision = {b: MTEBEncoder(encoder, batch_size=b, max_length=64).mteb_model_meta.revision for b in (4, 8, 8)}
+    assert len(revision) == 2 and revision[4] != revision[8]
+
+
+def test_the_revision_reads_every_file_of_the_models_folder(make_encoder, tmp_path, monkeypatch):
+    """The weight digest read the head, LoRA and one layer's q_proj: a merged folder whose other weights changed kept
+    its revision, and mteb served the old scores."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from c2llm_lib import C2LLMEncoder, mteb_code
+
+    saved = make_encoder(pma_heads=4).save_pretrained(tmp_path / "a")
+    shutil.copytree(saved, tmp_path / "b")
+    weights = tmp_path / "b" / "backbone" / "model.safetensors"
+    state = load_file(weights)
+    state["layers.1.mlp.down_proj.weight"] += 0.01
+    save_file(state, weights, metadata={"format": "pt"})
+    reads = []
+    monkeypatch.setattr(mteb_code, "file_digest", lambda folder: reads.append(folder) or file_digest(folder))
+    a, again, b = (C2LLMEncoder.from_pretrained(tmp_path / name) for name in ("a", "a", "b"))
+    revision = [MTEBEncoder(m, max_length=64).mteb_model_meta.revision for m in (a, again, b)]
+    assert revision[0] == revision[1] != revision[2]
+    assert MTEBEncoder(a, max_length=64).mteb_model_meta.revision == revision[0] and len(reads) == 3  # once each
+    assert mteb_code.weights_digest(make_encoder(pma_heads=4)) is None  # built in memory: its tensors and config
+
+
+def test_the_folder_digest_reads_names_sizes_and_bytes(tmp_path):
+    import shutil
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    for folder, texts in ((one, {"a": "xc\x00y"}), (two, {"a": "x", "c": "y"})):  # a byte moved across a boundary
+        folder.mkdir()
+        for name, text in texts.items():
+            (folder / name).write_text(text)
+    assert file_digest(one) != file_digest(two)
+    (two / "c").write_text("z")  # a byte changed
+    assert file_digest(two) != file_digest(tmp_path / "one")
+    shutil.copytree(two, tmp_path / "three")
+    assert file_digest(tmp_path / "three") == file_digest(two)  # names, sizes and bytes only
 
 
 def test_benchmark_task_sizes_come_from_mtebs_statistics():

@@ -145,6 +145,7 @@ def check_beir(root: Path) -> None:
     table = results[results.index("### Local BEIR sets") :]
     assert "| model | beir-my-set | mean |" in table and "| *queries per task* | 3 |" in table
     assert "| *documents per task* | 4 |" in table
+    assert "the training rows of C2LLM recipe (merged) were not decontaminated against beir-my-set (" in table
 
 
 def check_own_data(root: Path, eval_limit: int) -> None:
@@ -171,7 +172,9 @@ def check_own_data(root: Path, eval_limit: int) -> None:
     for count in ("queries", "documents"):
         (row,) = [line for line in lines if line.startswith(f"| *{count} per task* |")]
         cells = [c.strip() for c in row.strip("|").split("|")][1:]
-        assert cells[: len(sizes)] == [str(sizes[task][count]) for task in columns[:-1]]
+        split = {t: sizes[t].get("queries in the split") if count == "queries" else None for t in columns[:-1]}
+        drawn = {t: f" of {n}" if n is not None else "" for t, n in split.items()}  # eval_limit drew them: "3 of 7"
+        assert cells[: len(sizes)] == [f"{sizes[task][count]}{drawn[task]}" for task in columns[:-1]]
     attention = json.loads((root / "metrics" / "attention.json").read_text())
     assert set(attention["corpus_languages"]) <= set(heldout["language"]) and attention["category_texts"]
 

@@ -515,3 +515,81 @@ def test_an_index_whose_width_differs_from_its_settings_is_refused(encoder, tree
     run.save_search_index(index_payload(index))
     with pytest.raises(CorruptFile, match="embeddings of width 8, settings say 64"):
         read_index(run.search_index_dir)
+
+
+def _crafted(run, index, record_change=None, tensor_change=None):
+    """The saved index of `index` with its record or tensors changed as given, well-formed (it reads back)."""
+    from safetensors.numpy import load, save
+
+    payload = index_payload(index)
+    record, tensors = json.loads(payload["index.json"]), load(payload["tensors.safetensors"])
+    (record_change or (lambda r: None))(record)
+    (tensor_change or (lambda t: None))(tensors)
+    run.save_search_index({"index.json": json.dumps(record).encode(), "tensors.safetensors": save(tensors)})
+    return previous_index(run.search_index_dir, lambda line: pytest.fail(f"read as corrupt: {line}"))
+
+
+def _lines(record):
+    record["documents"][0].update(start_line=500, end_line=510)  # lines geometry.py does not have
+
+
+def _text(record):
+    record["documents"][0]["code"] += "\n    # a line the file does not have, a few tokens long"
+
+
+def _attention(tensors):
+    tensors["attention_offsets"][1] -= 3  # three of circle_area's weights counted as the next function's
+
+
+def _embedding(tensors):
+    tensors["embeddings"][1] *= 2
+
+
+@pytest.mark.parametrize(
+    ("record_change", "tensor_change", "said"),
+    [
+        (_lines, None, "it holds 'circle_area' at lines 500-510, the file has 'circle_area' at lines 4-6"),
+        (_text, None, "its text of 'circle_area' at lines 4-6 is not the file's"),
+        (None, _attention, "the attention of 'circle_area' is not a distribution over its"),
+        (None, _embedding, "an embedding is not a finite unit vector"),
+    ],
+    ids=["lines", "text", "attention", "embedding"],
+)
+def test_a_reused_file_whose_index_entries_do_not_match_it_is_encoded_again(
+    encoder, tree, tmp_path, record_change, tensor_change, said
+):
+    """A well-formed index whose entries a file's content digest still vouches for was served as it was: a function
+    shown at lines its file does not have, or an attention `stored_attention` refuses on every rerun (a raw
+    ValueError until search/ was deleted by hand)."""
+    run = RunDir.open("r", tmp_path / "outputs")
+    index, _ = build(encoder, tree, save=run.save_search_index)
+    crafted = _crafted(run, index, record_change, tensor_change)
+    lines = []
+    again, report = build(encoder, tree, previous=crafted, log=lines, save=run.save_search_index)
+    assert (report.mismatched_files, report.reused_files, report.encoded_documents) == (1, 2, 3)  # geometry.py
+    assert f"proj/pkg/geometry.py is unchanged, but the index does not match it ({said}" in "\n".join(report.lines())
+    assert "1 not matching the index (encoded again)" in "\n".join(report.lines())
+    assert again.documents == index.documents and again.files == index.files
+    np.testing.assert_allclose(again.embeddings, index.embeddings, atol=1e-5)
+    searcher = Searcher(again, encoder)
+    assert "proj/pkg/geometry.py:4-6" in results_page(searcher, [searcher.search("area", 6, -1.0)], "t")  # shaded
+    _, report = build(encoder, tree, previous=read_index(run.search_index_dir))  # the rebuilt index was saved
+    assert report.mismatched_files == 0 and report.reused_files == 3
+
+
+def test_an_index_inconsistent_as_a_whole_is_built_again_and_said(encoder, tree, tmp_path):
+    """A PMA index without its attention read back, then failed `update_index` with a raw ValueError on every rerun."""
+    run = RunDir.open("r", tmp_path / "outputs")
+    index, _ = build(encoder, tree, save=run.save_search_index)
+    payload = index_payload(index)
+    from safetensors.numpy import load, save
+
+    tensors = {"embeddings": load(payload["tensors.safetensors"])["embeddings"]}  # the attention left out
+    run.save_search_index({**payload, "tensors.safetensors": save(tensors)})
+    with pytest.raises(CorruptFile, match="settings say pooling 'pma', and the index holds no PMA attention"):
+        read_index(run.search_index_dir)
+    said = []
+    assert previous_index(run.search_index_dir, said.append) is None
+    assert said[0].startswith("the saved search index cannot be read, so it is built again")
+    again, report = build(encoder, tree, previous=None, save=run.save_search_index)
+    assert report.new_files == 3 and again.documents == index.documents and len(again.attention) == len(again)

@@ -94,6 +94,13 @@ def own_rows(
     raise ValueError(f"data_source {stage.data_source!r} holds no user data (files or code)")
 
 
+def decontaminated_mteb_tasks(stage: DataStage) -> list[str]:
+    """The MTEB tasks whose test queries and relevant documents `build_training_data` removes from the training rows:
+    MTEB(Code, v1)'s with `decontaminate_mteb`, else none. Notebook 01 records them in `metrics/data.json`, so that
+    notebook 04 says which of the sets it evaluates the training was not checked against (`eval.contamination_note`)."""
+    return list(MTEB_CODE_TASKS) if stage.decontaminate_mteb else []
+
+
 def build_training_data(
     stage: DataStage, local_root: str | Path | None = None, mteb_tasks: Sequence[Any] | None = None
 ) -> tuple[Prepared, dict[str, int]]:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import hashlib
 import os
 import warnings
 from collections import Counter
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, unknown_keys
+from ..files import file_digest
 from .beir import BeirKeys
 from .layouts import DEFAULT_LANGUAGE, BadRow, FileDefaults, Layout, PairRow, detect_layout, read_rows
 from .mix import EvalKeys, Prepared, _generate, _scratch_folder, features, fingerprint_of, prepare_rows
@@ -215,19 +215,6 @@ def _stem_group(path: Path, label: str, taken: set[str], stems: dict[str, str], 
         notes.append(f"{label} is group {name!r}: {stem!r} is already {other}'s group (set `group` to name it)")
     stems[name] = label
     return name
-
-
-def file_digest(path: Path) -> str:
-    """sha256 of a file's bytes, or of a folder's files (relative names and bytes, in name order)."""
-    h = hashlib.sha256()
-    parts = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for part in parts:
-        if path.is_dir():
-            h.update(part.relative_to(path).as_posix().encode() + b"\x00")
-        with part.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
 
 
 def _first_bad_line(path: Path) -> str:

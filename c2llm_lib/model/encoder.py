@@ -143,6 +143,7 @@ class C2LLMEncoder(nn.Module):
     def __init__(self, backbone: nn.Module, tokenizer: PreTrainedTokenizerBase, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
+        self.directory: Path | None = None  # the folder its weights were loaded from (from_pretrained, from_released)
         self.backbone = backbone
         self.tokenizer = prepare_tokenizer(tokenizer)
         hidden = self.backbone_config.hidden_size
@@ -377,6 +378,7 @@ class C2LLMEncoder(nn.Module):
         if saved.use_lora:
             backbone = cls._load_adapter(backbone, root / "adapter", trainable)
         encoder = cls(backbone, tokenizer, cfg)
+        encoder.directory = root
         load_pooler_weights(encoder.pooler, root / "pooler.safetensors", record_path)
         if record.get("embedding_dim", encoder.embedding_dim) != encoder.embedding_dim:
             raise CorruptFile(f"{record_path}: embedding_dim {record['embedding_dim']} is not the loaded encoder's "
@@ -477,4 +479,5 @@ class C2LLMEncoder(nn.Module):
         expected = set(encoder.state_dict())
         state = released.map_released_state_dict(released.read_released_weights(root), expected, head=pooling == "pma")
         encoder.load_state_dict(state, strict=True)
+        encoder.directory = root
         return encoder
