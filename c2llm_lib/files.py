@@ -7,11 +7,16 @@ named, also where it lies in place of the safetensors file a loader looks for (`
 read one. Weights must be finite: a NaN or infinite value is an error naming the file and the tensors, since it
 would only show later as NaN embeddings. JSON records (configs, trainer state) are read with a message naming the
 file when they are missing, truncated or not an object.
+
+`fingerprint` is the one digest of files that tells whether they changed (the runner's inputs, a search index's
+model): names, sizes, and the bytes of every file up to `CONTENT_LIMIT`, larger files by their modification time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +117,59 @@ def load_json(path: str | Path, what: str = "record") -> dict[str, Any]:
     if not isinstance(value, dict):
         raise CorruptFile(f"{path}: the {what} file must hold a JSON object, got {type(value).__name__}")
     return value
+
+
+CONTENT_LIMIT = 4 * 2**20  # files up to this size are fingerprinted by their bytes, larger ones by their time
+
+
+def every_file(folder: str | Path) -> list[Path]:
+    """Every file under `folder`, in path order, through symlinked subfolders too (a folder kept elsewhere and linked
+    in is part of what is read; `Path.rglob` skips it), each real folder walked once (a loop of links ends)."""
+    found, seen, todo = [], set(), [Path(folder)]
+    while todo:
+        current = todo.pop()
+        if current.resolve() in seen:
+            continue
+        seen.add(current.resolve())
+        for entry in current.iterdir():
+            if entry.is_dir():
+                todo.append(entry)
+            elif entry.is_file():
+                found.append(entry)
+    return sorted(found)
+
+
+def digest(files: Iterable[tuple[str, Path]]) -> str:
+    """16 hex digits of sha256 over each (name, file): its name and size, and its bytes when it holds at most
+    `CONTENT_LIMIT` (records, configs, trainer states, source code and data files of a usual size), else its
+    modification time (weights and large tables, too large to read at every --resume: a rewritten one has a new time;
+    a large one copied in with its size and time kept, `cp -p`, goes unseen)."""
+    total = hashlib.sha256()
+    for name, file in files:
+        stat = file.stat()
+        if stat.st_size <= CONTENT_LIMIT:
+            content = hashlib.sha256()
+            with file.open("rb") as handle:
+                while block := handle.read(1 << 20):
+                    content.update(block)
+            total.update(f"{name}\t{stat.st_size}\t{content.hexdigest()}\n".encode())
+        else:
+            total.update(f"{name}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
+    return total.hexdigest()[:16]
+
+
+def fingerprint(path: str | Path, name: str) -> str:
+    """`digest` of a file (named `name`), or of every file under a folder (`every_file`, named `name/<path inside>`)
+    but for hidden entries (staging folders, a lock, a download's `.cache/`) and `cache-*` files (what `datasets` adds
+    beside a table it maps), which change without what is read changing; "missing" when nothing is at `path`."""
+    path = Path(path)
+    if not path.exists():
+        return "missing"
+    if not path.is_dir():
+        return digest([(name, path)])
+    inside = [(file.relative_to(path), file) for file in every_file(path)]
+    return digest(
+        (f"{name}/{rel.as_posix()}", file)
+        for rel, file in inside
+        if not any(part.startswith(".") for part in rel.parts) and not file.name.startswith("cache-")
+    )

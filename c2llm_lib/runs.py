@@ -47,7 +47,6 @@ lists what it holds.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import platform
@@ -63,6 +62,7 @@ from typing import Any
 import yaml
 
 from .config import ConfigError
+from .files import fingerprint as files_fingerprint
 from .files import load_json
 
 PRODUCERS = {
@@ -218,36 +218,18 @@ def check_run_name(name: str, source: str = "run name") -> str:
     return name
 
 
-CONTENT_LIMIT = 4 * 2**20  # files up to this size are fingerprinted by their bytes
-
-
 def upstream(notebook: str) -> dict[str, str]:
     """{input: the notebook that writes it} for each run file `notebook` reads (`INPUTS`, `PRODUCERS`)."""
     return {i: PRODUCERS[next(k for k in PRODUCERS if i == k or i.startswith(k + "/"))] for i in INPUTS[notebook]}
 
 
 def fingerprint(root: Path, relative: str) -> str:
-    """A digest of the files under `root/relative` ("missing" when it is absent): each file's name and size, and
-    its bytes when it holds at most `CONTENT_LIMIT` (the JSON records, configs and trainer states that say which
-    training or model a folder holds), else its modification time (weights and tables, too large to read at every
-    --resume; a checkpoint's identity is in its small trainer state). A file copied in from another training with its
-    size and time kept (`cp -p`) is therefore a change. Hidden entries (staging folders, the lock) and `cache-*` files
-    (what `datasets` adds beside a dataset it maps) are left out: they change without the product changing."""
-    path = root / relative
-    if not path.exists():
-        return "missing"
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    digest = hashlib.sha256()
-    for file in files:
-        rel = file.relative_to(root).as_posix()
-        if any(part.startswith(".") for part in Path(rel).parts) or file.name.startswith("cache-"):
-            continue
-        stat = file.stat()
-        if stat.st_size <= CONTENT_LIMIT:
-            digest.update(f"{rel}\t{stat.st_size}\t{hashlib.sha256(file.read_bytes()).hexdigest()}\n".encode())
-        else:
-            digest.update(f"{rel}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()[:16]
+    """`files.fingerprint` of `root/relative`, its files named by their path in the run: names and sizes, the bytes of
+    each file up to 4 MiB (the JSON records, configs and trainer states that say which training or model a folder
+    holds) and the modification time of larger ones (weights and tables; a checkpoint's identity is in its small
+    trainer state). A file copied in from another training with its size and time kept (`cp -p`) is therefore a
+    change. Hidden entries (staging folders, the lock) and `cache-*` files are left out."""
+    return files_fingerprint(root / relative, relative)
 
 
 def git_state(repo: Path) -> dict[str, Any]:
