@@ -68,7 +68,7 @@ from typing import Any
 import yaml
 
 from .config import ConfigError, LaunchConfig, from_dict, unknown_keys
-from .files import CorruptFile
+from .files import CorruptFile, digest, fingerprint
 from .memory import PeakMemory
 from .notebook import NOTEBOOK_DIR, ON_REQUEST, RUN_KEYS, STAGES, read_parameters, stage_keys
 from .runs import OUTSIDE_INPUTS, PRODUCTS, RunDir, RunInUse, check_run_name, upstream
@@ -447,10 +447,58 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
+# Parameters naming files or folders outside the run that a notebook reads (a relative path from notebooks/, where the
+# notebooks run): its inputs (`input_fingerprints`, but for notebook 07's, which always reruns), and never inside the
+# run directory (`check_outside_paths`). A backbone or eval_released that names nothing on disk is a hub id.
+OUTSIDE_PATHS = {
+    "01_data_prep": ("data_files", "code_roots", "hub_mirror"),
+    "02_train_lora_contrastive": ("backbone",),
+    "04_eval_mteb_code": ("hub_mirror", "beir_sets", "eval_released"),
+    "07_search_code": ("search_roots", "code_roots"),
+}
+CODE_ROOTS = ("code_roots", "search_roots")  # walked by the mining rules (`code_trees.walked_files`)
+
+
+def outside_paths(name: str, values: dict[str, Any], notebook_dir: Path = NOTEBOOK_DIR) -> list[tuple[str, str, Path]]:
+    """(key, value as given, the path as notebook `name` sees it) of each path outside the run that its parameters
+    `values` name (`OUTSIDE_PATHS`; a `data_files` entry by its `path`)."""
+    found = []
+    for key in OUTSIDE_PATHS.get(name, ()):
+        value = values.get(key)
+        for item in value if isinstance(value, list) else [] if value is None else [value]:
+            given = item.get("path") if isinstance(item, dict) else item
+            if not isinstance(given, str):
+                continue
+            path = Path(given).expanduser()
+            path = path if path.is_absolute() else notebook_dir / path
+            if key in ("backbone", "eval_released") and not path.exists():
+                continue  # a hub id (the loaders take a name that exists on disk as a folder)
+            found.append((key, given, path))
+    return found
+
+
+def outside_fingerprint(key: str, path: Path) -> str:
+    """The fingerprint of an input outside the run, by the one rule (`files.digest`: names, sizes, the bytes of every
+    file up to 4 MiB, larger ones by their modification time). A code root covers the files its mining walks
+    (`code_trees.walked_files`: source files the path and .gitignore rules keep, so a whole site-packages hashes its
+    source files only, as mining reads them); any other folder every file under it (`files.fingerprint`, hidden
+    entries and `cache-*` files aside). "missing" when absent, "unreadable (...)" when it cannot be read."""
+    try:
+        if key in CODE_ROOTS and path.is_dir():
+            from .data.code_trees import walked_files  # tree-sitter's grammars: only for a code root
+
+            return digest(walked_files(path))
+        return fingerprint(path, key)
+    except (OSError, ValueError) as err:  # a DataError is a ValueError
+        return f"unreadable ({type(err).__name__})"
+
+
 def input_fingerprints(run: RunDir, name: str, parameters: dict[str, Any], notebook_dir: Path) -> dict[str, str]:
     """{input: fingerprint} of everything notebook `name` reads: the run files (`RunDir.input_fingerprints`), the code
-    cells of its notebook ("notebook code"; its prose changes no result), and for notebook 06 each recipe file it
-    reads ("recipe params/<name>.yaml", "missing" when absent)."""
+    cells of its notebook ("notebook code"; its prose changes no result), for notebook 06 each recipe file it reads
+    ("recipe params/<name>.yaml", "missing" when absent), and each path outside the run its parameters name
+    (`outside_paths`: "code_roots ../src", "backbone /models/qwen", ...; `outside_fingerprint`). Notebook 07 always
+    reruns (`runs.OUTSIDE_INPUTS`): its outside folders are not fingerprinted."""
     import nbformat
 
     inputs = run.input_fingerprints(name)
@@ -466,6 +514,9 @@ def input_fingerprints(run: RunDir, name: str, parameters: dict[str, Any], noteb
         for recipe in parameters.get("compare_recipes") or []:
             path = Path(PARAMS_DIR) / f"{recipe}.yaml"
             inputs[f"recipe params/{recipe}.yaml"] = _digest(path.read_bytes()) if path.is_file() else "missing"
+    if name not in OUTSIDE_INPUTS:
+        for key, given, path in outside_paths(name, parameters, notebook_dir):
+            inputs[f"{key} {given}"] = outside_fingerprint(key, path)
     return inputs
 
 

@@ -28,9 +28,9 @@ missing input, so running notebook 03 before 02 says what to run instead of fail
 notebook's inputs to know whether a finished notebook is still current (`upstream` names the notebook each
 input comes from), `--overwrite --only NN` replaces only notebook NN's products, and a notebook that reruns
 first loses its earlier products (`remove_products`), but for the caches it reads back (`KEPT_ON_RERUN`),
-so that no table of an earlier run stays beside the new ones. `OUTSIDE_INPUTS` names the notebooks that
-also read folders outside the run (notebook 07 searches one), which `--resume` always reruns (its search index is
-one of the caches kept).
+so that no table of an earlier run stays beside the new ones. Paths outside the run that notebooks read are
+fingerprinted by the runner (`pipeline.OUTSIDE_PATHS`), but for notebook 07's (`OUTSIDE_INPUTS`): `--resume` always
+reruns it (its search index is one of the caches kept).
 
 A deleted lock file would let a second runner in, so the manifest also names the runner working in the run (pid,
 its start time, host): a runner finding the lock free but the manifest "running" under a live runner on this host
@@ -86,8 +86,9 @@ INPUTS = {
     "06_recipe_comparison": ("data/train", "metrics/train.json"),
     "07_search_code": ("merged",),
 }
-# Notebooks that also read files outside the run, which the runner cannot fingerprint: --resume always reruns them
-# (notebook 07 keeps an index of what it searched, so a rerun encodes only what changed).
+# Notebooks whose folders outside the run the runner does not fingerprint: --resume always reruns them (notebook 07's
+# default folder is this Python's standard library, and its index of what it searched makes a rerun encode only what
+# changed). Every other path a notebook reads outside the run is fingerprinted (`pipeline.OUTSIDE_PATHS`).
 OUTSIDE_INPUTS = {"07_search_code": "the folders it searches lie outside the run"}
 PRODUCTS = {
     "01_data_prep": ("data", "metrics/data.json", "figures/data_lengths.png"),

@@ -388,6 +388,54 @@ def test_resume_reruns_a_notebook_whose_code_or_recipe_file_changed(fake, tmp_pa
     assert all(line.endswith("kept") for line in lines) and len(lines) == 4
 
 
+def reran(lines: list[str]) -> dict[str, str]:
+    """{notebook number: the line saying why it runs} of a runner's log."""
+    return {line[1:3]: line for line in lines if "] running" in line}
+
+
+def test_resume_reruns_what_read_a_changed_input_outside_the_run(fake, tmp_path):
+    """--resume kept notebook 01 after its data_files or code_roots were edited in place, and notebook 04 the scores
+    of an edited BEIR set or hub mirror: the paths a notebook's parameters name outside the run are its inputs,
+    fingerprinted by content (a code root by the files its mining walks)."""
+    notebooks, params, outputs = fake
+    pairs, mirror, beir, model, src = (tmp_path / n for n in ("pairs.jsonl", "mirror", "beir", "model", "src"))
+    pairs.write_text('{"query": "q", "positive": "p"}\n')
+    for folder in (mirror / "CoIR-Retrieval__apps", beir / "qrels", model, src / "ignored"):
+        folder.mkdir(parents=True)
+    (mirror / "CoIR-Retrieval__apps" / "README.md").write_text("configs: []\n")
+    (beir / "corpus.jsonl").write_text('{"_id": "d1", "text": "x"}\n')
+    (model / "config.json").write_text('{"hidden_size": 64}')
+    (src / "a.py").write_text("def f():\n    return 1\n")
+    (src / ".gitignore").write_text("ignored/\n")
+    (src / "ignored" / "b.py").write_text("def g():\n    return 2\n")
+    sets = {"data_source": "files", "data_files": [str(pairs)], "hub_mirror": str(mirror),
+            "beir_sets": ["../beir"], "backbone": str(model)}  # a relative path resolves from notebooks/  # fmt: skip
+    chosen, lines = ["01", "02", "03", "04"], []
+
+    def resume(changed: Path, text: str, **more) -> dict[str, str]:
+        changed.write_text(text)
+        lines.clear()
+        run_pipeline(params, only=chosen, sets={**sets, **more}, mode="resume", outputs=outputs, notebook_dir=notebooks,
+                     log=lines.append)  # fmt: skip
+        return reran(lines)
+
+    run_pipeline(params, only=chosen, sets=sets, outputs=outputs, notebook_dir=notebooks, **QUIET)
+    changed = "running (its inputs changed since it ran: "
+    assert resume(pairs, '{"query": "q2", "positive": "p"}\n') == {
+        "01": f"[01_data_prep] {changed}data_files {pairs}) ..."
+    }
+    assert list(resume(beir / "corpus.jsonl", '{"_id": "d1", "text": "y"}\n')) == ["04"]
+    assert "beir_sets ../beir" in reran(lines)["04"]
+    assert list(resume(mirror / "CoIR-Retrieval__apps" / "README.md", "configs: [1]\n")) == ["01", "04"]
+    assert all(f"{changed}hub_mirror {mirror})" in line for line in reran(lines).values())
+    assert list(resume(model / "config.json", '{"hidden_size": 32}')) == ["02"]  # same checkpoint: 03 is kept
+    assert f"{changed}backbone {model})" in reran(lines)["02"]
+    sets = {**sets, "data_source": "code", "data_files": [], "code_roots": [str(src)]}
+    assert list(resume(src / "a.py", "def f():\n    return 1\n")) == ["01"]  # its parameters changed
+    assert resume(src / "a.py", "def f():\n    return 3\n") == {"01": f"[01_data_prep] {changed}code_roots {src}) ..."}
+    assert resume(src / "ignored" / "b.py", "def g():\n    return 4\n") == {}  # a file mining does not read
+
+
 def test_the_runner_prints_the_results_table_only_when_notebook_04_is_current(fake, monkeypatch, capsys):
     """`--resume --only 01 02 03` after a new learning rate printed the previous model's results.md as the run's
     table (issue 23); it says the table is stale, and why, instead."""
