@@ -520,6 +520,32 @@ def input_fingerprints(run: RunDir, name: str, parameters: dict[str, Any], noteb
     return inputs
 
 
+def rerun_reason(
+    run: RunDir,
+    name: str,
+    parameters: dict[str, Any],
+    record: dict[str, Any],
+    notebook_dir: Path,
+    ignore: tuple[str, ...] = (),
+) -> tuple[str, dict[str, str]]:
+    """(why notebook `name` must run again, '' when what it made earlier stands; its inputs' fingerprints now), for
+    `--resume` and `not_current`: what it made stands when it finished, with these parameters (those in `ignore`
+    aside), with the recorded fingerprints of its inputs, and every run file it made for later notebooks
+    (`RunDir.made`, recorded when it finished) is still there: a deleted metrics/train.json reruns notebook 02 rather
+    than failing notebook 03 at every --resume."""
+    inputs = input_fingerprints(run, name, parameters, notebook_dir)
+    executed = run.root / "notebooks" / f"{name}.ipynb"
+    reason = reason_to_rerun(record, executed, parameters, inputs, ignore)
+    gone = [] if reason else [relative for relative in record.get("made", ()) if not run.present(relative)]
+    return reason or (f"what it made for later notebooks is gone: {', '.join(gone)}" if gone else ""), inputs
+
+
+def _unread(relative: str, inputs: dict[str, str], producer: dict[str, Any]) -> bool:
+    """Whether a run file a notebook may read is absent because its producer never made it (an option not asked,
+    data/heldout of an offline run), not because it was deleted after."""
+    return inputs.get(relative) == "missing" and relative not in producer.get("made", ())
+
+
 def not_current(
     run: RunDir,
     name: str,
@@ -527,21 +553,29 @@ def not_current(
     records: dict[str, Any],
     notebook_dir: Path,
     rerun: tuple[str, ...] = (),
+    seen: dict[str, tuple[str, list[str]]] | None = None,
 ) -> tuple[str, list[str]]:
     """(why notebook `name`'s products do not stand for this run, the notebooks to rerun for them), or ('', []) when
-    they do: it finished with these parameters (`LAUNCH_KEYS` aside: where notebook 02 ran does not change what it
-    made) and inputs, and so did every notebook upstream whose product it read, none of which is in `rerun`."""
-    executed = run.root / "notebooks" / f"{name}.ipynb"
-    inputs = input_fingerprints(run, name, resolved[name], notebook_dir)
-    reason = reason_to_rerun(records.get(name, {}), executed, resolved[name], inputs, ignore=LAUNCH_KEYS)
+    they do: `rerun_reason` finds none for it (`LAUNCH_KEYS` aside: where notebook 02 ran does not change what it
+    made) nor for any notebook upstream whose product it read, and none of those is in `rerun`. `seen`: the answers
+    already found for the same `rerun` (an input is fingerprinted once)."""
+    seen = {} if seen is None else seen
+    if name in seen:
+        return seen[name]
+    seen[name] = _not_current(run, name, resolved, records, notebook_dir, rerun, seen)
+    return seen[name]
+
+
+def _not_current(run, name, resolved, records, notebook_dir, rerun, seen) -> tuple[str, list[str]]:
+    reason, inputs = rerun_reason(run, name, resolved[name], records.get(name, {}), notebook_dir, LAUNCH_KEYS)
     if reason:
         return reason, [name]
     for relative, producer in upstream(name).items():
-        if inputs.get(relative) == "missing":  # not read: the notebook needs it only for an option it did not ask
+        if _unread(relative, inputs, records.get(producer, {})):
             continue
         if producer in rerun:
             return f"it read {relative} from {producer}, which this run reruns", [name]
-        below, chain = not_current(run, producer, resolved, records, notebook_dir, rerun)
+        below, chain = not_current(run, producer, resolved, records, notebook_dir, rerun, seen)
         if below:
             return f"it read {relative} from {producer}, which is not current: {below}", [*chain, name]
     return "", []
@@ -558,14 +592,14 @@ def check_upstream(
 ) -> None:
     """Refuses (`UpstreamNotCurrent`) a chosen notebook that reads a product of a notebook that does not run and is
     not current (`not_current`), naming both and the command that reruns what is stale."""
-    records = _records(run)
+    records, seen = _records(run), {}
     for name in selected:
         outside = {relative: producer for relative, producer in upstream(name).items() if producer not in selected}
         present = run.input_fingerprints(name) if outside else {}
         for relative, producer in outside.items():
-            if present[relative] == "missing":
+            if _unread(relative, present, records.get(producer, {})):
                 continue
-            reason, chain = not_current(run, producer, resolved, records, notebook_dir, tuple(selected))
+            reason, chain = not_current(run, producer, resolved, records, notebook_dir, tuple(selected), seen)
             if reason:
                 chosen = " ".join(n[:2] for n in NOTEBOOKS if n in {*chain, *selected})
                 raise UpstreamNotCurrent(
@@ -679,9 +713,11 @@ def _run_notebooks(
     for name in selected:
         run.check_lock()  # its lock file deleted meanwhile: take a new one, or stop if another runner did
         executed = run.root / "notebooks" / f"{name}.ipynb"
-        inputs = input_fingerprints(run, name, resolved[name], notebook_dir)
-        reason = reason_to_rerun(earlier.get(name, {}), executed, resolved[name], inputs) if resume else ""
-        reason = reason or (OUTSIDE_INPUTS.get(name, "") if resume else "")
+        if resume:
+            reason, inputs = rerun_reason(run, name, resolved[name], earlier.get(name, {}), notebook_dir)
+            reason = reason or OUTSIDE_INPUTS.get(name, "")
+        else:
+            reason, inputs = "", input_fingerprints(run, name, resolved[name], notebook_dir)
         if resume and not reason:
             records[name] = {k: v for k, v in earlier[name].items() if k != "reason"} | {"status": "finished"}
             log(f"[{name}] done earlier with the same parameters and inputs: kept")
@@ -728,13 +764,14 @@ def _run_notebooks(
             raise PipelineError(f"{error}\n{saved}\n--resume reruns it and what follows") from None
         _save_html(run, name, executed, log)
         records[name].update(status="finished", seconds=round(time.perf_counter() - start, 1), ended=_now(),
-                             peak_rss_kib=peak.kib)  # fmt: skip
+                             peak_rss_kib=peak.kib, made=run.made(name))  # fmt: skip
         save()
         memory = f", peak resident memory {peak.kib / 2**20:.2f} GiB" if peak.kib else ""
         log(f"[{name}] finished in {time.perf_counter() - start:.0f}s{memory}")
+    seen: dict[str, tuple[str, list[str]]] = {}
     for name, record in records.items():  # earlier results that no longer stand for this run (e.g. after --only 02)
         if name not in selected and record.get("status") in ("finished", "stale"):
-            reason, _ = not_current(run, name, resolved, records, notebook_dir)
+            reason, _ = not_current(run, name, resolved, records, notebook_dir, seen=seen)
             current = {k: v for k, v in record.items() if k != "reason"}
             records[name] = (
                 {**current, "status": "stale", "reason": reason} if reason else {**current, "status": "finished"}

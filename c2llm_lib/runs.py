@@ -28,9 +28,10 @@ missing input, so running notebook 03 before 02 says what to run instead of fail
 notebook's inputs to know whether a finished notebook is still current (`upstream` names the notebook each
 input comes from), `--overwrite --only NN` replaces only notebook NN's products, and a notebook that reruns
 first loses its earlier products (`remove_products`), but for the caches it reads back (`KEPT_ON_RERUN`),
-so that no table of an earlier run stays beside the new ones. Paths outside the run that notebooks read are
-fingerprinted by the runner (`pipeline.OUTSIDE_PATHS`), but for notebook 07's (`OUTSIDE_INPUTS`): `--resume` always
-reruns it (its search index is one of the caches kept).
+so that no table of an earlier run stays beside the new ones. `made` lists the run files a notebook wrote for later
+ones (`PRODUCERS`), which the runner records, so that a deleted one reruns the notebook that writes it. Paths outside
+the run that notebooks read are fingerprinted by the runner (`pipeline.OUTSIDE_PATHS`), but for notebook 07's
+(`OUTSIDE_INPUTS`): `--resume` always reruns it (its search index is one of the caches kept).
 
 A deleted lock file would let a second runner in, so the manifest also names the runner working in the run (pid,
 its start time, host): a runner finding the lock free but the manifest "running" under a live runner on this host
@@ -440,9 +441,19 @@ class RunDir:
     def data_path(self, name: str) -> Path:
         return self.root / "data" / name
 
+    def present(self, relative: str) -> bool:
+        """Whether the run holds `relative`: a file, or a folder holding something (what `require` asks of an input)."""
+        path = self.root / relative
+        return path.exists() and not (path.is_dir() and not any(path.iterdir()))
+
+    def made(self, notebook: str) -> list[str]:
+        """The run files `notebook` writes for later notebooks (`PRODUCERS`) that the run holds now: the runner records
+        them when it finishes, and reruns it on --resume when one is gone."""
+        return [relative for relative, producer in PRODUCERS.items() if producer == notebook and self.present(relative)]
+
     def require(self, relative: str) -> Path:
         path = self.root / relative
-        if not path.exists() or (path.is_dir() and not any(path.iterdir())):
+        if not self.present(relative):
             key = next((k for k in PRODUCERS if relative.startswith(k)), None)
             producer = PRODUCERS.get(key, "an earlier notebook")
             raise MissingInput(f"{path} is missing: run {producer} for run {self.root.name!r} first")

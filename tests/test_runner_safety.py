@@ -436,6 +436,27 @@ def test_resume_reruns_what_read_a_changed_input_outside_the_run(fake, tmp_path)
     assert resume(src / "ignored" / "b.py", "def g():\n    return 4\n") == {}  # a file mining does not read
 
 
+def test_resume_remakes_a_deleted_training_record_once(fake):
+    """A finished run whose metrics/train.json was deleted: every --resume kept notebook 02 and reran the notebooks
+    that read the record, which failed without it (notebook 03: "run 02 first"), run after run. Notebook 02 records
+    what it made for later notebooks: one --resume reruns it, the next keeps everything, and --only 03 names it."""
+    notebooks, params, outputs = fake
+    root, chosen, lines = outputs / "fake", ["01", "02", "03", "06"], []
+    run_pipeline(params, only=chosen, outputs=outputs, notebook_dir=notebooks, **QUIET)
+    (root / "metrics" / "train.json").unlink()
+    with pytest.raises(PipelineError, match=r"03_merge_checkpoints reads \S+ from 02_train_lora_contrastive, which is "
+                       r"not current \(what it made for later notebooks is gone: metrics/train.json\)\. Run .* "
+                       r"--resume --only 02 03"):  # fmt: skip
+        run_pipeline(params, only=["03"], mode="resume", outputs=outputs, notebook_dir=notebooks, **QUIET)
+    run_pipeline(params, only=chosen, mode="resume", outputs=outputs, notebook_dir=notebooks, log=lines.append)
+    # it wrote the same record again: 03 and 06 are kept
+    assert reran(lines) == {"02": "[02_train_lora_contrastive] running (what it made for later notebooks is gone: "
+                            "metrics/train.json) ..."}  # fmt: skip
+    lines.clear()
+    run_pipeline(params, only=chosen, mode="resume", outputs=outputs, notebook_dir=notebooks, log=lines.append)
+    assert len(lines) == 4 and all(line.endswith("kept") for line in lines)
+
+
 def test_the_runner_prints_the_results_table_only_when_notebook_04_is_current(fake, monkeypatch, capsys):
     """`--resume --only 01 02 03` after a new learning rate printed the previous model's results.md as the run's
     table (issue 23); it says the table is stale, and why, instead."""
