@@ -521,21 +521,17 @@ def input_fingerprints(run: RunDir, name: str, parameters: dict[str, Any], noteb
 
 
 def rerun_reason(
-    run: RunDir,
-    name: str,
-    parameters: dict[str, Any],
-    record: dict[str, Any],
-    notebook_dir: Path,
-    ignore: tuple[str, ...] = (),
+    run: RunDir, name: str, parameters: dict[str, Any], record: dict[str, Any], notebook_dir: Path
 ) -> tuple[str, dict[str, str]]:
-    """(why notebook `name` must run again, '' when what it made earlier stands; its inputs' fingerprints now), for
-    `--resume` and `not_current`: what it made stands when it finished, with these parameters (those in `ignore`
-    aside), with the recorded fingerprints of its inputs, and every run file it made for later notebooks
+    """(why notebook `name` must run again, '' when what it made earlier stands; its inputs' fingerprints now). The
+    one rule of `--resume`, of `not_current`, and of every machine of a launch (`training_reason`): what it
+    made stands when it finished, with these parameters (`LAUNCH_KEYS` aside: where notebook 02 ran does not change
+    what it made), with the recorded fingerprints of its inputs, and every run file it made for later notebooks
     (`RunDir.made`, recorded when it finished) is still there: a deleted metrics/train.json reruns notebook 02 rather
     than failing notebook 03 at every --resume."""
     inputs = input_fingerprints(run, name, parameters, notebook_dir)
     executed = run.root / "notebooks" / f"{name}.ipynb"
-    reason = reason_to_rerun(record, executed, parameters, inputs, ignore)
+    reason = reason_to_rerun(record, executed, parameters, inputs, ignore=LAUNCH_KEYS)
     gone = [] if reason else [relative for relative in record.get("made", ()) if not run.present(relative)]
     return reason or (f"what it made for later notebooks is gone: {', '.join(gone)}" if gone else ""), inputs
 
@@ -556,9 +552,8 @@ def not_current(
     seen: dict[str, tuple[str, list[str]]] | None = None,
 ) -> tuple[str, list[str]]:
     """(why notebook `name`'s products do not stand for this run, the notebooks to rerun for them), or ('', []) when
-    they do: `rerun_reason` finds none for it (`LAUNCH_KEYS` aside: where notebook 02 ran does not change what it
-    made) nor for any notebook upstream whose product it read, and none of those is in `rerun`. `seen`: the answers
-    already found for the same `rerun` (an input is fingerprinted once)."""
+    they do: `rerun_reason` finds none for it nor for any notebook upstream whose product it read, and none of those
+    is in `rerun`. `seen`: the answers already found for the same `rerun` (an input is fingerprinted once)."""
     seen = {} if seen is None else seen
     if name in seen:
         return seen[name]
@@ -567,7 +562,7 @@ def not_current(
 
 
 def _not_current(run, name, resolved, records, notebook_dir, rerun, seen) -> tuple[str, list[str]]:
-    reason, inputs = rerun_reason(run, name, resolved[name], records.get(name, {}), notebook_dir, LAUNCH_KEYS)
+    reason, inputs = rerun_reason(run, name, resolved[name], records.get(name, {}), notebook_dir)
     if reason:
         return reason, [name]
     for relative, producer in upstream(name).items():
@@ -647,6 +642,33 @@ def select_notebooks(only: list[str] | None) -> list[str]:
     return selected
 
 
+def _run_root(outputs: str | Path, name: str, resolved: dict[str, dict[str, Any]]) -> Path:
+    """The run directory `<outputs>/<name>`, its place given to every notebook (`RUN_KEYS`, in `resolved`)."""
+    root = Path(outputs) / name
+    for values in resolved.values():
+        values.update(run=name, outputs_dir=str(root.parent.resolve()))
+    return root
+
+
+TRAIN = "02_train_lora_contrastive"
+
+
+def training_reason(
+    params_file: str | Path,
+    sets: dict[str, Any],
+    overlay: str | Path | None,
+    outputs: str | Path,
+    notebook_dir: Path = NOTEBOOK_DIR,
+) -> str:
+    """What node 0 of a launch decides, for the other machines (`launch.py`): why its `--resume --only 02` trains
+    (they must join), or '' when it keeps the finished training (they have nothing to join): the same checks
+    (`check_upstream`) and the same rule (`rerun_reason`) on the same parameters, node 0's."""
+    name, _, resolved, selected = resolve_run(params_file, {**sets, "node_rank": 0}, overlay, ["02"], notebook_dir)
+    run = RunDir(_run_root(outputs, name, resolved))
+    check_upstream(run, selected, resolved, str(params_file), notebook_dir)
+    return rerun_reason(run, TRAIN, resolved[TRAIN], _records(run).get(TRAIN, {}), notebook_dir)[0]
+
+
 def run_pipeline(
     params_file: str | Path,
     only: list[str] | None = None,
@@ -660,9 +682,7 @@ def run_pipeline(
     params_file = Path(params_file)
     check_outputs(Path(outputs))
     name, given, resolved, selected = resolve_run(params_file, sets, overlay, only, notebook_dir)
-    root = Path(outputs) / name
-    for values in resolved.values():
-        values.update(run=name, outputs_dir=str(root.parent.resolve()))
+    root = _run_root(outputs, name, resolved)
     if mode != "new":  # before --overwrite deletes anything
         check_upstream(RunDir(root), selected, resolved, str(params_file), notebook_dir)
     # --overwrite --only NN replaces only NN's products; the files it reads stay

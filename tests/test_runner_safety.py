@@ -41,6 +41,7 @@ from c2llm_lib.pipeline import (
     parse_sets,
     resolve,
     run_pipeline,
+    training_reason,
 )
 from c2llm_lib.runs import RunDir, RunInUse, check_run_name
 
@@ -455,6 +456,27 @@ def test_resume_remakes_a_deleted_training_record_once(fake):
     lines.clear()
     run_pipeline(params, only=chosen, mode="resume", outputs=outputs, notebook_dir=notebooks, log=lines.append)
     assert len(lines) == 4 and all(line.endswith("kept") for line in lines)
+
+
+def test_both_machines_of_a_launch_agree_whether_a_training_stands(fake):
+    """A two-machine launch after a one-machine training: node 0's --resume counted the launch keys and trained again
+    while node 1 ignored them, said "already finished" and left, and node 0 waited 600 s for it. Every machine now
+    asks `rerun_reason` with node 0's parameters: where notebook 02 ran does not change what it made, so both keep a
+    finished training, and both train for a new learning rate."""
+    notebooks, params, outputs = fake
+    run_pipeline(params, only=["01", "02"], outputs=outputs, notebook_dir=notebooks, **QUIET)
+    launch, lines = {"nnodes": 2, "rdzv_endpoint": "node001:29500", "nproc": 1}, []
+    assert training_reason(params, {**launch, "node_rank": 1}, None, outputs, notebooks) == ""  # nothing to join
+    run_pipeline(params, only=["02"], sets={**launch, "node_rank": 0}, mode="resume", outputs=outputs,
+                 notebook_dir=notebooks, log=lines.append)  # fmt: skip
+    assert lines == ["[02_train_lora_contrastive] done earlier with the same parameters and inputs: kept"]
+    launch["learning_rate"] = 1e-3
+    node_1 = training_reason(params, {**launch, "node_rank": 1}, None, outputs, notebooks)
+    assert node_1 == "its parameters changed: learning_rate"
+    lines.clear()
+    run_pipeline(params, only=["02"], sets={**launch, "node_rank": 0}, mode="resume", outputs=outputs,
+                 notebook_dir=notebooks, log=lines.append)  # fmt: skip
+    assert lines[0] == f"[02_train_lora_contrastive] running ({node_1}) ..."
 
 
 def test_the_runner_prints_the_results_table_only_when_notebook_04_is_current(fake, monkeypatch, capsys):
