@@ -15,22 +15,31 @@ Numbers such as `1e-3` read as floats (plain YAML 1.1 reads them as strings). Ea
 exactly the keys it declares.
 
 A plain run executes notebooks 01-06; notebook 07 (search) runs only when named, `--only 07` (`notebook.ON_REQUEST`).
-A new run refuses an existing run directory. `--resume` keeps a notebook that finished with the same
-A plain run executes notebooks 01-06; notebook 07 (search) runs only when named, `--only 07` (`notebook.ON_REQUEST`),
-and `--resume` always reruns it, since the folders it searches lie outside the run (`runs.OUTSIDE_INPUTS`).
-parameters and the same inputs, and reruns the rest. Its inputs (`input_fingerprints`) are the run files it
-reads (`runs.INPUTS`), the code cells of its notebook, and for notebook 06 the recipe files it reads
-(`params/<recipe>.yaml`). A notebook that reruns first loses its earlier products (`RunDir.remove_products`; its
-caches stay). `--overwrite` deletes the old run first; with `--only` it deletes only the products of the chosen
-notebooks (`runs.PRODUCTS`) and reruns them, keeping what they read.
+A new run refuses an existing run directory, and every run refuses a path outside the run that a notebook reads
+(`OUTSIDE_PATHS`) when it lies inside the run directory, which `--overwrite` deletes (`check_outside_paths`).
+
+`--resume` keeps a notebook that finished with the same parameters and the same inputs, and reruns the rest
+(`rerun_reason`, the one rule). Where notebook 02 ran (`LaunchConfig`'s keys, `LAUNCH_KEYS`) does not change what it
+made, so they are no parameters of that rule: a finished training is kept whatever machines a later command names, by
+node 0's `--resume` and by the other machines of a launch alike (`training_reason`, `launch.py`). A notebook's inputs
+(`input_fingerprints`) are the run files it reads (`runs.INPUTS`), the code cells of its notebook, for notebook 06 the
+recipe files it reads (`params/<recipe>.yaml`), and every path outside the run its parameters name (`outside_paths`:
+data_files, code_roots and hub_mirror for 01, a local backbone folder for 02, hub_mirror, beir_sets and a local
+eval_released for 04), fingerprinted by content (`files.digest`: names, sizes, the bytes of each file up to 4 MiB,
+larger files by their modification time; a code root by the files its mining walks, `code_trees.walked_files`, so a
+whole site-packages costs its source files' bytes, about 3 s for 26,000 files and 340 MB on 2 cores). Notebook 07
+is not fingerprinted: `--resume` always reruns it (`runs.OUTSIDE_INPUTS`; its default folder is this Python's
+standard library, and its index re-encodes only the files that changed). A finished notebook records the run files it
+made for later notebooks (`RunDir.made`); one of them deleted reruns it. A notebook that reruns first loses its
+earlier products (`RunDir.remove_products`; its caches stay). `--overwrite` deletes the old run first; with `--only`
+it deletes only the products of the chosen notebooks (`runs.PRODUCTS`) and reruns them, keeping what they read.
 
 With `--only`, a chosen notebook reads the products of notebooks that do not run; each of those must be current
-(`not_current`): finished, with this run's parameters (but for where notebook 02 ran: `LaunchConfig`'s keys, so
-that the machines of a multi-node training need not be named again) and unchanged inputs, and so must the notebooks
-upstream of it, none of which may be chosen to rerun. Otherwise the run is refused before anything runs, naming
-the notebook and the command that reruns it; a plain `--resume` reruns whatever is stale. At the end, a finished
-notebook that did not run and is no longer current is recorded "stale", with the reason, and `main` prints
-`metrics/results.md` only while notebook 04 is current.
+(`not_current`): `rerun_reason` finds nothing to rerun for it, nor for the notebooks upstream of it, none of which may
+be chosen to rerun. Otherwise the run is refused before anything runs, naming the notebook and the command that
+reruns it; a plain `--resume` reruns whatever is stale. At the end, a finished notebook that did not run and is no
+longer current is recorded "stale", with the reason, and `main` prints `metrics/results.md` only while notebook 04 is
+current.
 
 One runner at a time works in a run directory (an fcntl lock, released when the runner exits or dies). The first
 failing notebook stops the run, a dead kernel (killed, out of memory) included; it is saved executed, with the
@@ -493,6 +502,20 @@ def outside_fingerprint(key: str, path: Path) -> str:
         return f"unreadable ({type(err).__name__})"
 
 
+def check_outside_paths(resolved: dict[str, dict[str, Any]], root: Path, notebook_dir: Path = NOTEBOOK_DIR) -> None:
+    """Refuses, naming the key and path, an input outside the run (`outside_paths`) that lies inside the run directory
+    `root` (a code root in outputs/<run>/): `--overwrite` deletes the run directory whole, and a rerun replaces its
+    notebook's products. Checked in every mode, before anything is deleted."""
+    real = root.resolve()
+    for name, values in resolved.items():
+        for key, given, path in outside_paths(name, values, notebook_dir):
+            if path.resolve().is_relative_to(real):
+                raise ConfigError(
+                    f"{key} {given!r} (notebook {name}) lies inside the run directory {root} "
+                    f"({path.resolve()}), which --overwrite deletes: move it out of {root}"
+                )
+
+
 def input_fingerprints(run: RunDir, name: str, parameters: dict[str, Any], notebook_dir: Path) -> dict[str, str]:
     """{input: fingerprint} of everything notebook `name` reads: the run files (`RunDir.input_fingerprints`), the code
     cells of its notebook ("notebook code"; its prose changes no result), for notebook 06 each recipe file it reads
@@ -683,6 +706,7 @@ def run_pipeline(
     check_outputs(Path(outputs))
     name, given, resolved, selected = resolve_run(params_file, sets, overlay, only, notebook_dir)
     root = _run_root(outputs, name, resolved)
+    check_outside_paths(resolved, root, notebook_dir)
     if mode != "new":  # before --overwrite deletes anything
         check_upstream(RunDir(root), selected, resolved, str(params_file), notebook_dir)
     # --overwrite --only NN replaces only NN's products; the files it reads stay

@@ -11,6 +11,7 @@ kernel start and nothing more.
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -477,6 +478,31 @@ def test_both_machines_of_a_launch_agree_whether_a_training_stands(fake):
     run_pipeline(params, only=["02"], sets={**launch, "node_rank": 0}, mode="resume", outputs=outputs,
                  notebook_dir=notebooks, log=lines.append)  # fmt: skip
     assert lines[0] == f"[02_train_lora_contrastive] running ({node_1}) ..."
+
+
+def test_an_input_inside_the_run_directory_is_refused_before_anything_is_deleted(fake):
+    """A code root inside the run directory was accepted, and a plain --overwrite deleted it with the run."""
+    notebooks, params, outputs = fake
+    root = outputs / "fake"
+    run_pipeline(params, only=["01"], outputs=outputs, notebook_dir=notebooks, **QUIET)
+    code = root / "my-code"
+    code.mkdir()
+    (code / "a.py").write_text("def f():\n    return 1\n")
+    sets = {"data_source": "code", "code_roots": [str(code)]}
+    for mode in ("overwrite", "resume"):
+        with pytest.raises(ConfigError, match=rf"code_roots '{re.escape(str(code))}' \(notebook 01_data_prep\) lies "
+                           rf"inside the run directory {re.escape(str(root))} .* which --overwrite deletes: move it "
+                           rf"out of {re.escape(str(root))}"):  # fmt: skip
+            run_pipeline(params, sets=sets, mode=mode, outputs=outputs, notebook_dir=notebooks, **QUIET)
+    assert (code / "a.py").is_file() and (root / "data" / "train" / "rows.txt").is_file()
+    (root / "data" / "pairs.jsonl").write_text("{}\n")  # any other path outside input, relative from notebooks/ too
+    with pytest.raises(ConfigError, match=r"data_files '../outputs/fake/data/pairs.jsonl' \(notebook 01_data_prep\)"):
+        run_pipeline(params, sets={"data_source": "files", "data_files": ["../outputs/fake/data/pairs.jsonl"]},
+                     mode="overwrite", outputs=outputs, notebook_dir=notebooks, **QUIET)  # fmt: skip
+    with pytest.raises(ConfigError, match=r"beir_sets '[^']*/fake/data' \(notebook 04_eval_mteb_code\)"):
+        run_pipeline(params, sets={"beir_sets": [str(root / "data")]}, mode="overwrite", outputs=outputs,
+                     notebook_dir=notebooks, **QUIET)  # fmt: skip
+    assert (root / "data" / "pairs.jsonl").is_file()
 
 
 def test_the_runner_prints_the_results_table_only_when_notebook_04_is_current(fake, monkeypatch, capsys):
