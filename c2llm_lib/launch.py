@@ -44,6 +44,7 @@ from .config import ConfigError, LaunchConfig, ModelConfig, TrainConfig, from_di
 from .files import CorruptFile, load_json
 
 LOGS = Path("logs") / "02_train"  # inside the run directory
+FLAGS = ("nnodes", "node_rank", "rdzv_endpoint", "nproc")  # notebook 02's keys the launcher takes as --nnodes ...
 RENDEZVOUS_TIMEOUT_S = 600  # how long the machines of a multi-machine training wait for each other to start
 
 
@@ -375,12 +376,11 @@ def train_stage(run_dir, model: ModelConfig, train: TrainConfig, launch: LaunchC
 def notebook_configs(params: Path, overlay: str | None, sets: dict[str, Any]):
     """(run name, ModelConfig, TrainConfig, LaunchConfig) of notebook 02 for a params file, as the pipeline
     resolves it."""
-    from .pipeline import apply_overlay, load_params, resolve
+    from .pipeline import resolve_run
 
-    given = load_params(params)
-    if overlay is not None:
-        given = apply_overlay(given, overlay, sets=sets)
-    values = resolve({**given, **sets}, str(params))["02_train_lora_contrastive"]
+    flags = {key: f"--{key.replace('_', '-')}" for key in FLAGS if key in sets}  # what the errors blame
+    _, _, resolved, _ = resolve_run(params, sets, overlay, set_origins=flags)
+    values = resolved["02_train_lora_contrastive"]
     configs = []
     for cls in (ModelConfig, TrainConfig, LaunchConfig):
         names = {f.name for f in dataclasses.fields(cls)}
@@ -445,10 +445,7 @@ def main(argv: list[str] | None = None) -> int:
 def _launch(args: argparse.Namespace, parse_sets, run_pipeline) -> int:
     from .pipeline import training_reason
 
-    sets = {**parse_sets(args.set), "nnodes": args.nnodes, "node_rank": args.node_rank,
-            "rdzv_endpoint": args.rdzv_endpoint}  # fmt: skip
-    if args.nproc is not None:
-        sets["nproc"] = args.nproc
+    sets = {**parse_sets(args.set), **{key: getattr(args, key) for key in FLAGS if getattr(args, key) is not None}}
     params = Path(args.params)
     name, model, train, launch = notebook_configs(params, args.overlay, sets)  # validates every value, naming it
     check_endpoint(launch.rdzv_endpoint, "--rdzv-endpoint")

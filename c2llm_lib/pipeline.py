@@ -10,7 +10,8 @@ derived key (run, outputs_dir), and must validate in the stage dataclasses of ev
 Values that must agree across notebooks are checked too (`check_ablation_dims`: notebook 04's ablation widths
 against notebook 02's heads and backbone), and the folders a run names (`check_paths`: `hub_mirror`, a local
 `backbone`) must exist as the notebooks see them: a relative path is resolved from notebooks/, their working
-directory, and the error says so.
+directory, and the error says so. Every such error names the key and where its value came from: the params file,
+the overlay (`--overlay`, `apply_overlay`) or `--set`.
 Numbers such as `1e-3` read as floats (plain YAML 1.1 reads them as strings). Each notebook receives
 exactly the keys it declares.
 
@@ -186,20 +187,27 @@ def _takes_a_list(key: str) -> bool:
 
 
 def apply_overlay(
-    params: dict[str, Any], path: str | Path, notebook_dir: Path = NOTEBOOK_DIR, sets: dict[str, Any] | None = None
+    params: dict[str, Any],
+    path: str | Path,
+    notebook_dir: Path = NOTEBOOK_DIR,
+    sets: dict[str, Any] | None = None,
+    source: str = "the params file",
+    set_origins: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """`params` with an overlay file laid over it (e.g. params/overlays/rehearsal.yaml): its keys replace the file's,
     and the keys under `where_nonempty:` replace only a list the run has non-empty (in the file or as the notebook's
     default), so that an overlay scales what a recipe asks for without switching on what it does not. The run's
     `--set` values (`sets`, applied after the overlay) take part in that validation, since a params file may need
-    one to be valid (params/own-code.yaml's code_roots). A key under `where_nonempty` must be a list parameter and
-    be given a list: anything else would be ignored, so it is refused."""
+    one to be valid (params/own-code.yaml's code_roots); a bad value is blamed on where it came from: the overlay,
+    "--set" (or what `set_origins` names for a value of `sets`) or the params file (`source`). A key under
+    `where_nonempty` must be a list parameter and be given a list: anything else would be ignored, so it is refused."""
     overlay = load_params(path)
     conditional = overlay.pop("where_nonempty", {})
     if not isinstance(conditional, dict):
         raise ConfigError(f"{path}: where_nonempty must be a mapping of parameter names to lists")
     merged = {**params, **overlay}
-    resolved = resolve({**merged, **(sets or {})}, str(path), notebook_dir, across=False)  # the run resolves it again
+    origins = {**{key: str(path) for key in overlay}, **{key: "--set" for key in sets or {}}, **(set_origins or {})}
+    resolved = resolve({**merged, **(sets or {})}, source, notebook_dir, across=False, origins=origins)  # again later
     for key, value in conditional.items():
         current = [v[key] for v in resolved.values() if key in v]
         if not current:
@@ -234,14 +242,24 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
 
 
 def resolve(
-    overrides: dict[str, Any], source: str, notebook_dir: Path = NOTEBOOK_DIR, across: bool = True
+    overrides: dict[str, Any],
+    source: str,
+    notebook_dir: Path = NOTEBOOK_DIR,
+    across: bool = True,
+    origins: dict[str, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """{notebook: {key: value}} for every notebook, overrides validated; errors name source and key. `across`: also
-    the values that must agree across notebooks (off for an overlay's first pass: its where_nonempty values come
-    after it)."""
+    """{notebook: {key: value}} for every notebook, overrides validated; errors name the key and where its value came
+    from: `origins[key]` (an overlay, "--set"), else `source` (the params file). `across`: also the values that must
+    agree across notebooks (off for an overlay's first pass: its where_nonempty values come after it)."""
+
+    def blame(keys: list[str]) -> tuple[str, list[str]]:  # where the first key came from, and the keys from there
+        where = (origins or {}).get(keys[0], source)
+        return where, [k for k in keys if (origins or {}).get(k, source) == where]
+
     forbidden = sorted(set(overrides) & set(RUN_KEYS))
     if forbidden:
-        raise ConfigError(f"{source}: {forbidden} are set by the runner (the run is named after the params file)")
+        where, forbidden = blame(forbidden)
+        raise ConfigError(f"{where}: {forbidden} are set by the runner (the run is named after the params file)")
     declared = {}
     for name in NOTEBOOKS:
         defaults = read_parameters(notebook_dir / f"{name}.ipynb")
@@ -255,17 +273,23 @@ def resolve(
     known = {k for d in declared.values() for k in d}
     unknown = sorted(set(overrides) - known)
     if unknown:
-        raise ConfigError(f"{source}: no notebook declares {unknown_keys(unknown, known)}")
+        where, unknown = blame(unknown)
+        raise ConfigError(f"{where}: no notebook declares {unknown_keys(unknown, known)}")
     resolved = {}
     for name, defaults in declared.items():
         values = {**defaults, **{k: v for k, v in overrides.items() if k in defaults}}
         for cls in STAGES[name]:
             fields = cls.__dataclass_fields__
-            from_dict(cls, {k: v for k, v in values.items() if k in fields}, f"{source} (notebook {name})")
+            try:
+                from_dict(cls, {k: v for k, v in values.items() if k in fields}, "")
+            except ConfigError as err:  # its message names the key: "parameter 'learning_rate' must be ..."
+                named = re.search(r"parameter '(\w+)'", str(err))
+                where, _ = blame([named.group(1) if named else ""])
+                raise ConfigError(f"{where} (notebook {name}): {str(err).removeprefix(': ')}") from None
         resolved[name] = values
     if across:
-        check_ablation_dims(resolved, source, notebook_dir)
-        check_paths(resolved, source, notebook_dir)
+        check_ablation_dims(resolved, blame(["ablation_dims"])[0], notebook_dir)
+        check_paths(resolved, source, notebook_dir, origins)
     return resolved
 
 
@@ -275,27 +299,34 @@ def _looks_like_a_path(value: str) -> bool:
     return value.startswith((".", "/", "~")) or value.count("/") > 1
 
 
-def check_paths(resolved: dict[str, dict[str, Any]], source: str, notebook_dir: Path = NOTEBOOK_DIR) -> None:
+def check_paths(
+    resolved: dict[str, dict[str, Any]],
+    source: str,
+    notebook_dir: Path = NOTEBOOK_DIR,
+    origins: dict[str, str] | None = None,
+) -> None:
     """`hub_mirror` (notebooks 01, 04) must be a folder, and a `backbone` (02) that names a folder must exist, seen
-    from where the notebooks run: a relative path is resolved from notebooks/, not from where the runner started."""
+    from where the notebooks run: a relative path is resolved from notebooks/, not from where the runner started.
+    Errors name where the value came from (`origins[key]`, else `source`)."""
     wanted = [(n, "hub_mirror", v["hub_mirror"]) for n, v in resolved.items() if v.get("hub_mirror") is not None]
     model = resolved.get("02_train_lora_contrastive", {})
     backbone = model.get("backbone")
     if isinstance(backbone, str) and (_looks_like_a_path(backbone) or Path(backbone).is_dir()):
         wanted.append(("02_train_lora_contrastive", "backbone", backbone))
     for name, key, value in wanted:
+        where = (origins or {}).get(key, source)
         path = Path(value)  # the notebooks do not expand '~' either
         seen = path if path.is_absolute() else notebook_dir / path
         if seen.is_dir():
             continue
         if path.is_absolute():
-            raise ConfigError(f"{source} (notebook {name}): {key} {value!r} is not a folder")
+            raise ConfigError(f"{where} (notebook {name}): {key} {value!r} is not a folder")
         here = (
             ""
             if not path.is_dir()
             else f"; it exists from here ({Path.cwd()}): give its absolute path, {path.resolve()}"
         )
-        raise ConfigError(f"{source} (notebook {name}): {key} {value!r} is relative, and the notebooks run in "
+        raise ConfigError(f"{where} (notebook {name}): {key} {value!r} is relative, and the notebooks run in "
                           f"notebooks/, where it names {seen}, which is not a folder{here}")  # fmt: skip
 
 
@@ -641,16 +672,23 @@ def resolve_run(
     overlay: str | Path | None = None,
     only: list[str] | None = None,
     notebook_dir: Path = NOTEBOOK_DIR,
+    set_origins: dict[str, str] | None = None,
 ) -> tuple[str, dict[str, Any], dict[str, dict[str, Any]], list[str]]:
     """(run name, the overrides in effect, {notebook: values}, the notebooks chosen) of a params file with its
-    overlay and `--set` values, as a run uses them (the preflight resolves through here too)."""
+    overlay and `--set` values, as a run uses them (the preflight resolves through here too). An error names where
+    the bad value came from: the params file, the overlay, "--set", or for a value of `sets` given otherwise (the
+    launcher's --node-rank) what `set_origins` says."""
     params_file = Path(params_file)
     name = check_run_name(params_file.stem, f"{params_file}: the run name (the file's stem)")
     given = load_params(params_file)
+    origins = {}  # where each value that is not the params file's came from, for the errors
     if overlay is not None:
-        given = apply_overlay(given, overlay, notebook_dir, sets)
+        merged = apply_overlay(given, overlay, notebook_dir, sets, str(params_file), set_origins)
+        origins = {key: str(overlay) for key, value in merged.items() if key not in given or given[key] != value}
+        given = merged
     given = {**given, **(sets or {})}
-    resolved = resolve(given, str(params_file), notebook_dir)
+    origins |= {**{key: "--set" for key in sets or {}}, **(set_origins or {})}
+    resolved = resolve(given, str(params_file), notebook_dir, origins=origins)
     return name, given, resolved, select_notebooks(only)
 
 

@@ -41,6 +41,7 @@ from c2llm_lib.pipeline import (
     main,
     parse_sets,
     resolve,
+    resolve_run,
     run_pipeline,
     training_reason,
 )
@@ -740,6 +741,31 @@ def test_an_overlay_condition_on_a_list_applies_where_the_run_has_one(tmp_path):
     overlay.write_text("backbone: tiny-random-qwen2\nwhere_nonempty:\n  ablation_dims: [32]\n")
     merged = apply_overlay({"ablations": True, "ablation_dims": [512, 256]}, overlay)
     assert resolve(merged, "p.yaml")["04_eval_mteb_code"]["ablation_dims"] == [32]
+
+
+BLAME = [  # params file, overlay, --set values, and where the error must say the bad value came from
+    ("learning_rate: 7\n", "seed: 1\n", {}, "p.yaml (notebook 02_train_lora_contrastive): parameter 'learning_rate'"),
+    ("lerning_rate: 1\n", "seed: 1\n", {}, "p.yaml: no notebook declares 'lerning_rate'"),
+    ("seed: 1\n", "learning_rate: 7\n", {}, "o.yaml (notebook 02_train_lora_contrastive): parameter 'learning_rate'"),
+    ("seed: 1\n", "seed: 2\n", {"learning_rate": 7}, "--set (notebook 02_train_lora_contrastive): parameter "
+     "'learning_rate'"),
+    ("seed: 1\n", None, {"learning_rate": 7}, "--set (notebook 02_train_lora_contrastive): parameter 'learning_rate'"),
+    ("ablations: true\n", "where_nonempty:\n  ablation_dims: [7]\n", {}, "o.yaml: ablation_dims [7] (notebook 04)"),
+    ("seed: 1\n", None, {"hub_mirror": "/no/such/mirror"}, "--set (notebook 01_data_prep): hub_mirror '/no/such/"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("text,overlay,sets,message", BLAME)
+def test_a_bad_value_is_blamed_on_where_it_came_from(tmp_path, text, overlay, sets, message):
+    """An overlay's bad value was blamed on the params file after its where_nonempty, and with an overlay a bad value of
+    the params file or of --set was blamed on the overlay, without one a --set value on the params file."""
+    params = tmp_path / "p.yaml"
+    params.write_text(text)
+    if overlay is not None:
+        (tmp_path / "o.yaml").write_text(overlay)
+    with pytest.raises(ConfigError) as refused:
+        resolve_run(params, sets, tmp_path / "o.yaml" if overlay is not None else None)
+    assert str(refused.value).removeprefix(f"{tmp_path}/").startswith(message), str(refused.value)
 
 
 @pytest.mark.parametrize(
