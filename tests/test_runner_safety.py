@@ -424,6 +424,10 @@ def test_resume_reruns_what_read_a_changed_input_outside_the_run(fake, tmp_path)
 
     run_pipeline(params, only=chosen, sets=sets, outputs=outputs, notebook_dir=notebooks, **QUIET)
     changed = "running (its inputs changed since it ran: "
+    pairs.write_text('{"query": "q2", "positive": "p"}\n')  # --only sees it too
+    with pytest.raises(PipelineError, match=r"01_data_prep, which is not current \(its inputs changed since it ran: "
+                       rf"data_files {re.escape(str(pairs))}\)"):  # fmt: skip
+        run_pipeline(params, only=["02"], sets=sets, mode="resume", outputs=outputs, notebook_dir=notebooks, **QUIET)
     assert resume(pairs, '{"query": "q2", "positive": "p"}\n') == {
         "01": f"[01_data_prep] {changed}data_files {pairs}) ..."
     }
