@@ -6,13 +6,18 @@ named, also where it lies in place of the safetensors file a loader looks for (`
 `adapter_model.safetensors`), and `check_no_pickles` refuses a folder handed whole to another library that would
 read one. Weights must be finite: a NaN or infinite value is an error naming the file and the tensors, since it
 would only show later as NaN embeddings. JSON records (configs, trainer state) are read with a message naming the
-file when they are missing, truncated or not an object. `file_digest` is the one content digest of a file or a folder.
+file when they are missing, truncated or not an object.
+
+`digest` is the one digest of files: names, sizes and bytes. `fingerprint` tells whether files changed (the runner's
+inputs, a search index's model) and reads the bytes of every file up to `CONTENT_LIMIT`, larger files by their
+modification time; `file_digest` reads every byte (a model folder an evaluation is keyed by, a user's data file).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -115,16 +120,65 @@ def load_json(path: str | Path, what: str = "record") -> dict[str, Any]:
     return value
 
 
-def file_digest(path: Path) -> str:
-    """sha256 of a file's bytes, or of every file of a folder (relative names, sizes and bytes, in name order: a byte
-    moved from one file to the next is a change)."""
+CONTENT_LIMIT = 4 * 2**20  # files up to this size are fingerprinted by their bytes, larger ones by their time
+
+
+def every_file(folder: str | Path) -> list[Path]:
+    """Every file under `folder`, in path order, through symlinked subfolders too (a folder kept elsewhere and linked
+    in is part of what is read; `Path.rglob` skips it), each real folder walked once (a loop of links ends)."""
+    found, seen, todo = [], set(), [Path(folder)]
+    while todo:
+        current = todo.pop()
+        if current.resolve() in seen:
+            continue
+        seen.add(current.resolve())
+        for entry in current.iterdir():
+            if entry.is_dir():
+                todo.append(entry)
+            elif entry.is_file():
+                found.append(entry)
+    return sorted(found)
+
+
+def digest(files: Iterable[tuple[str, Path]], content_limit: int | None = CONTENT_LIMIT) -> str:
+    """16 hex digits of sha256 over each (name, file): its name and size, and its bytes when it holds at most
+    `content_limit` (by default `CONTENT_LIMIT`: records, configs, trainer states, source code and data files of a
+    usual size; None: every file), else its modification time (weights and large tables, too large to read at every
+    --resume: a rewritten one has a new time; a large one copied in with its size and time kept, `cp -p`, goes
+    unseen)."""
+    total = hashlib.sha256()
+    for name, file in files:
+        stat = file.stat()
+        if content_limit is None or stat.st_size <= content_limit:
+            content = hashlib.sha256()
+            with file.open("rb") as handle:
+                while block := handle.read(1 << 20):
+                    content.update(block)
+            total.update(f"{name}\t{stat.st_size}\t{content.hexdigest()}\n".encode())
+        else:
+            total.update(f"{name}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
+    return total.hexdigest()[:16]
+
+
+def fingerprint(path: str | Path, name: str, content_limit: int | None = CONTENT_LIMIT) -> str:
+    """`digest` of a file (named `name`), or of every file under a folder (`every_file`, named `name/<path inside>`)
+    but for hidden entries (staging folders, a lock, a download's `.cache/`) and `cache-*` files (what `datasets` adds
+    beside a table it maps), which change without what is read changing; "missing" when nothing is at `path`."""
     path = Path(path)
-    h = hashlib.sha256()
-    parts = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for part in parts:
-        if path.is_dir():
-            h.update(f"{part.relative_to(path).as_posix()}\x00{part.stat().st_size}\x00".encode())
-        with part.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
+    if not path.exists():
+        return "missing"
+    if not path.is_dir():
+        return digest([(name, path)], content_limit)
+    inside = [(file.relative_to(path), file) for file in every_file(path)]
+    return digest(
+        ((f"{name}/{rel.as_posix()}", file)
+         for rel, file in inside
+         if not any(part.startswith(".") for part in rel.parts) and not file.name.startswith("cache-")),
+        content_limit,
+    )  # fmt: skip
+
+
+def file_digest(path: str | Path) -> str:
+    """`fingerprint` of a file or folder with every byte read (no file is taken by its time), independent of where it
+    lies: a copy elsewhere has the same digest, a byte changed or moved across files another."""
+    return fingerprint(path, ".", content_limit=None)

@@ -13,8 +13,10 @@ world size is part of what must match), and the same `TrainRecord` comes back fo
 Several machines use torchrun's static rendezvous at `rdzv_endpoint` (host:port on node 0): node k holds global
 ranks k * nproc .. (k + 1) * nproc - 1, so global rank 0, which writes the checkpoints and the step log, is on node
 0, where the notebook runs. The other machines run `python -m c2llm_lib.launch PARAMS --node-rank K ...`, which
-resolves the same params and starts the same torchrun command, writing nothing in the run directory. The machines
-share the run directory's filesystem (every rank reads the rows; resuming reads the checkpoints).
+resolves the same params and starts the same torchrun command, writing nothing in the run directory. Whether there
+is a training to join, every machine decides by node 0's rule (`pipeline.training_reason`: its `--resume` keeps a
+finished training whatever machines are named), so no machine waits for another that has left. The machines share
+the run directory's filesystem (every rank reads the rows; resuming reads the checkpoints).
 
 The launcher's files lie under `logs/02_train/` of the run: the trainer's params, rank 0's step log and summary,
 torchrun's output (`torchrun.log`) and each local rank's output and error file (`ranks/`).
@@ -42,6 +44,7 @@ from .config import ConfigError, LaunchConfig, ModelConfig, TrainConfig, from_di
 from .files import CorruptFile, load_json
 
 LOGS = Path("logs") / "02_train"  # inside the run directory
+FLAGS = ("nnodes", "node_rank", "rdzv_endpoint", "nproc")  # notebook 02's keys the launcher takes as --nnodes ...
 RENDEZVOUS_TIMEOUT_S = 600  # how long the machines of a multi-machine training wait for each other to start
 
 
@@ -373,12 +376,11 @@ def train_stage(run_dir, model: ModelConfig, train: TrainConfig, launch: LaunchC
 def notebook_configs(params: Path, overlay: str | None, sets: dict[str, Any]):
     """(run name, ModelConfig, TrainConfig, LaunchConfig) of notebook 02 for a params file, as the pipeline
     resolves it."""
-    from .pipeline import apply_overlay, load_params, resolve
+    from .pipeline import resolve_run
 
-    given = load_params(params)
-    if overlay is not None:
-        given = apply_overlay(given, overlay, sets=sets)
-    values = resolve({**given, **sets}, str(params))["02_train_lora_contrastive"]
+    flags = {key: f"--{key.replace('_', '-')}" for key in FLAGS if key in sets}  # what the errors blame
+    _, _, resolved, _ = resolve_run(params, sets, overlay, set_origins=flags)
+    values = resolved["02_train_lora_contrastive"]
     configs = []
     for cls in (ModelConfig, TrainConfig, LaunchConfig):
         names = {f.name for f in dataclasses.fields(cls)}
@@ -411,26 +413,6 @@ def check_endpoint(endpoint: str, key: str = "rdzv_endpoint") -> None:
         raise ConfigError(f"{key} {endpoint!r}: the host {host!r} does not resolve on this machine ({err})") from None
 
 
-def finished_training(run: Path, model: ModelConfig, train: TrainConfig) -> str | None:
-    """When the run's `metrics/train.json` records a finished training of these configs (the dtype aside, which each
-    machine resolves), a sentence saying so: a node started again after the run has nothing to join."""
-    record_path = run / "metrics" / "train.json"
-    if not record_path.is_file():
-        return None
-    try:
-        record = load_json(record_path, "training record")
-    except (CorruptFile, OSError):
-        return None
-    same_model = {k: v for k, v in (record.get("model_config") or {}).items() if k not in ("dtype", "device")} == {
-        k: v for k, v in json.loads(json.dumps(model.to_dict())).items() if k not in ("dtype", "device")}  # fmt: skip
-    same_train = record.get("train_config") == json.loads(json.dumps(train.to_dict()))
-    if not (same_model and same_train):
-        return None
-    return (f"the training of run {run.name!r} with these parameters already finished ({record_path}: "
-            f"{record.get('steps')} steps on {record.get('processes')} processes): nothing for this machine to join. "
-            "Run notebooks 03-05 on one machine, or change the params to train again")  # fmt: skip
-
-
 def main(argv: list[str] | None = None) -> int:
     """One command for every machine of a multi-machine training (e.g. under srun): node 0 runs notebook 02 through
     the pipeline (the run must hold notebook 01's data), the others start their share of the processes. A bad
@@ -461,10 +443,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _launch(args: argparse.Namespace, parse_sets, run_pipeline) -> int:
-    sets = {**parse_sets(args.set), "nnodes": args.nnodes, "node_rank": args.node_rank,
-            "rdzv_endpoint": args.rdzv_endpoint}  # fmt: skip
-    if args.nproc is not None:
-        sets["nproc"] = args.nproc
+    from .pipeline import training_reason
+
+    sets = {**parse_sets(args.set), **{key: getattr(args, key) for key in FLAGS if getattr(args, key) is not None}}
     params = Path(args.params)
     name, model, train, launch = notebook_configs(params, args.overlay, sets)  # validates every value, naming it
     check_endpoint(launch.rdzv_endpoint, "--rdzv-endpoint")
@@ -477,9 +458,10 @@ def _launch(args: argparse.Namespace, parse_sets, run_pipeline) -> int:
     if not rows.is_dir():
         raise FileNotFoundError(f"{rows} is missing: run notebook 01 for run {name!r} first (on a filesystem every "
                                 "machine shares)")  # fmt: skip
-    done = finished_training(run, model, train)
-    if done is not None:
-        raise ConfigError(done)
+    if not training_reason(params, sets, args.overlay, args.outputs):  # node 0 decides by the same call
+        raise ConfigError(f"the training of run {name!r} with these parameters already finished ({run}/metrics/"
+                          "train.json), and node 0 keeps it: nothing for this machine to join. Run notebooks 03-05 on "
+                          "one machine, or change the params to train again")  # fmt: skip
     nproc = processes(launch, model)
     logs = Path(args.log_dir or tempfile.mkdtemp(prefix=f"c2llm-{name}-node{args.node_rank}-"))
     logs.mkdir(parents=True, exist_ok=True)

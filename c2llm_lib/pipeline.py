@@ -10,27 +10,37 @@ derived key (run, outputs_dir), and must validate in the stage dataclasses of ev
 Values that must agree across notebooks are checked too (`check_ablation_dims`: notebook 04's ablation widths
 against notebook 02's heads and backbone), and the folders a run names (`check_paths`: `hub_mirror`, a local
 `backbone`) must exist as the notebooks see them: a relative path is resolved from notebooks/, their working
-directory, and the error says so.
+directory, and the error says so. Every such error names the key and where its value came from: the params file,
+the overlay (`--overlay`, `apply_overlay`) or `--set`.
 Numbers such as `1e-3` read as floats (plain YAML 1.1 reads them as strings). Each notebook receives
 exactly the keys it declares.
 
 A plain run executes notebooks 01-06; notebook 07 (search) runs only when named, `--only 07` (`notebook.ON_REQUEST`).
-A new run refuses an existing run directory. `--resume` keeps a notebook that finished with the same
-A plain run executes notebooks 01-06; notebook 07 (search) runs only when named, `--only 07` (`notebook.ON_REQUEST`),
-and `--resume` always reruns it, since the folders it searches lie outside the run (`runs.OUTSIDE_INPUTS`).
-parameters and the same inputs, and reruns the rest. Its inputs (`input_fingerprints`) are the run files it
-reads (`runs.INPUTS`), the code cells of its notebook, and for notebook 06 the recipe files it reads
-(`params/<recipe>.yaml`). A notebook that reruns first loses its earlier products (`RunDir.remove_products`; its
-caches stay). `--overwrite` deletes the old run first; with `--only` it deletes only the products of the chosen
-notebooks (`runs.PRODUCTS`) and reruns them, keeping what they read.
+A new run refuses an existing run directory, and every run refuses a path outside the run that a notebook reads
+(`OUTSIDE_PATHS`) when it lies inside the run directory, which `--overwrite` deletes (`check_outside_paths`).
+
+`--resume` keeps a notebook that finished with the same parameters and the same inputs, and reruns the rest
+(`rerun_reason`, the one rule). Where notebook 02 ran (`LaunchConfig`'s keys, `LAUNCH_KEYS`) does not change what it
+made, so they are no parameters of that rule: a finished training is kept whatever machines a later command names, by
+node 0's `--resume` and by the other machines of a launch alike (`training_reason`, `launch.py`). A notebook's inputs
+(`input_fingerprints`) are the run files it reads (`runs.INPUTS`), the code cells of its notebook, for notebook 06 the
+recipe files it reads (`params/<recipe>.yaml`), and every path outside the run its parameters name (`outside_paths`:
+data_files, code_roots and hub_mirror for 01, a local backbone folder for 02, hub_mirror, beir_sets and a local
+eval_released for 04), fingerprinted by content (`files.digest`: names, sizes, the bytes of each file up to 4 MiB,
+larger files by their modification time; a code root by the files its mining walks, `code_trees.walked_files`, so a
+whole site-packages costs its source files' bytes: 26,000 files, 340 MB, in 3 s on 2 cores, 10 s uncached). Notebook 07
+is not fingerprinted: `--resume` always reruns it (`runs.OUTSIDE_INPUTS`; its default folder is this Python's
+standard library, and its index re-encodes only the files that changed). A finished notebook records the run files it
+made for later notebooks (`RunDir.made`); one of them deleted reruns it. A notebook that reruns first loses its
+earlier products (`RunDir.remove_products`; its caches stay). `--overwrite` deletes the old run first; with `--only`
+it deletes only the products of the chosen notebooks (`runs.PRODUCTS`) and reruns them, keeping what they read.
 
 With `--only`, a chosen notebook reads the products of notebooks that do not run; each of those must be current
-(`not_current`): finished, with this run's parameters (but for where notebook 02 ran: `LaunchConfig`'s keys, so
-that the machines of a multi-node training need not be named again) and unchanged inputs, and so must the notebooks
-upstream of it, none of which may be chosen to rerun. Otherwise the run is refused before anything runs, naming
-the notebook and the command that reruns it; a plain `--resume` reruns whatever is stale. At the end, a finished
-notebook that did not run and is no longer current is recorded "stale", with the reason, and `main` prints
-`metrics/results.md` only while notebook 04 is current.
+(`not_current`): `rerun_reason` finds nothing to rerun for it, nor for the notebooks upstream of it, none of which may
+be chosen to rerun. Otherwise the run is refused before anything runs, naming the notebook and the command that
+reruns it; a plain `--resume` reruns whatever is stale. At the end, a finished notebook that did not run and is no
+longer current is recorded "stale", with the reason, and `main` prints `metrics/results.md` only while notebook 04 is
+current.
 
 One runner at a time works in a run directory (an fcntl lock, released when the runner exits or dies). The first
 failing notebook stops the run, a dead kernel (killed, out of memory) included; it is saved executed, with the
@@ -68,7 +78,7 @@ from typing import Any
 import yaml
 
 from .config import ConfigError, LaunchConfig, from_dict, unknown_keys
-from .files import CorruptFile
+from .files import CorruptFile, digest, fingerprint
 from .memory import PeakMemory
 from .notebook import NOTEBOOK_DIR, ON_REQUEST, RUN_KEYS, STAGES, read_parameters, stage_keys
 from .runs import OUTSIDE_INPUTS, PRODUCTS, RunDir, RunInUse, check_run_name, upstream
@@ -177,20 +187,27 @@ def _takes_a_list(key: str) -> bool:
 
 
 def apply_overlay(
-    params: dict[str, Any], path: str | Path, notebook_dir: Path = NOTEBOOK_DIR, sets: dict[str, Any] | None = None
+    params: dict[str, Any],
+    path: str | Path,
+    notebook_dir: Path = NOTEBOOK_DIR,
+    sets: dict[str, Any] | None = None,
+    source: str = "the params file",
+    set_origins: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """`params` with an overlay file laid over it (e.g. params/overlays/rehearsal.yaml): its keys replace the file's,
     and the keys under `where_nonempty:` replace only a list the run has non-empty (in the file or as the notebook's
     default), so that an overlay scales what a recipe asks for without switching on what it does not. The run's
     `--set` values (`sets`, applied after the overlay) take part in that validation, since a params file may need
-    one to be valid (params/own-code.yaml's code_roots). A key under `where_nonempty` must be a list parameter and
-    be given a list: anything else would be ignored, so it is refused."""
+    one to be valid (params/own-code.yaml's code_roots); a bad value is blamed on where it came from: the overlay,
+    "--set" (or what `set_origins` names for a value of `sets`) or the params file (`source`). A key under
+    `where_nonempty` must be a list parameter and be given a list: anything else would be ignored, so it is refused."""
     overlay = load_params(path)
     conditional = overlay.pop("where_nonempty", {})
     if not isinstance(conditional, dict):
         raise ConfigError(f"{path}: where_nonempty must be a mapping of parameter names to lists")
     merged = {**params, **overlay}
-    resolved = resolve({**merged, **(sets or {})}, str(path), notebook_dir, across=False)  # the run resolves it again
+    origins = {**{key: str(path) for key in overlay}, **{key: "--set" for key in sets or {}}, **(set_origins or {})}
+    resolved = resolve({**merged, **(sets or {})}, source, notebook_dir, across=False, origins=origins)  # again later
     for key, value in conditional.items():
         current = [v[key] for v in resolved.values() if key in v]
         if not current:
@@ -225,14 +242,24 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
 
 
 def resolve(
-    overrides: dict[str, Any], source: str, notebook_dir: Path = NOTEBOOK_DIR, across: bool = True
+    overrides: dict[str, Any],
+    source: str,
+    notebook_dir: Path = NOTEBOOK_DIR,
+    across: bool = True,
+    origins: dict[str, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """{notebook: {key: value}} for every notebook, overrides validated; errors name source and key. `across`: also
-    the values that must agree across notebooks (off for an overlay's first pass: its where_nonempty values come
-    after it)."""
+    """{notebook: {key: value}} for every notebook, overrides validated; errors name the key and where its value came
+    from: `origins[key]` (an overlay, "--set"), else `source` (the params file). `across`: also the values that must
+    agree across notebooks (off for an overlay's first pass: its where_nonempty values come after it)."""
+
+    def blame(keys: list[str]) -> tuple[str, list[str]]:  # where the first key came from, and the keys from there
+        where = (origins or {}).get(keys[0], source)
+        return where, [k for k in keys if (origins or {}).get(k, source) == where]
+
     forbidden = sorted(set(overrides) & set(RUN_KEYS))
     if forbidden:
-        raise ConfigError(f"{source}: {forbidden} are set by the runner (the run is named after the params file)")
+        where, forbidden = blame(forbidden)
+        raise ConfigError(f"{where}: {forbidden} are set by the runner (the run is named after the params file)")
     declared = {}
     for name in NOTEBOOKS:
         defaults = read_parameters(notebook_dir / f"{name}.ipynb")
@@ -246,17 +273,23 @@ def resolve(
     known = {k for d in declared.values() for k in d}
     unknown = sorted(set(overrides) - known)
     if unknown:
-        raise ConfigError(f"{source}: no notebook declares {unknown_keys(unknown, known)}")
+        where, unknown = blame(unknown)
+        raise ConfigError(f"{where}: no notebook declares {unknown_keys(unknown, known)}")
     resolved = {}
     for name, defaults in declared.items():
         values = {**defaults, **{k: v for k, v in overrides.items() if k in defaults}}
         for cls in STAGES[name]:
             fields = cls.__dataclass_fields__
-            from_dict(cls, {k: v for k, v in values.items() if k in fields}, f"{source} (notebook {name})")
+            try:
+                from_dict(cls, {k: v for k, v in values.items() if k in fields}, "")
+            except ConfigError as err:  # its message names the key: "parameter 'learning_rate' must be ..."
+                named = re.search(r"parameter '(\w+)'", str(err))
+                where, _ = blame([named.group(1) if named else ""])
+                raise ConfigError(f"{where} (notebook {name}): {str(err).removeprefix(': ')}") from None
         resolved[name] = values
     if across:
-        check_ablation_dims(resolved, source, notebook_dir)
-        check_paths(resolved, source, notebook_dir)
+        check_ablation_dims(resolved, blame(["ablation_dims"])[0], notebook_dir)
+        check_paths(resolved, source, notebook_dir, origins)
     return resolved
 
 
@@ -266,27 +299,34 @@ def _looks_like_a_path(value: str) -> bool:
     return value.startswith((".", "/", "~")) or value.count("/") > 1
 
 
-def check_paths(resolved: dict[str, dict[str, Any]], source: str, notebook_dir: Path = NOTEBOOK_DIR) -> None:
+def check_paths(
+    resolved: dict[str, dict[str, Any]],
+    source: str,
+    notebook_dir: Path = NOTEBOOK_DIR,
+    origins: dict[str, str] | None = None,
+) -> None:
     """`hub_mirror` (notebooks 01, 04) must be a folder, and a `backbone` (02) that names a folder must exist, seen
-    from where the notebooks run: a relative path is resolved from notebooks/, not from where the runner started."""
+    from where the notebooks run: a relative path is resolved from notebooks/, not from where the runner started.
+    Errors name where the value came from (`origins[key]`, else `source`)."""
     wanted = [(n, "hub_mirror", v["hub_mirror"]) for n, v in resolved.items() if v.get("hub_mirror") is not None]
     model = resolved.get("02_train_lora_contrastive", {})
     backbone = model.get("backbone")
     if isinstance(backbone, str) and (_looks_like_a_path(backbone) or Path(backbone).is_dir()):
         wanted.append(("02_train_lora_contrastive", "backbone", backbone))
     for name, key, value in wanted:
+        where = (origins or {}).get(key, source)
         path = Path(value)  # the notebooks do not expand '~' either
         seen = path if path.is_absolute() else notebook_dir / path
         if seen.is_dir():
             continue
         if path.is_absolute():
-            raise ConfigError(f"{source} (notebook {name}): {key} {value!r} is not a folder")
+            raise ConfigError(f"{where} (notebook {name}): {key} {value!r} is not a folder")
         here = (
             ""
             if not path.is_dir()
             else f"; it exists from here ({Path.cwd()}): give its absolute path, {path.resolve()}"
         )
-        raise ConfigError(f"{source} (notebook {name}): {key} {value!r} is relative, and the notebooks run in "
+        raise ConfigError(f"{where} (notebook {name}): {key} {value!r} is relative, and the notebooks run in "
                           f"notebooks/, where it names {seen}, which is not a folder{here}")  # fmt: skip
 
 
@@ -447,10 +487,72 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
+# Parameters naming files or folders outside the run that a notebook reads (a relative path from notebooks/, where the
+# notebooks run): its inputs (`input_fingerprints`, but for notebook 07's, which always reruns), and never inside the
+# run directory (`check_outside_paths`). A backbone or eval_released that names nothing on disk is a hub id.
+OUTSIDE_PATHS = {
+    "01_data_prep": ("data_files", "code_roots", "hub_mirror"),
+    "02_train_lora_contrastive": ("backbone",),
+    "04_eval_mteb_code": ("hub_mirror", "beir_sets", "eval_released"),
+    "07_search_code": ("search_roots", "code_roots"),
+}
+CODE_ROOTS = ("code_roots", "search_roots")  # walked by the mining rules (`code_trees.walked_files`)
+
+
+def outside_paths(name: str, values: dict[str, Any], notebook_dir: Path = NOTEBOOK_DIR) -> list[tuple[str, str, Path]]:
+    """(key, value as given, the path as notebook `name` sees it) of each path outside the run that its parameters
+    `values` name (`OUTSIDE_PATHS`; a `data_files` entry by its `path`)."""
+    found = []
+    for key in OUTSIDE_PATHS.get(name, ()):
+        value = values.get(key)
+        for item in value if isinstance(value, list) else [] if value is None else [value]:
+            given = item.get("path") if isinstance(item, dict) else item
+            if not isinstance(given, str):
+                continue
+            path = Path(given).expanduser()
+            path = path if path.is_absolute() else notebook_dir / path
+            if key in ("backbone", "eval_released") and not path.exists():
+                continue  # a hub id (the loaders take a name that exists on disk as a folder)
+            found.append((key, given, path))
+    return found
+
+
+def outside_fingerprint(key: str, path: Path) -> str:
+    """The fingerprint of an input outside the run, by the one rule (`files.digest`: names, sizes, the bytes of every
+    file up to 4 MiB, larger ones by their modification time). A code root covers the files its mining walks
+    (`code_trees.walked_files`: source files the path and .gitignore rules keep, so a whole site-packages hashes its
+    source files only, as mining reads them); any other folder every file under it (`files.fingerprint`, hidden
+    entries and `cache-*` files aside). "missing" when absent, "unreadable (...)" when it cannot be read."""
+    try:
+        if key in CODE_ROOTS and path.is_dir():
+            from .data.code_trees import walked_files  # tree-sitter's grammars: only for a code root
+
+            return digest(walked_files(path))
+        return fingerprint(path, key)
+    except (OSError, ValueError) as err:  # a DataError is a ValueError
+        return f"unreadable ({type(err).__name__})"
+
+
+def check_outside_paths(resolved: dict[str, dict[str, Any]], root: Path, notebook_dir: Path = NOTEBOOK_DIR) -> None:
+    """Refuses, naming the key and path, an input outside the run (`outside_paths`) that lies inside the run directory
+    `root` (a code root in outputs/<run>/): `--overwrite` deletes the run directory whole, and a rerun replaces its
+    notebook's products. Checked in every mode, before anything is deleted."""
+    real = root.resolve()
+    for name, values in resolved.items():
+        for key, given, path in outside_paths(name, values, notebook_dir):
+            if path.resolve().is_relative_to(real):
+                raise ConfigError(
+                    f"{key} {given!r} (notebook {name}) lies inside the run directory {root} "
+                    f"({path.resolve()}), which --overwrite deletes: move it out of {root}"
+                )
+
+
 def input_fingerprints(run: RunDir, name: str, parameters: dict[str, Any], notebook_dir: Path) -> dict[str, str]:
     """{input: fingerprint} of everything notebook `name` reads: the run files (`RunDir.input_fingerprints`), the code
-    cells of its notebook ("notebook code"; its prose changes no result), and for notebook 06 each recipe file it
-    reads ("recipe params/<name>.yaml", "missing" when absent)."""
+    cells of its notebook ("notebook code"; its prose changes no result), for notebook 06 each recipe file it reads
+    ("recipe params/<name>.yaml", "missing" when absent), and each path outside the run its parameters name
+    (`outside_paths`: "code_roots ../src", "backbone /models/qwen", ...; `outside_fingerprint`). Notebook 07 always
+    reruns (`runs.OUTSIDE_INPUTS`): its outside folders are not fingerprinted."""
     import nbformat
 
     inputs = run.input_fingerprints(name)
@@ -466,7 +568,32 @@ def input_fingerprints(run: RunDir, name: str, parameters: dict[str, Any], noteb
         for recipe in parameters.get("compare_recipes") or []:
             path = Path(PARAMS_DIR) / f"{recipe}.yaml"
             inputs[f"recipe params/{recipe}.yaml"] = _digest(path.read_bytes()) if path.is_file() else "missing"
+    if name not in OUTSIDE_INPUTS:
+        for key, given, path in outside_paths(name, parameters, notebook_dir):
+            inputs[f"{key} {given}"] = outside_fingerprint(key, path)
     return inputs
+
+
+def rerun_reason(
+    run: RunDir, name: str, parameters: dict[str, Any], record: dict[str, Any], notebook_dir: Path
+) -> tuple[str, dict[str, str]]:
+    """(why notebook `name` must run again, '' when what it made earlier stands; its inputs' fingerprints now). The
+    one rule of `--resume`, of `not_current`, and of every machine of a launch (`training_reason`): what it
+    made stands when it finished, with these parameters (`LAUNCH_KEYS` aside: where notebook 02 ran does not change
+    what it made), with the recorded fingerprints of its inputs, and every run file it made for later notebooks
+    (`RunDir.made`, recorded when it finished) is still there: a deleted metrics/train.json reruns notebook 02 rather
+    than failing notebook 03 at every --resume."""
+    inputs = input_fingerprints(run, name, parameters, notebook_dir)
+    executed = run.root / "notebooks" / f"{name}.ipynb"
+    reason = reason_to_rerun(record, executed, parameters, inputs, ignore=LAUNCH_KEYS)
+    gone = [] if reason else [relative for relative in record.get("made", ()) if not run.present(relative)]
+    return reason or (f"what it made for later notebooks is gone: {', '.join(gone)}" if gone else ""), inputs
+
+
+def _unread(relative: str, inputs: dict[str, str], producer: dict[str, Any]) -> bool:
+    """Whether a run file a notebook may read is absent because its producer never made it (an option not asked,
+    data/heldout of an offline run), not because it was deleted after."""
+    return inputs.get(relative) == "missing" and relative not in producer.get("made", ())
 
 
 def not_current(
@@ -476,21 +603,28 @@ def not_current(
     records: dict[str, Any],
     notebook_dir: Path,
     rerun: tuple[str, ...] = (),
+    seen: dict[str, tuple[str, list[str]]] | None = None,
 ) -> tuple[str, list[str]]:
     """(why notebook `name`'s products do not stand for this run, the notebooks to rerun for them), or ('', []) when
-    they do: it finished with these parameters (`LAUNCH_KEYS` aside: where notebook 02 ran does not change what it
-    made) and inputs, and so did every notebook upstream whose product it read, none of which is in `rerun`."""
-    executed = run.root / "notebooks" / f"{name}.ipynb"
-    inputs = input_fingerprints(run, name, resolved[name], notebook_dir)
-    reason = reason_to_rerun(records.get(name, {}), executed, resolved[name], inputs, ignore=LAUNCH_KEYS)
+    they do: `rerun_reason` finds none for it nor for any notebook upstream whose product it read, and none of those
+    is in `rerun`. `seen`: the answers already found for the same `rerun` (an input is fingerprinted once)."""
+    seen = {} if seen is None else seen
+    if name in seen:
+        return seen[name]
+    seen[name] = _not_current(run, name, resolved, records, notebook_dir, rerun, seen)
+    return seen[name]
+
+
+def _not_current(run, name, resolved, records, notebook_dir, rerun, seen) -> tuple[str, list[str]]:
+    reason, inputs = rerun_reason(run, name, resolved[name], records.get(name, {}), notebook_dir)
     if reason:
         return reason, [name]
     for relative, producer in upstream(name).items():
-        if inputs.get(relative) == "missing":  # not read: the notebook needs it only for an option it did not ask
+        if _unread(relative, inputs, records.get(producer, {})):
             continue
         if producer in rerun:
             return f"it read {relative} from {producer}, which this run reruns", [name]
-        below, chain = not_current(run, producer, resolved, records, notebook_dir, rerun)
+        below, chain = not_current(run, producer, resolved, records, notebook_dir, rerun, seen)
         if below:
             return f"it read {relative} from {producer}, which is not current: {below}", [*chain, name]
     return "", []
@@ -507,14 +641,14 @@ def check_upstream(
 ) -> None:
     """Refuses (`UpstreamNotCurrent`) a chosen notebook that reads a product of a notebook that does not run and is
     not current (`not_current`), naming both and the command that reruns what is stale."""
-    records = _records(run)
+    records, seen = _records(run), {}
     for name in selected:
         outside = {relative: producer for relative, producer in upstream(name).items() if producer not in selected}
         present = run.input_fingerprints(name) if outside else {}
         for relative, producer in outside.items():
-            if present[relative] == "missing":
+            if _unread(relative, present, records.get(producer, {})):
                 continue
-            reason, chain = not_current(run, producer, resolved, records, notebook_dir, tuple(selected))
+            reason, chain = not_current(run, producer, resolved, records, notebook_dir, tuple(selected), seen)
             if reason:
                 chosen = " ".join(n[:2] for n in NOTEBOOKS if n in {*chain, *selected})
                 raise UpstreamNotCurrent(
@@ -538,16 +672,23 @@ def resolve_run(
     overlay: str | Path | None = None,
     only: list[str] | None = None,
     notebook_dir: Path = NOTEBOOK_DIR,
+    set_origins: dict[str, str] | None = None,
 ) -> tuple[str, dict[str, Any], dict[str, dict[str, Any]], list[str]]:
     """(run name, the overrides in effect, {notebook: values}, the notebooks chosen) of a params file with its
-    overlay and `--set` values, as a run uses them (the preflight resolves through here too)."""
+    overlay and `--set` values, as a run uses them (the preflight resolves through here too). An error names where
+    the bad value came from: the params file, the overlay, "--set", or for a value of `sets` given otherwise (the
+    launcher's --node-rank) what `set_origins` says."""
     params_file = Path(params_file)
     name = check_run_name(params_file.stem, f"{params_file}: the run name (the file's stem)")
     given = load_params(params_file)
+    origins = {}  # where each value that is not the params file's came from, for the errors
     if overlay is not None:
-        given = apply_overlay(given, overlay, notebook_dir, sets)
+        merged = apply_overlay(given, overlay, notebook_dir, sets, str(params_file), set_origins)
+        origins = {key: str(overlay) for key, value in merged.items() if key not in given or given[key] != value}
+        given = merged
     given = {**given, **(sets or {})}
-    resolved = resolve(given, str(params_file), notebook_dir)
+    origins |= {**{key: "--set" for key in sets or {}}, **(set_origins or {})}
+    resolved = resolve(given, str(params_file), notebook_dir, origins=origins)
     return name, given, resolved, select_notebooks(only)
 
 
@@ -560,6 +701,33 @@ def select_notebooks(only: list[str] | None) -> list[str]:
     if len(selected) != len(only):
         raise ConfigError(f"--only {only}: choose among {', '.join(n[:2] for n in NOTEBOOKS)}")
     return selected
+
+
+def _run_root(outputs: str | Path, name: str, resolved: dict[str, dict[str, Any]]) -> Path:
+    """The run directory `<outputs>/<name>`, its place given to every notebook (`RUN_KEYS`, in `resolved`)."""
+    root = Path(outputs) / name
+    for values in resolved.values():
+        values.update(run=name, outputs_dir=str(root.parent.resolve()))
+    return root
+
+
+TRAIN = "02_train_lora_contrastive"
+
+
+def training_reason(
+    params_file: str | Path,
+    sets: dict[str, Any],
+    overlay: str | Path | None,
+    outputs: str | Path,
+    notebook_dir: Path = NOTEBOOK_DIR,
+) -> str:
+    """What node 0 of a launch decides, for the other machines (`launch.py`): why its `--resume --only 02` trains
+    (they must join), or '' when it keeps the finished training (they have nothing to join): the same checks
+    (`check_upstream`) and the same rule (`rerun_reason`) on the same parameters, node 0's."""
+    name, _, resolved, selected = resolve_run(params_file, {**sets, "node_rank": 0}, overlay, ["02"], notebook_dir)
+    run = RunDir(_run_root(outputs, name, resolved))
+    check_upstream(run, selected, resolved, str(params_file), notebook_dir)
+    return rerun_reason(run, TRAIN, resolved[TRAIN], _records(run).get(TRAIN, {}), notebook_dir)[0]
 
 
 def run_pipeline(
@@ -575,9 +743,8 @@ def run_pipeline(
     params_file = Path(params_file)
     check_outputs(Path(outputs))
     name, given, resolved, selected = resolve_run(params_file, sets, overlay, only, notebook_dir)
-    root = Path(outputs) / name
-    for values in resolved.values():
-        values.update(run=name, outputs_dir=str(root.parent.resolve()))
+    root = _run_root(outputs, name, resolved)
+    check_outside_paths(resolved, root, notebook_dir)
     if mode != "new":  # before --overwrite deletes anything
         check_upstream(RunDir(root), selected, resolved, str(params_file), notebook_dir)
     # --overwrite --only NN replaces only NN's products; the files it reads stay
@@ -628,9 +795,11 @@ def _run_notebooks(
     for name in selected:
         run.check_lock()  # its lock file deleted meanwhile: take a new one, or stop if another runner did
         executed = run.root / "notebooks" / f"{name}.ipynb"
-        inputs = input_fingerprints(run, name, resolved[name], notebook_dir)
-        reason = reason_to_rerun(earlier.get(name, {}), executed, resolved[name], inputs) if resume else ""
-        reason = reason or (OUTSIDE_INPUTS.get(name, "") if resume else "")
+        if resume:
+            reason, inputs = rerun_reason(run, name, resolved[name], earlier.get(name, {}), notebook_dir)
+            reason = reason or OUTSIDE_INPUTS.get(name, "")
+        else:
+            reason, inputs = "", input_fingerprints(run, name, resolved[name], notebook_dir)
         if resume and not reason:
             records[name] = {k: v for k, v in earlier[name].items() if k != "reason"} | {"status": "finished"}
             log(f"[{name}] done earlier with the same parameters and inputs: kept")
@@ -677,13 +846,14 @@ def _run_notebooks(
             raise PipelineError(f"{error}\n{saved}\n--resume reruns it and what follows") from None
         _save_html(run, name, executed, log)
         records[name].update(status="finished", seconds=round(time.perf_counter() - start, 1), ended=_now(),
-                             peak_rss_kib=peak.kib)  # fmt: skip
+                             peak_rss_kib=peak.kib, made=run.made(name))  # fmt: skip
         save()
         memory = f", peak resident memory {peak.kib / 2**20:.2f} GiB" if peak.kib else ""
         log(f"[{name}] finished in {time.perf_counter() - start:.0f}s{memory}")
+    seen: dict[str, tuple[str, list[str]]] = {}
     for name, record in records.items():  # earlier results that no longer stand for this run (e.g. after --only 02)
         if name not in selected and record.get("status") in ("finished", "stale"):
-            reason, _ = not_current(run, name, resolved, records, notebook_dir)
+            reason, _ = not_current(run, name, resolved, records, notebook_dir, seen=seen)
             current = {k: v for k, v in record.items() if k != "reason"}
             records[name] = (
                 {**current, "status": "stale", "reason": reason} if reason else {**current, "status": "finished"}

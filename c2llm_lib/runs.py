@@ -28,9 +28,10 @@ missing input, so running notebook 03 before 02 says what to run instead of fail
 notebook's inputs to know whether a finished notebook is still current (`upstream` names the notebook each
 input comes from), `--overwrite --only NN` replaces only notebook NN's products, and a notebook that reruns
 first loses its earlier products (`remove_products`), but for the caches it reads back (`KEPT_ON_RERUN`),
-so that no table of an earlier run stays beside the new ones. `OUTSIDE_INPUTS` names the notebooks that
-also read folders outside the run (notebook 07 searches one), which `--resume` always reruns (its search index is
-one of the caches kept).
+so that no table of an earlier run stays beside the new ones. `made` lists the run files a notebook wrote for later
+ones (`PRODUCERS`), which the runner records, so that a deleted one reruns the notebook that writes it. Paths outside
+the run that notebooks read are fingerprinted by the runner (`pipeline.OUTSIDE_PATHS`), but for notebook 07's
+(`OUTSIDE_INPUTS`): `--resume` always reruns it (its search index is one of the caches kept).
 
 A deleted lock file would let a second runner in, so the manifest also names the runner working in the run (pid,
 its start time, host): a runner finding the lock free but the manifest "running" under a live runner on this host
@@ -47,7 +48,6 @@ lists what it holds.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import platform
@@ -63,6 +63,7 @@ from typing import Any
 import yaml
 
 from .config import ConfigError
+from .files import fingerprint as files_fingerprint
 from .files import load_json
 
 PRODUCERS = {
@@ -88,8 +89,9 @@ INPUTS = {
     "06_recipe_comparison": ("data/train", "metrics/train.json"),
     "07_search_code": ("merged",),
 }
-# Notebooks that also read files outside the run, which the runner cannot fingerprint: --resume always reruns them
-# (notebook 07 keeps an index of what it searched, so a rerun encodes only what changed).
+# Notebooks whose folders outside the run the runner does not fingerprint: --resume always reruns them (notebook 07's
+# default folder is this Python's standard library, and its index of what it searched makes a rerun encode only what
+# changed). Every other path a notebook reads outside the run is fingerprinted (`pipeline.OUTSIDE_PATHS`).
 OUTSIDE_INPUTS = {"07_search_code": "the folders it searches lie outside the run"}
 PRODUCTS = {
     "01_data_prep": ("data", "metrics/data.json", "figures/data_lengths.png"),
@@ -220,36 +222,18 @@ def check_run_name(name: str, source: str = "run name") -> str:
     return name
 
 
-CONTENT_LIMIT = 4 * 2**20  # files up to this size are fingerprinted by their bytes
-
-
 def upstream(notebook: str) -> dict[str, str]:
     """{input: the notebook that writes it} for each run file `notebook` reads (`INPUTS`, `PRODUCERS`)."""
     return {i: PRODUCERS[next(k for k in PRODUCERS if i == k or i.startswith(k + "/"))] for i in INPUTS[notebook]}
 
 
 def fingerprint(root: Path, relative: str) -> str:
-    """A digest of the files under `root/relative` ("missing" when it is absent): each file's name and size, and
-    its bytes when it holds at most `CONTENT_LIMIT` (the JSON records, configs and trainer states that say which
-    training or model a folder holds), else its modification time (weights and tables, too large to read at every
-    --resume; a checkpoint's identity is in its small trainer state). A file copied in from another training with its
-    size and time kept (`cp -p`) is therefore a change. Hidden entries (staging folders, the lock) and `cache-*` files
-    (what `datasets` adds beside a dataset it maps) are left out: they change without the product changing."""
-    path = root / relative
-    if not path.exists():
-        return "missing"
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    digest = hashlib.sha256()
-    for file in files:
-        rel = file.relative_to(root).as_posix()
-        if any(part.startswith(".") for part in Path(rel).parts) or file.name.startswith("cache-"):
-            continue
-        stat = file.stat()
-        if stat.st_size <= CONTENT_LIMIT:
-            digest.update(f"{rel}\t{stat.st_size}\t{hashlib.sha256(file.read_bytes()).hexdigest()}\n".encode())
-        else:
-            digest.update(f"{rel}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()[:16]
+    """`files.fingerprint` of `root/relative`, its files named by their path in the run: names and sizes, the bytes of
+    each file up to 4 MiB (the JSON records, configs and trainer states that say which training or model a folder
+    holds) and the modification time of larger ones (weights and tables; a checkpoint's identity is in its small
+    trainer state). A file copied in from another training with its size and time kept (`cp -p`) is therefore a
+    change. Hidden entries (staging folders, the lock) and `cache-*` files are left out."""
+    return files_fingerprint(root / relative, relative)
 
 
 def git_state(repo: Path) -> dict[str, Any]:
@@ -459,9 +443,19 @@ class RunDir:
     def data_path(self, name: str) -> Path:
         return self.root / "data" / name
 
+    def present(self, relative: str) -> bool:
+        """Whether the run holds `relative`: a file, or a folder holding something (what `require` asks of an input)."""
+        path = self.root / relative
+        return path.exists() and not (path.is_dir() and not any(path.iterdir()))
+
+    def made(self, notebook: str) -> list[str]:
+        """The run files `notebook` writes for later notebooks (`PRODUCERS`) that the run holds now: the runner records
+        them when it finishes, and reruns it on --resume when one is gone."""
+        return [relative for relative, producer in PRODUCERS.items() if producer == notebook and self.present(relative)]
+
     def require(self, relative: str) -> Path:
         path = self.root / relative
-        if not path.exists() or (path.is_dir() and not any(path.iterdir())):
+        if not self.present(relative):
             key = next((k for k in PRODUCERS if relative.startswith(k)), None)
             producer = PRODUCERS.get(key, "an earlier notebook")
             raise MissingInput(f"{path} is missing: run {producer} for run {self.root.name!r} first")

@@ -11,6 +11,7 @@ kernel start and nothing more.
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,7 +41,9 @@ from c2llm_lib.pipeline import (
     main,
     parse_sets,
     resolve,
+    resolve_run,
     run_pipeline,
+    training_reason,
 )
 from c2llm_lib.runs import RunDir, RunInUse, check_run_name
 
@@ -388,6 +391,125 @@ def test_resume_reruns_a_notebook_whose_code_or_recipe_file_changed(fake, tmp_pa
     assert all(line.endswith("kept") for line in lines) and len(lines) == 4
 
 
+def reran(lines: list[str]) -> dict[str, str]:
+    """{notebook number: the line saying why it runs} of a runner's log."""
+    return {line[1:3]: line for line in lines if "] running" in line}
+
+
+def test_resume_reruns_what_read_a_changed_input_outside_the_run(fake, tmp_path):
+    """--resume kept notebook 01 after its data_files or code_roots were edited in place, and notebook 04 the scores
+    of an edited BEIR set or hub mirror: the paths a notebook's parameters name outside the run are its inputs,
+    fingerprinted by content (a code root by the files its mining walks)."""
+    notebooks, params, outputs = fake
+    pairs, mirror, beir, model, src = (tmp_path / n for n in ("pairs.jsonl", "mirror", "beir", "model", "src"))
+    pairs.write_text('{"query": "q", "positive": "p"}\n')
+    for folder in (mirror / "CoIR-Retrieval__apps", beir / "qrels", model, src / "ignored"):
+        folder.mkdir(parents=True)
+    (mirror / "CoIR-Retrieval__apps" / "README.md").write_text("configs: []\n")
+    (beir / "corpus.jsonl").write_text('{"_id": "d1", "text": "x"}\n')
+    (model / "config.json").write_text('{"hidden_size": 64}')
+    (src / "a.py").write_text("def f():\n    return 1\n")
+    (src / ".gitignore").write_text("ignored/\n")
+    (src / "ignored" / "b.py").write_text("def g():\n    return 2\n")
+    sets = {"data_source": "files", "data_files": [str(pairs)], "hub_mirror": str(mirror),
+            "beir_sets": ["../beir"], "backbone": str(model)}  # a relative path resolves from notebooks/  # fmt: skip
+    chosen, lines = ["01", "02", "03", "04"], []
+
+    def resume(changed: Path, text: str, **more) -> dict[str, str]:
+        changed.write_text(text)
+        lines.clear()
+        run_pipeline(params, only=chosen, sets={**sets, **more}, mode="resume", outputs=outputs, notebook_dir=notebooks,
+                     log=lines.append)  # fmt: skip
+        return reran(lines)
+
+    run_pipeline(params, only=chosen, sets=sets, outputs=outputs, notebook_dir=notebooks, **QUIET)
+    changed = "running (its inputs changed since it ran: "
+    pairs.write_text('{"query": "q2", "positive": "p"}\n')  # --only sees it too
+    with pytest.raises(PipelineError, match=r"01_data_prep, which is not current \(its inputs changed since it ran: "
+                       rf"data_files {re.escape(str(pairs))}\)"):  # fmt: skip
+        run_pipeline(params, only=["02"], sets=sets, mode="resume", outputs=outputs, notebook_dir=notebooks, **QUIET)
+    assert resume(pairs, '{"query": "q2", "positive": "p"}\n') == {
+        "01": f"[01_data_prep] {changed}data_files {pairs}) ..."
+    }
+    assert list(resume(beir / "corpus.jsonl", '{"_id": "d1", "text": "y"}\n')) == ["04"]
+    assert "beir_sets ../beir" in reran(lines)["04"]
+    assert list(resume(mirror / "CoIR-Retrieval__apps" / "README.md", "configs: [1]\n")) == ["01", "04"]
+    assert all(f"{changed}hub_mirror {mirror})" in line for line in reran(lines).values())
+    assert list(resume(model / "config.json", '{"hidden_size": 32}')) == ["02"]  # same checkpoint: 03 is kept
+    assert f"{changed}backbone {model})" in reran(lines)["02"]
+    sets = {**sets, "data_source": "code", "data_files": [], "code_roots": [str(src)]}
+    assert list(resume(src / "a.py", "def f():\n    return 1\n")) == ["01"]  # its parameters changed
+    assert resume(src / "a.py", "def f():\n    return 3\n") == {"01": f"[01_data_prep] {changed}code_roots {src}) ..."}
+    assert resume(src / "ignored" / "b.py", "def g():\n    return 4\n") == {}  # a file mining does not read
+
+
+def test_resume_remakes_a_deleted_training_record_once(fake):
+    """A finished run whose metrics/train.json was deleted: every --resume kept notebook 02 and reran the notebooks
+    that read the record, which failed without it (notebook 03: "run 02 first"), run after run. Notebook 02 records
+    what it made for later notebooks: one --resume reruns it, the next keeps everything, and --only 03 names it."""
+    notebooks, params, outputs = fake
+    root, chosen, lines = outputs / "fake", ["01", "02", "03", "06"], []
+    run_pipeline(params, only=chosen, outputs=outputs, notebook_dir=notebooks, **QUIET)
+    (root / "metrics" / "train.json").unlink()
+    with pytest.raises(PipelineError, match=r"03_merge_checkpoints reads \S+ from 02_train_lora_contrastive, which is "
+                       r"not current \(what it made for later notebooks is gone: metrics/train.json\)\. Run .* "
+                       r"--resume --only 02 03"):  # fmt: skip
+        run_pipeline(params, only=["03"], mode="resume", outputs=outputs, notebook_dir=notebooks, **QUIET)
+    run_pipeline(params, only=chosen, mode="resume", outputs=outputs, notebook_dir=notebooks, log=lines.append)
+    # it wrote the same record again: 03 and 06 are kept
+    assert reran(lines) == {"02": "[02_train_lora_contrastive] running (what it made for later notebooks is gone: "
+                            "metrics/train.json) ..."}  # fmt: skip
+    lines.clear()
+    run_pipeline(params, only=chosen, mode="resume", outputs=outputs, notebook_dir=notebooks, log=lines.append)
+    assert len(lines) == 4 and all(line.endswith("kept") for line in lines)
+
+
+def test_both_machines_of_a_launch_agree_whether_a_training_stands(fake):
+    """A two-machine launch after a one-machine training: node 0's --resume counted the launch keys and trained again
+    while node 1 ignored them, said "already finished" and left, and node 0 waited 600 s for it. Every machine now
+    asks `rerun_reason` with node 0's parameters: where notebook 02 ran does not change what it made, so both keep a
+    finished training, and both train for a new learning rate."""
+    notebooks, params, outputs = fake
+    run_pipeline(params, only=["01", "02"], outputs=outputs, notebook_dir=notebooks, **QUIET)
+    launch, lines = {"nnodes": 2, "rdzv_endpoint": "node001:29500", "nproc": 1}, []
+    assert training_reason(params, {**launch, "node_rank": 1}, None, outputs, notebooks) == ""  # nothing to join
+    run_pipeline(params, only=["02"], sets={**launch, "node_rank": 0}, mode="resume", outputs=outputs,
+                 notebook_dir=notebooks, log=lines.append)  # fmt: skip
+    assert lines == ["[02_train_lora_contrastive] done earlier with the same parameters and inputs: kept"]
+    launch["learning_rate"] = 1e-3
+    node_1 = training_reason(params, {**launch, "node_rank": 1}, None, outputs, notebooks)
+    assert node_1 == "its parameters changed: learning_rate"
+    lines.clear()
+    run_pipeline(params, only=["02"], sets={**launch, "node_rank": 0}, mode="resume", outputs=outputs,
+                 notebook_dir=notebooks, log=lines.append)  # fmt: skip
+    assert lines[0] == f"[02_train_lora_contrastive] running ({node_1}) ..."
+
+
+def test_an_input_inside_the_run_directory_is_refused_before_anything_is_deleted(fake):
+    """A code root inside the run directory was accepted, and a plain --overwrite deleted it with the run."""
+    notebooks, params, outputs = fake
+    root = outputs / "fake"
+    run_pipeline(params, only=["01"], outputs=outputs, notebook_dir=notebooks, **QUIET)
+    code = root / "my-code"
+    code.mkdir()
+    (code / "a.py").write_text("def f():\n    return 1\n")
+    sets = {"data_source": "code", "code_roots": [str(code)]}
+    for mode in ("overwrite", "resume"):
+        with pytest.raises(ConfigError, match=rf"code_roots '{re.escape(str(code))}' \(notebook 01_data_prep\) lies "
+                           rf"inside the run directory {re.escape(str(root))} .* which --overwrite deletes: move it "
+                           rf"out of {re.escape(str(root))}"):  # fmt: skip
+            run_pipeline(params, sets=sets, mode=mode, outputs=outputs, notebook_dir=notebooks, **QUIET)
+    assert (code / "a.py").is_file() and (root / "data" / "train" / "rows.txt").is_file()
+    (root / "data" / "pairs.jsonl").write_text("{}\n")  # any other path outside input, relative from notebooks/ too
+    with pytest.raises(ConfigError, match=r"data_files '../outputs/fake/data/pairs.jsonl' \(notebook 01_data_prep\)"):
+        run_pipeline(params, sets={"data_source": "files", "data_files": ["../outputs/fake/data/pairs.jsonl"]},
+                     mode="overwrite", outputs=outputs, notebook_dir=notebooks, **QUIET)  # fmt: skip
+    with pytest.raises(ConfigError, match=r"beir_sets '[^']*/fake/data' \(notebook 04_eval_mteb_code\)"):
+        run_pipeline(params, sets={"beir_sets": [str(root / "data")]}, mode="overwrite", outputs=outputs,
+                     notebook_dir=notebooks, **QUIET)  # fmt: skip
+    assert (root / "data" / "pairs.jsonl").is_file()
+
+
 def test_the_runner_prints_the_results_table_only_when_notebook_04_is_current(fake, monkeypatch, capsys):
     """`--resume --only 01 02 03` after a new learning rate printed the previous model's results.md as the run's
     table (issue 23); it says the table is stale, and why, instead."""
@@ -623,6 +745,31 @@ def test_an_overlay_condition_on_a_list_applies_where_the_run_has_one(tmp_path):
     overlay.write_text("backbone: tiny-random-qwen2\nwhere_nonempty:\n  ablation_dims: [32]\n")
     merged = apply_overlay({"ablations": True, "ablation_dims": [512, 256]}, overlay)
     assert resolve(merged, "p.yaml")["04_eval_mteb_code"]["ablation_dims"] == [32]
+
+
+BLAME = [  # params file, overlay, --set values, and where the error must say the bad value came from
+    ("learning_rate: 7\n", "seed: 1\n", {}, "p.yaml (notebook 02_train_lora_contrastive): parameter 'learning_rate'"),
+    ("lerning_rate: 1\n", "seed: 1\n", {}, "p.yaml: no notebook declares 'lerning_rate'"),
+    ("seed: 1\n", "learning_rate: 7\n", {}, "o.yaml (notebook 02_train_lora_contrastive): parameter 'learning_rate'"),
+    ("seed: 1\n", "seed: 2\n", {"learning_rate": 7}, "--set (notebook 02_train_lora_contrastive): parameter "
+     "'learning_rate'"),
+    ("seed: 1\n", None, {"learning_rate": 7}, "--set (notebook 02_train_lora_contrastive): parameter 'learning_rate'"),
+    ("ablations: true\n", "where_nonempty:\n  ablation_dims: [7]\n", {}, "o.yaml: ablation_dims [7] (notebook 04)"),
+    ("seed: 1\n", None, {"hub_mirror": "/no/such/mirror"}, "--set (notebook 01_data_prep): hub_mirror '/no/such/"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("text,overlay,sets,message", BLAME)
+def test_a_bad_value_is_blamed_on_where_it_came_from(tmp_path, text, overlay, sets, message):
+    """An overlay's bad value was blamed on the params file after its where_nonempty, and with an overlay a bad value of
+    the params file or of --set was blamed on the overlay, without one a --set value on the params file."""
+    params = tmp_path / "p.yaml"
+    params.write_text(text)
+    if overlay is not None:
+        (tmp_path / "o.yaml").write_text(overlay)
+    with pytest.raises(ConfigError) as refused:
+        resolve_run(params, sets, tmp_path / "o.yaml" if overlay is not None else None)
+    assert str(refused.value).removeprefix(f"{tmp_path}/").startswith(message), str(refused.value)
 
 
 @pytest.mark.parametrize(

@@ -399,6 +399,15 @@ def _parse(source: SourceFile, report: SkipReport) -> Any:
     return tree
 
 
+def walked_files(root: str | os.PathLike) -> list[tuple[str, Path]]:
+    """(file id, path) of every file of a code root that the path rules let mining read (folders, tests, .gitignore,
+    links, languages), none of them read: what the runner fingerprints of a code root (`pipeline.outside_fingerprint`
+    hashes their bytes, which the content rules judge). A root that cannot be read is a `DataError`."""
+    path = Path(root).expanduser()
+    name = Path(os.path.abspath(path)).name or path.resolve().name or "root"
+    return [(f"{name}/{rel}", Path(full)) for rel, full in _walk(path.resolve(), name, SkipReport())]
+
+
 def source_files(
     roots: Sequence[tuple[str, Path]],
     report: SkipReport,

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import yaml
 
+from ..files import every_file
 from .records import DataError
 
 FRONT_MATTER = re.compile(r"\A---\r?\n(.*?)\r?\n---", re.DOTALL)
@@ -102,29 +103,12 @@ def check_own_folder(mirror: str | Path, hub_id: str, files: Iterable[str | Path
                 )
 
 
-def dataset_files(folder: str | Path) -> list[Path]:
-    """Every file under `folder`, in path order, through symlinked subfolders too (a config folder kept elsewhere is
-    part of the dataset; `Path.rglob` skips it), each real folder walked once (a loop of links ends)."""
-    found, seen, todo = [], set(), [Path(folder)]
-    while todo:
-        current = todo.pop()
-        if current.resolve() in seen:
-            continue
-        seen.add(current.resolve())
-        for entry in current.iterdir():
-            if entry.is_dir():
-                todo.append(entry)
-            elif entry.is_file():
-                found.append(entry)
-    return sorted(found)
-
-
 def content_digest(folder: str | Path) -> str:
-    """A short hash of everything under `folder` (`dataset_files`): each file's path relative to it, its size and its
+    """A short hash of everything under `folder` (`files.every_file`): each file's path relative to it, its size and its
     bytes."""
     folder = Path(folder)
     digest = hashlib.blake2b(digest_size=8)
-    for path in dataset_files(folder):
+    for path in every_file(folder):
         digest.update(f"{path.relative_to(folder).as_posix()}\0{path.stat().st_size}\0".encode())
         with open(path, "rb") as handle:
             while block := handle.read(1 << 20):
@@ -191,7 +175,7 @@ def mirrored_task(task, mirror: str | Path):
 
     if not any(s.hub_id == source and s.layout == "pairs" for s in SOURCES.values()):  # read by config name
         check_card(local, f"MTEB task {cls.metadata.name}")
-    check_own_folder(mirror, source, dataset_files(local), f"MTEB task {cls.metadata.name}")
+    check_own_folder(mirror, source, every_file(local), f"MTEB task {cls.metadata.name}")
     digest = content_digest(local)
     dataset = {**cls.metadata.dataset, "path": str(local.resolve()),
                "revision": f"{cls.metadata.dataset.get('revision')}+mirror-{digest}"}  # fmt: skip
