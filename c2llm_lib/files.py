@@ -140,6 +140,15 @@ def every_file(folder: str | Path) -> list[Path]:
     return sorted(found)
 
 
+def _sha256(file: Path) -> str:
+    """The sha256 of a file's bytes, in hex, read in blocks."""
+    content = hashlib.sha256()
+    with file.open("rb") as handle:
+        while block := handle.read(1 << 20):
+            content.update(block)
+    return content.hexdigest()
+
+
 def digest(files: Iterable[tuple[str, Path]], content_limit: int | None = CONTENT_LIMIT) -> str:
     """16 hex digits of sha256 over each (name, file): its name and size, and its bytes when it holds at most
     `content_limit` (by default `CONTENT_LIMIT`: records, configs, trainer states, source code and data files of a
@@ -150,11 +159,7 @@ def digest(files: Iterable[tuple[str, Path]], content_limit: int | None = CONTEN
     for name, file in files:
         stat = file.stat()
         if content_limit is None or stat.st_size <= content_limit:
-            content = hashlib.sha256()
-            with file.open("rb") as handle:
-                while block := handle.read(1 << 20):
-                    content.update(block)
-            total.update(f"{name}\t{stat.st_size}\t{content.hexdigest()}\n".encode())
+            total.update(f"{name}\t{stat.st_size}\t{_sha256(file)}\n".encode())
         else:
             total.update(f"{name}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
     return total.hexdigest()[:16]
@@ -179,6 +184,8 @@ def fingerprint(path: str | Path, name: str, content_limit: int | None = CONTENT
 
 
 def file_digest(path: str | Path) -> str:
-    """`fingerprint` of a file or folder with every byte read (no file is taken by its time), independent of where it
-    lies: a copy elsewhere has the same digest, a byte changed or moved across files another."""
-    return fingerprint(path, ".", content_limit=None)
+    """A content digest that reads every byte: of a file, the sha256 of its bytes in hex (what `sha256sum` prints, so a
+    user can check a recorded one); of a folder, `fingerprint` with no file taken by its time, independent of where
+    the folder lies: a copy elsewhere has the same digest, a byte changed or moved across files another."""
+    path = Path(path)
+    return fingerprint(path, ".", content_limit=None) if path.is_dir() else _sha256(path)
