@@ -6,7 +6,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PARAMS ?= params/default.yaml
 
-.PHONY: setup run preflight compare ablation test browser-test lint bench lab clean-venv gpu-check
+.PHONY: setup run preflight compare ablation test browser-test lint bench lab clean-venv gpu-check gpu-wheels \
+	gpu-wheels-rehearsal
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -63,6 +64,15 @@ WHEELS ?= .gpu-wheels
 GPU_PYTHON := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 gpu-check:
 	$(GPU_PYTHON) tools/gpu_check.py --out $(OUT) $(if $(and $(wildcard $(WHEELS)/*.whl),$(shell command -v nvidia-smi)),--wheels $(WHEELS)) $(ARGS)
+
+# The wheels gpu-check needs beyond the GPU machine's image, for its Python 3.12 (tools/gpu-wheels.txt), checked; and
+# their rehearsal in a clean Python 3.12 environment of the image's packages (downloads gigabytes: not in make test).
+PYTHON312 ?= python3.12
+gpu-wheels: setup
+	$(PY) tools/gpu_wheels.py download --dest $(WHEELS)
+
+gpu-wheels-rehearsal: gpu-wheels
+	$(PY) tools/gpu_wheels.py rehearse --dest $(WHEELS) --python $(PYTHON312) --record benchmarks/results/gpu-wheels.md
 
 bench: setup
 	$(PY) benchmarks/encode_bench.py
