@@ -57,7 +57,8 @@ def test_the_cpu_rehearsal_runs_every_part_and_writes_every_figure(tmp_path):
     assert parts["preflight_7b"]["figures"]["grad_cache"] and not parts["preflight_05b"]["figures"]["grad_cache"]
     assert set(parts["encode"]["figures"]) >= {"pma_overhead_end_to_end", "encode_tokens_per_s_sorted"}
     assert parts["profile"]["figures"]["top"] and "| kernel | calls |" in (tmp_path / "profile.md").read_text()
-    assert all(r["status"] == "finished" for r in parts["smoke"]["figures"]["notebooks"].values())
+    smoke = parts["smoke"]["figures"]
+    assert all(r["status"] == "finished" for r in smoke["notebooks"].values()) and smoke["html_copies"] == 2
     summary = (tmp_path / "gpu_check.md").read_text()
     assert "| preflight_7b | ok |" in summary and "| the paper's run on 8 such GPUs" in summary
 

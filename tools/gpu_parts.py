@@ -498,6 +498,7 @@ def smoke(ctx: Context) -> tuple[str, dict[str, Any]]:
         },
         "device": "cuda, bfloat16" if on_gpu else "cpu, float32 (the file's)",
         "manifest_device": manifest.get("device"),
+        "html_copies": len(list((outputs / "smoke" / "notebooks").glob("*.html"))),  # nbconvert's templates found
     }
     if done.returncode != 0:
         raise PartFailed(manifest.get("error") or f"the runner exited with {done.returncode} (see the log)", figures)

@@ -130,6 +130,11 @@ IMAGE_ROOTS = (
 )
 
 
+# Where PyPI's newest release needs what the image's list lacks, the rehearsal takes the release before it: the image
+# holds neither pydantic nor tzdata, so its typer (needed by transformers) predates 0.29 and its dateutil 4.0.
+REHEARSAL_CONSTRAINTS = ("typer<0.29", "python-dateutil<3")
+
+
 # the lists -----------------------------------------------------------------------------------------------------------
 def read_list(path: Path) -> dict[str, str | None]:
     """{canonical name: version or None} of a list of `name==version` or `name` lines (comments after #)."""
@@ -325,7 +330,7 @@ def rehearse(dest: Path, python: str, venv: Path, record: Path | None) -> dict[s
     if not (venv / ".image-installed").is_file():  # the image's packages (gigabytes: kept between rehearsals)
         run([python, "-m", "venv", "--clear", str(venv)], log)
         roots = [f"{n}=={image[canonicalize_name(n)]}" if image.get(canonicalize_name(n)) else n for n in IMAGE_ROOTS]
-        run([str(py), "-m", "pip", "install", "-q", *roots], log)
+        run([str(py), "-m", "pip", "install", "-q", *roots, *REHEARSAL_CONSTRAINTS], log)
         (venv / ".image-installed").write_text("\n".join(roots) + "\n")
     image_s = time.monotonic() - tick
     listed = json.loads(run([str(py), "-m", "pip", "list", "--format=json"], log).stdout)
