@@ -88,6 +88,7 @@ def part_env(site: Path | None) -> dict[str, str]:
     paths = [str(site)] if site else []
     env["PYTHONPATH"] = os.pathsep.join([*paths, str(REPO), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     if site:  # the wheels' data files (nbconvert's templates for the notebooks' HTML copies, the kernel spec)
+        env["C2LLM_GPU_SITE"] = str(site)  # the environment part checks the wheels' needs against this machine
         jupyter = [str(site / "share" / "jupyter"), *([env["JUPYTER_PATH"]] if env.get("JUPYTER_PATH") else [])]
         env["JUPYTER_PATH"] = os.pathsep.join(jupyter)
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):

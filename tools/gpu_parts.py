@@ -159,13 +159,41 @@ def environment(ctx: Context) -> tuple[str, dict[str, Any]]:
         figures.update({k: NO_CUDA for k in ("gpu", "memory_gib", "driver", "cudnn", "nccl", "bf16", "sdpa")})
         figures["flash_attention_2"] = NO_CUDA
         figures["gemm_gflops_cpu"] = round(gemm_peak(torch.float32, torch.device("cpu")), 1)
+    figures["wheel_needs"] = wheel_needs()
     pins = check_versions()  # jupyterlab, ipywidgets... are not carried: reported, not failed
     figures["pyproject_pins"] = {
         "status": pins.status,
         "figure": pins.figure,
         "problems": pins.values.get("problems", []),
     }
+    problems = (figures["wheel_needs"] or {}).get("problems")
+    if problems:
+        raise PartFailed(f"the carried wheels need what this machine lacks: {'; '.join(problems)}", figures)
     return "ok", figures
+
+
+def wheel_needs() -> dict[str, Any] | None:
+    """Where the carried wheels were installed (`gpu_check.py --wheels`), their needs against the versions this machine
+    has (`gpu_wheels.requirement_problems`, the check `make gpu-wheels` could only make by name where the image list
+    records no version): a need unmet here fails this part, named, before the parts that would break on it."""
+    if not os.environ.get("C2LLM_GPU_SITE"):
+        return None
+    from importlib import metadata
+
+    import gpu_wheels
+    from packaging.utils import canonicalize_name
+
+    pins = gpu_wheels.read_list(gpu_wheels.WHEELS_LIST)
+    requires, here = {}, {}
+    for dist in metadata.distributions():
+        name = canonicalize_name(dist.metadata["Name"] or "")
+        if name in pins:
+            requires[name] = dist.requires or []
+        elif name:
+            here[name] = dist.version
+    problems, _ = gpu_wheels.requirement_problems(requires, pins, here)
+    problems += [f"{name} was carried but is not installed" for name in sorted(set(pins) - set(requires))]
+    return {"carried_found": len(requires), "carried_pinned": len(pins), "problems": problems}
 
 
 # tests -------------------------------------------------------------------------------------------------------------

@@ -326,13 +326,14 @@ def rehearse(dest: Path, python: str, venv: Path, record: Path | None) -> dict[s
     folder = check(dest)
     image = read_list(IMAGE_LIST)
     py = venv / "bin" / "python"
-    tick = time.monotonic()
-    if not (venv / ".image-installed").is_file():  # the image's packages (gigabytes: kept between rehearsals)
+    marker = venv / ".image-installed.json"  # the image's packages (gigabytes: kept between rehearsals)
+    if not marker.is_file():
+        tick = time.monotonic()
         run([python, "-m", "venv", "--clear", str(venv)], log)
         roots = [f"{n}=={image[canonicalize_name(n)]}" if image.get(canonicalize_name(n)) else n for n in IMAGE_ROOTS]
         run([str(py), "-m", "pip", "install", "-q", *roots, *REHEARSAL_CONSTRAINTS], log)
-        (venv / ".image-installed").write_text("\n".join(roots) + "\n")
-    image_s = time.monotonic() - tick
+        marker.write_text(json.dumps({"roots": roots, "seconds": time.monotonic() - tick, "date": time.ctime()}))
+    built = json.loads(marker.read_text())
     listed = json.loads(run([str(py), "-m", "pip", "list", "--format=json"], log).stdout)
     installed = {canonicalize_name(d["name"]): d["version"] for d in listed}
     outside = sorted(n for n in installed if n not in image)
@@ -394,7 +395,7 @@ def rehearse(dest: Path, python: str, venv: Path, record: Path | None) -> dict[s
     check_s = time.monotonic() - tick
     report = json.loads((out / "gpu_check.json").read_text()) if (out / "gpu_check.json").is_file() else {}
     found = {
-        "machine": f"{platform.node()} ({platform.processor() or platform.machine()}, {os.cpu_count()} CPUs)",
+        "machine": machine(),
         "date": time.strftime("%Y-%m-%d"),
         "python": run([str(py), "-V"], log).stdout.strip(),
         "folder": folder,
@@ -403,7 +404,8 @@ def rehearse(dest: Path, python: str, venv: Path, record: Path | None) -> dict[s
             k: installed.get(k)
             for k in ("torch", "transformers", "sentence-transformers", "numpy", "peft", "pandas", "pyarrow")
         },
-        "image_install_s": image_s,
+        "image_install_s": built["seconds"],
+        "image_built": built["date"],
         "wheel_install_s": install_s,
         "modules": modules,
         "not_needed": missing,
@@ -423,6 +425,20 @@ def rehearse(dest: Path, python: str, venv: Path, record: Path | None) -> dict[s
     return found
 
 
+def machine() -> str:
+    """This machine in words: its CPU model (Linux's /proc/cpuinfo), cores and memory."""
+    model = platform.processor() or platform.machine()
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        model = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name"))
+        memory = next(
+            int(x.split()[1]) for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal")
+        )
+        return f"{model}, {os.cpu_count()} CPUs, {memory / 2**20:.0f} GiB, {platform.system()} {platform.release()}"
+    except (OSError, StopIteration, ValueError):
+        return f"{model}, {os.cpu_count()} CPUs"
+
+
 def markdown(found: dict[str, Any]) -> str:
     folder, parts = found["folder"], found["parts"]
     versions = ", ".join(f"{k} {v}" for k, v in found["image_versions"].items())
@@ -440,10 +456,11 @@ def markdown(found: dict[str, Any]) -> str:
         + ".",
         f"- **The clean environment**: {found['python']}, {found['image_packages']} packages, every one in the "
         f"image's list (`tools/gpu-image.txt`); {versions} (PyPI's CUDA build of torch standing in for the image's, on "
-        f"a CPU); installed in {found['image_install_s']:.0f} s (0 when kept from an earlier rehearsal).",
+        f"a CPU); installed in {found['image_install_s']:.0f} s ({found['image_built']}; kept between rehearsals).",
         f"- **The folder installed** with `pip install --no-index --no-deps --target` in "
         f"{found['wheel_install_s']:.0f} s; the {len(found['modules'])} third-party modules the check imports, "
-        f"imported ({', '.join(found['modules'])}; not needed: {', '.join(found['not_needed']) or 'none'}).",
+        f"imported ({', '.join(m for m in found['modules'] if m not in found['not_needed'])}; not needed by the "
+        f"check: {', '.join(found['not_needed']) or 'none'}).",
         f"- **`gpu_check.py --size tiny --wheels .gpu-wheels`** there, smoke notebooks 01-05: exit "
         f"{found['check_exit']} in {found['check_s']:.0f} s (its own install of the wheels: "
         f"{found['wheels_step'].get('status')}, {found['wheels_step'].get('seconds', 0):.0f} s).",
