@@ -458,7 +458,8 @@ def markdown(found: dict[str, Any]) -> str:
         f"image's list (`tools/gpu-image.txt`); {versions} (PyPI's CUDA build of torch standing in for the image's, on "
         f"a CPU); installed in {found['image_install_s']:.0f} s ({found['image_built']}; kept between rehearsals).",
         f"- **The folder installed** with `pip install --no-index --no-deps --target` in "
-        f"{found['wheel_install_s']:.0f} s; the {len(found['modules'])} third-party modules the check imports, "
+        f"{found['wheel_install_s']:.0f} s; the {len(found['modules']) - len(found['not_needed'])} third-party modules "
+        f"the check imports, "
         f"imported ({', '.join(m for m in found['modules'] if m not in found['not_needed'])}; not needed by the "
         f"check: {', '.join(found['not_needed']) or 'none'}).",
         f"- **`gpu_check.py --size tiny --wheels .gpu-wheels`** there, smoke notebooks 01-05: exit "
