@@ -6,7 +6,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PARAMS ?= params/default.yaml
 
-.PHONY: setup run preflight compare ablation test browser-test lint bench lab clean-venv
+.PHONY: setup run preflight compare ablation test browser-test lint bench lab clean-venv gpu-check gpu-wheels \
+	gpu-wheels-rehearsal
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,8 +53,26 @@ browser-test: setup
 	C2LLM_SCREENSHOT_DIR=benchmarks/results $(PY) -m pytest tests/test_browser.py
 
 lint: setup
-	$(PY) -m ruff check c2llm_lib tests benchmarks
-	$(PY) -m ruff format --check c2llm_lib tests benchmarks
+	$(PY) -m ruff check c2llm_lib tests benchmarks tools
+	$(PY) -m ruff format --check c2llm_lib tests benchmarks tools
+
+# The CUDA path measured in at most 8 minutes (README: GPU check): `make gpu-check OUT=<folder>` on a GPU machine, which
+# has no registry: it needs no setup, installs the carried wheels (WHEELS, filled here by `make gpu-wheels`) where there
+# is a GPU, and writes gpu_check.json, gpu_check.md, profile.md and gpu_check.log into OUT. On a CPU: the tiny rehearsal.
+OUT ?= outputs/gpu-check
+WHEELS ?= .gpu-wheels
+GPU_PYTHON := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+gpu-check:
+	$(GPU_PYTHON) tools/gpu_check.py --out $(OUT) $(if $(and $(wildcard $(WHEELS)/*.whl),$(shell command -v nvidia-smi)),--wheels $(WHEELS)) $(ARGS)
+
+# The wheels gpu-check needs beyond the GPU machine's image, for its Python 3.12 (tools/gpu-wheels.txt), checked; and
+# their rehearsal in a clean Python 3.12 environment of the image's packages (downloads gigabytes: not in make test).
+PYTHON312 ?= python3.12
+gpu-wheels: setup
+	$(PY) tools/gpu_wheels.py download --dest $(WHEELS)
+
+gpu-wheels-rehearsal: gpu-wheels
+	$(PY) tools/gpu_wheels.py rehearse --dest $(WHEELS) --python $(PYTHON312) --record benchmarks/results/gpu-wheels.md
 
 bench: setup
 	$(PY) benchmarks/encode_bench.py

@@ -10,8 +10,12 @@ tiny random one, on real code (functions of Python's standard library, a realist
 4. the base model against also computing the tied LM head over every position, as the released
    remote code does (it runs *ForCausalLM and discards the logits).
 
-Writes `results/encode-<device>-<dtype>.json` and `.md` beside this file and prints the table.
-Usage: python benchmarks/encode_bench.py [--backbone real|tiny] [--dtype bfloat16|float32]
+Writes `results/encode-<device>-<dtype>-<backbone>.json` and `.md` beside this file (or in `--out`) and prints
+the table. `--backbone random-0.5b` measures random weights of the 0.5B's architecture (no download: what a GPU
+machine without the hub can measure, `make gpu-check`), and `--text-tokens N` replaces the real code by texts of N
+tokens each (every text at the evaluation length: the paper's "PMA costs nothing" at 2,048 tokens).
+Usage: python benchmarks/encode_bench.py [--backbone real|tiny|random-0.5b] [--dtype bfloat16|float32]
+       [--text-tokens N] [--out DIR]
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from c2llm_lib import C2LLMEncoder, ModelConfig, __version__
 from c2llm_lib.batching import length_batches
 from c2llm_lib.model import TINY_BACKBONE, LastTokenPooler
 from c2llm_lib.model.gguf import fetch_qwen_coder_gguf
+from c2llm_lib.preflight.probe import build_encoder, full_length_texts
+from c2llm_lib.scale import QWEN25_CODER_05B
 
 REAL_NAME = "Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M, de-quantised)"
 MODULES = (
@@ -83,27 +89,36 @@ def timed(fn, repeats: int, warmup: bool = True) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backbone", choices=["real", "tiny"], default="real")
+    parser.add_argument("--backbone", choices=["real", "tiny", "random-0.5b"], default="real")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--texts", type=int, default=96)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-length", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
-    args = parser.parse_args()
+    parser.add_argument("--text-tokens", type=int, default=0, help="texts of this many tokens (0: real code)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
+    torch.manual_seed(0)
     if args.backbone == "real":
         path = fetch_qwen_coder_gguf()
         cfg = ModelConfig(backbone=str(path.parent), gguf_file=path.name, dtype=args.dtype, max_length=args.max_length)
+        enc = C2LLMEncoder.from_config(cfg).eval()
+    elif args.backbone == "random-0.5b":  # the preflight's random weights of a known architecture (no hub)
+        cfg = ModelConfig(backbone=QWEN25_CODER_05B.name, dtype=args.dtype, max_length=args.max_length)
+        enc = build_encoder(cfg, QWEN25_CODER_05B).eval()
     else:
         cfg = ModelConfig(backbone=TINY_BACKBONE, dtype=args.dtype, max_length=args.max_length)
-    torch.manual_seed(0)
-    enc = C2LLMEncoder.from_config(cfg).eval()
-    texts = stdlib_functions(args.texts)
+        enc = C2LLMEncoder.from_config(cfg).eval()
+    if args.text_tokens:
+        texts = full_length_texts(enc.tokenizer, args.texts, args.text_tokens, seed=0)
+    else:
+        texts = stdlib_functions(args.texts)
     kw = dict(kind="document", batch_size=args.batch_size, show_progress=False)
 
     # the token batches encode() builds when sorting by length: grouped by token length (batching.length_batches)
@@ -159,8 +174,11 @@ def main() -> None:
 
         t_lm = timed(backbone_and_lm_head, args.repeats)
 
+    names = {"real": REAL_NAME, "random-0.5b": f"random weights of {QWEN25_CODER_05B.name}", "tiny": TINY_BACKBONE}
     results = {
-        "backbone": REAL_NAME if args.backbone == "real" else TINY_BACKBONE,
+        "backbone": names[args.backbone],
+        "gpu": torch.cuda.get_device_name(enc.device) if enc.device.type == "cuda" else None,
+        "text_tokens": args.text_tokens or None,
         "dtype": args.dtype,
         "device": str(enc.device),
         "cpu": platform.processor() or platform.machine(),
@@ -188,8 +206,8 @@ def main() -> None:
         "lm_head_slowdown": t_lm / t_backbone,
         "repeats": args.repeats,
     }
-    out = Path(__file__).resolve().parent / "results"
-    out.mkdir(exist_ok=True)
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
     stem = f"encode-{enc.device.type}-{args.dtype}-{args.backbone}"
     (out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")
     rows = [
@@ -205,16 +223,20 @@ def main() -> None:
         ("backbone + full LM head vs base model", f"{results['lm_head_slowdown']:.2f}x the time"),
     ]
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+    kind = f"texts of {args.text_tokens} tokens" if args.text_tokens else "standard-library functions"
     md = (
         f"# Encoder benchmark: {results['backbone']}, {args.dtype}, {results['device']} "
         f"({results['torch_threads']} threads)\n\n"
-        f"{len(texts)} standard-library functions, {real_tokens} real tokens (p10/p50/p90/max "
+        f"{len(texts)} {kind}, {real_tokens} real tokens (p10/p50/p90/max "
         f"{results['token_length_p10_p50_p90_max']}), batch {args.batch_size}, max length {args.max_length}, "
         f"median of {args.repeats}.\n\n| measure | value |\n|---|---|\n{table}\n\n"
-        f"Reproduce: `python benchmarks/encode_bench.py --backbone {args.backbone} --dtype {args.dtype}`\n"
+        f"Reproduce: `python benchmarks/encode_bench.py --backbone {args.backbone} --dtype {args.dtype}"
+        + (f" --text-tokens {args.text_tokens}" if args.text_tokens else "")
+        + "`\n"
     )
     (out / f"{stem}.md").write_text(md)
     print(md)
+    return results
 
 
 if __name__ == "__main__":

@@ -5,9 +5,10 @@ K = 7 hard negatives, length 1024, global batch 256, 3 epochs) and the paper's ~
 parameter counts from the Qwen2.5-Coder architectures (tested against the published totals and a model built on
 the meta device), memory per GPU for the weights, LoRA + PMA with AdamW, activations at length 1024 with and
 without gradient checkpointing and per GradCache chunk, steps per epoch, and the wall time from the FLOP count at
-an assumed MFU. Every figure is an estimate from the formulas of `c2llm_lib/scale.py` (shared with the preflight,
-which measures the same quantities on a machine: `python -m c2llm_lib.pipeline params/<run>.yaml --preflight`); no
-GPU was available to measure one.
+an assumed MFU (the FLOP rule of `scale.py`: LoRA's matmuls, attention's backward twice, the recomputation). Every
+figure is an estimate from the formulas of `c2llm_lib/scale.py` (shared with the preflight, which measures the same
+quantities on a machine: `python -m c2llm_lib.pipeline params/<run>.yaml --preflight`, and with `make gpu-check`);
+no GPU was available to measure one.
 
     python benchmarks/paper_scale_plan.py [--mfu 0.35] [--mean-tokens 1024]
 """
@@ -65,7 +66,7 @@ def report(mfu: float = 0.35, mean_tokens: float | None = None) -> str:
     row("total for the plan (GB/GPU, of 80)", "total_chosen_gb", ".1f")
     row("optimizer steps per epoch (3M pairs / 256)", "steps_per_epoch", ",")
     row("optimizer steps, 3 epochs", "steps", ",")
-    row("forward passes' worth of compute per step", "forward_passes", "d")
+    row("compute per step, in forwards (the FLOP rule of scale.py)", "compute_in_forwards", ".2f")
     row("training FLOPs, 3 epochs", "flops_total", ".2e")
     row("wall time on 8 x H100 (hours)", "hours", ".1f")
     return "\n".join(lines)

@@ -5,13 +5,9 @@ Real tokens/s counts the non-padding tokens of queries, positives and K BM25 neg
 with a graph (the trainer's per-step `tokens`), over the timed steps (the first `--warmup` steps are not timed).
 Every forward of the encoder is recorded (a forward pre-hook: its rows' real lengths, its width, whether it builds a
 graph), which gives the padding efficiency (real tokens / computed token slots) and the FLOPs, counted per real
-text of L tokens, for N frozen backbone linear weights, N_lora LoRA weights, n layers of width d:
-
-    forward   2 N L + 2 N_lora L + attention 4 n d L(L+1)/2 (causal pairs) + PMA head (2 |fc_k, fc_v| L + ...)
-    backward  2 N L (activation gradients only: the backbone is frozen) + 4 N_lora L (activation and weight
-              gradients) + 2 x attention + 2 x PMA head
-    recomputation: GradCache's graph-free first pass (one more forward), gradient checkpointing (one more
-              backbone forward)
+text of L tokens by the rule of `c2llm_lib/scale.py` (`text_flops`: the frozen matmuls once in the backward, LoRA
+and the PMA head twice, causal attention's two products twice; GradCache's graph-free first pass and gradient
+checkpointing's recomputed decoder forward as recomputation).
 
 MFU = model FLOPs (forward + backward, no recomputation) per second / this machine's GEMM throughput in the same
 dtype, measured in the same run (`hardware.gemm_gflops`, before and after training; the higher is the peak);
@@ -32,6 +28,7 @@ import json
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import torch
 from datasets import Dataset
@@ -41,38 +38,24 @@ from c2llm_lib.data import mine_negatives
 from c2llm_lib.data.offline import load_snapshot
 from c2llm_lib.hardware import cpu_info, gemm_gflops
 from c2llm_lib.model import REAL_GGUF_BACKBONE, TINY_BACKBONE
+from c2llm_lib.scale import arch_of, matmul_params, step_keywords
+from c2llm_lib.scale import text_flops as scale_text_flops
 from c2llm_lib.train import TrainConfig, Trainer, peak_memory, reset_peak_memory
 
 
-def flop_counts(encoder: C2LLMEncoder) -> dict[str, float]:
-    """The sizes the FLOP formulas need: frozen linear weights, LoRA weights, layers x width, PMA head weights."""
-    base = encoder.base_model
-    frozen = sum(
-        m.weight.numel() for n, m in base.named_modules() if isinstance(m, torch.nn.Linear) and "lora_" not in n
-    )
-    lora = sum(p.numel() for n, p in base.named_parameters() if "lora_" in n)
-    cfg = encoder.backbone_config
-    pooler = encoder.pooler
-    per_token = sum(getattr(pooler, f).weight.numel() for f in ("fc_k", "fc_v")) if hasattr(pooler, "fc_k") else 0
-    per_text = sum(getattr(pooler, f).weight.numel() for f in ("fc_q", "fc_o")) if hasattr(pooler, "fc_q") else 0
-    return {"frozen": frozen, "lora": lora, "layers": cfg.num_hidden_layers,
-            "width": cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads),
-            "pma_per_token": per_token, "pma_per_text": per_text, "pma_dim": encoder.embedding_dim}  # fmt: skip
+def flop_counts(encoder: C2LLMEncoder) -> dict[str, Any]:
+    """What the FLOP rule (`scale.text_flops`) needs of this encoder: its architecture, LoRA and head."""
+    arch = arch_of(encoder.backbone_config, "backbone")
+    return {"arch": arch, **step_keywords(encoder.config, arch), "frozen": matmul_params(arch),
+            "lora": sum(p.numel() for n, p in encoder.base_model.named_parameters() if "lora_" in n)}  # fmt: skip
 
 
-def text_flops(size: dict[str, float], length: int) -> dict[str, float]:
-    """Forward and backward FLOPs of one text of `length` real tokens, by part."""
-    pairs = length * (length + 1) / 2  # causal: token i attends to i + 1 tokens
-    fwd = {
-        "backbone": 2 * size["frozen"] * length,
-        "lora": 2 * size["lora"] * length,
-        "attention": 4 * size["layers"] * size["width"] * pairs,
-        "pma": 2 * size["pma_per_token"] * length + 4 * size["pma_dim"] * length + 2 * size["pma_per_text"],
-    }
-    bwd = {"backbone": fwd["backbone"], "lora": 2 * fwd["lora"], "attention": 2 * fwd["attention"],
-           "pma": 2 * fwd["pma"]}  # fmt: skip
-    backbone_forward = fwd["backbone"] + fwd["lora"] + fwd["attention"]  # what gradient checkpointing recomputes
-    return {"forward": sum(fwd.values()), "backward": sum(bwd.values()), "backbone_forward": backbone_forward}
+def text_flops(size: dict[str, Any], length: int) -> dict[str, float]:
+    """Forward and backward FLOPs of one text of `length` real tokens, and the decoder's forward (what gradient
+    checkpointing recomputes), by the rule of `scale.py`."""
+    keys = ("lora_r", "lora_targets", "head_width", "full_finetune")
+    found = scale_text_flops(size["arch"], length, True, **{k: size[k] for k in keys if k in size})
+    return {"forward": found["forward"], "backward": found["backward"], "backbone_forward": found["recompute"]}
 
 
 def training_rows(negatives: int) -> Dataset:

@@ -9,9 +9,29 @@ the Qwen2.5-Coder configs, or `arch_of` any transformers config):
 - memory: bf16 frozen weights, LoRA + PMA in fp32 with AdamW (weights, gradients, two moments: 16 bytes each), DDP's
   fp32 gradient buckets, and activations per token with flash attention (no T x T scores), with and without
   gradient checkpointing and per GradCache chunk;
-- FLOPs: a forward is 2 x the matrix weights per token plus causal attention (QK^T and AV over half the context); a
-  frozen backbone's backward computes input gradients only (one forward's worth); checkpointing adds a forward,
-  GradCache another (its graph-free first pass). LoRA's own FLOPs are ~1 % and left out.
+- FLOPs (the rule behind the plan's hours and the preflight's MFU, stated once here and tested against torch's
+  `FlopCounterMode` in tests/test_flops.py). For one text of T tokens, with M the decoder's matrix weights, A the LoRA
+  A and B weights of every adapted projection (`lora_params`: 9.8 % of M for the 0.5B at r = 64, 2.5 % for the 7B),
+  h the hidden width (query heads x head width), L layers, d the PMA head's width:
+
+      forward     F  = 2 M T  +  2 A T  +  2 L h T (T + 1)  +  head
+                       matmuls   LoRA      causal attention: the i-th token's query meets i keys (i = 1..T), and
+                                           QK^T and AV each cost 2 h FLOPs per (query, key) pair
+      head           = 4 h d T (fc_k, fc_v)  +  4 d T (one query's scores and weighted sum)  +  2 d^2 (fc_o)
+      backward       = 2 M T (1 x: a frozen weight needs the input gradient only; 2 x when the backbone trains)
+                       + 2 x LoRA (A and B need input and weight gradients)
+                       + 2 x attention (QK^T: dQ and dK; AV: dP and dV; two products each)  +  2 x head
+      checkpointing  + one forward of the decoder layers (matmuls, LoRA, attention; the head is not checkpointed)
+      GradCache      + one whole forward F (its graph-free first pass)
+
+  Not counted: element-wise work (norms, softmax, RoPE, SiLU, AdamW), the PMA's fc_q (2 d^2 once per micro-batch),
+  the loss's similarity products (queries x documents x d per step, < 1e-6 of a step). The counter differs where a
+  kernel does work the rule does not count as model FLOPs (tests/test_flops.py states each difference): it counts
+  attention as the full T x T products (causal kernels skip the masked half, the rule counts the causal products),
+  torch's checkpoint stops its recomputation early (each layer's last LoRA B product, 2 r h T per layer), and
+  without checkpointing the first layer's q, k, v skip their input gradients (the frozen embedding needs none).
+  The count before this rule left LoRA out (as "~1 %") and counted attention's backward once: it was 12.8 % short of
+  the rule for the 0.5B recipe (3.7 % for the 7B's), and so were the plan's hours and the preflight's MFU.
 """
 
 from __future__ import annotations
@@ -24,6 +44,7 @@ H100_BF16_FLOPS = 989e12  # dense bf16 tensor-core peak of an H100 SXM (no spars
 H100_MEMORY_GB = 80.0
 PAPER_PAIRS = 3_000_000  # "three million publicly available data" (section 1, 4.1)
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+Targets = tuple[str, ...] | list[str]  # the projections LoRA adapts
 
 
 @dataclass(frozen=True)
@@ -121,21 +142,74 @@ def activation_bytes_per_token_layer(a: Arch, r: int = 64) -> int:
     return 2 * elements
 
 
-def forward_flops_per_token(a: Arch, mean_tokens: float) -> float:
-    """One forward's FLOPs per token of a text of `mean_tokens` tokens: the matrix weights and causal attention."""
-    return 2 * matmul_params(a) + 2 * 2 * a.layers * a.hidden * mean_tokens / 2
+def attention_flops(a: Arch, tokens: float, causal: bool = True) -> float:
+    """QK^T and AV of one text of `tokens` tokens in every layer: 2 h FLOPs each per (query, key) pair, over the
+    T (T + 1) / 2 causal pairs (or all T^2 with `causal=False`, what a kernel that ignores the mask computes)."""
+    pairs = tokens * (tokens + 1) / 2 if causal else tokens * tokens
+    return 2 * 2 * a.layers * a.hidden * pairs
 
 
-def forward_passes(gradient_checkpointing: bool, grad_cache: bool) -> int:
-    """Forward passes' worth of compute per step: forward, input-gradient backward, checkpointing's recomputation,
-    GradCache's graph-free pass."""
-    return 2 + int(gradient_checkpointing) + int(grad_cache)
+def head_flops(hidden: int, width: int, tokens: float) -> float:
+    """The PMA head's forward for one text (module docstring): fc_k and fc_v on every token, one query's scores and
+    weighted sum, fc_o once; 0 for width 0 (no head: last-token or mean pooling)."""
+    if not width:
+        return 0.0
+    return 4 * hidden * width * tokens + 4 * width * tokens + 2 * width * width
 
 
-def step_flops(a: Arch, texts: float, mean_tokens: float, gradient_checkpointing: bool, grad_cache: bool) -> float:
-    """FLOPs of one optimizer step that embeds `texts` texts of `mean_tokens` tokens (on one device or all)."""
-    passes = forward_passes(gradient_checkpointing, grad_cache)
-    return passes * forward_flops_per_token(a, mean_tokens) * texts * mean_tokens
+def text_flops(a: Arch, tokens: float, gradient_checkpointing: bool = False, grad_cache: bool = False,
+               lora_r: int = 64, lora_targets: Targets = PROJECTIONS, head_width: int | None = None,
+               full_finetune: bool = False, causal: bool = True) -> dict[str, float]:  # fmt: skip
+    """The rule (module docstring) for one text of `tokens` tokens, by part: `forward` (F), `backward`,
+    `recompute` (checkpointing), `grad_cache` (GradCache's first pass), `total` (a training step's share) and the
+    forward's own parts (`matmuls`, `lora`, `attention`, `head`). `head_width` None: a PMA head at the hidden width
+    (the recipes'), 0: none. `lora_r` 0: no LoRA. `full_finetune`: the backbone's weights train too."""
+    parts = {
+        "matmuls": 2 * matmul_params(a) * tokens,
+        "lora": 2 * lora_params(a, lora_r, lora_targets) * tokens if lora_r else 0.0,
+        "attention": attention_flops(a, tokens, causal),
+        "head": head_flops(a.hidden, a.hidden if head_width is None else head_width, tokens),
+    }
+    decoder = parts["matmuls"] + parts["lora"] + parts["attention"]
+    forward = decoder + parts["head"]
+    base = 2 if full_finetune else 1  # a frozen weight: the input gradient only
+    backward = base * parts["matmuls"] + 2 * (parts["lora"] + parts["attention"] + parts["head"])
+    recompute = decoder if gradient_checkpointing else 0.0
+    first_pass = forward if grad_cache else 0.0
+    total = forward + backward + recompute + first_pass
+    return {**parts, "forward": forward, "backward": backward, "recompute": recompute, "grad_cache": first_pass,
+            "total": total}  # fmt: skip
+
+
+def forward_flops_per_token(a: Arch, mean_tokens: float, lora_r: int = 0, lora_targets: Targets = PROJECTIONS,
+                            head_width: int = 0) -> float:  # fmt: skip
+    """One forward's FLOPs per token of a text of `mean_tokens` tokens, by the rule (inference: a merged model has no
+    LoRA; the head only when asked). At 0 tokens: what every token costs whatever the length (no attention)."""
+    if mean_tokens > 0:
+        found = text_flops(a, mean_tokens, lora_r=lora_r, lora_targets=lora_targets, head_width=head_width)
+        return found["forward"] / mean_tokens
+    lora = 2 * lora_params(a, lora_r, lora_targets) if lora_r else 0
+    return 2 * matmul_params(a) + lora + 4 * (a.hidden + 1) * head_width
+
+
+def step_flops(a: Arch, texts: float, mean_tokens: float, gradient_checkpointing: bool, grad_cache: bool,
+               lora_r: int = 64, lora_targets: Targets = PROJECTIONS, head_width: int | None = None,
+               full_finetune: bool = False) -> float:  # fmt: skip
+    """FLOPs of one optimizer step that embeds `texts` texts of `mean_tokens` tokens (on one device or all), by the
+    rule (module docstring); the defaults are the paper's recipe (LoRA r = 64 on the seven projections, PMA at the
+    hidden width, frozen backbone)."""
+    found = text_flops(a, mean_tokens, gradient_checkpointing, grad_cache, lora_r, lora_targets, head_width,
+                       full_finetune)  # fmt: skip
+    return texts * found["total"]
+
+
+def step_keywords(model: Any, a: Arch) -> dict[str, Any]:
+    """`step_flops`' keywords for a `ModelConfig` (duck-typed: this module imports nothing of the library): its LoRA
+    rank and targets, or a backbone that trains whole; its PMA head's width (0 for the other poolers)."""
+    width = (model.embedding_dim or a.hidden) if model.pooling == "pma" else 0
+    if not model.use_lora:
+        return {"lora_r": 0, "head_width": width, "full_finetune": True}
+    return {"lora_r": model.lora_r, "lora_targets": tuple(model.lora_targets), "head_width": width}
 
 
 def checkpoint_bytes(trainable: int) -> int:
@@ -191,8 +265,8 @@ def plan(recipe: Recipe, gpus: int = 8, mfu: float = 0.35, mean_tokens: float | 
     out["steps_per_epoch"] = recipe.pairs // recipe.global_batch  # at most: short group remainders are dropped
     out["steps"] = out["steps_per_epoch"] * recipe.epochs
     texts_per_step = recipe.global_batch * (2 + recipe.negatives)
-    out["flops_per_step"] = step_flops(a, texts_per_step, mean, gradient_checkpointing, grad_cache)
+    out["flops_per_step"] = step_flops(a, texts_per_step, mean, gradient_checkpointing, grad_cache, r)
     out["flops_total"] = out["flops_per_step"] * out["steps"]
     out["hours"] = out["flops_total"] / (gpus * H100_BF16_FLOPS * mfu) / 3600
-    out["forward_passes"] = forward_passes(gradient_checkpointing, grad_cache)
+    out["compute_in_forwards"] = out["flops_per_step"] / (texts_per_step * text_flops(a, mean, lora_r=r)["forward"])
     return out

@@ -47,7 +47,11 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 CUDA = torch.cuda.is_available()
-requires_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
+
+
+def requires_cuda(test):
+    """Marks a test `gpu` (what `pytest -m gpu` and `make gpu-check` select) and skips it without CUDA."""
+    return pytest.mark.gpu(pytest.mark.skipif(not CUDA, reason="needs CUDA")(test))
 
 
 def build_tiny(seed: int = 0, **overrides) -> C2LLMEncoder:

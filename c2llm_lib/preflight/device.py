@@ -36,7 +36,7 @@ import torch
 
 from ..config import ModelConfig, TrainConfig
 from ..samplers import local_batch_size
-from ..scale import Arch, forward_flops_per_token, step_flops
+from ..scale import Arch, forward_flops_per_token, step_flops, step_keywords
 from .probe import ROOM, TRAINING, ProbeResult, ProbeSpec
 from .report import Check, Limits, duration, gib
 from .setup import RowCount, Setup, world_size
@@ -372,7 +372,7 @@ def step_seconds(setup: Setup, found, who: Subject, spec: ProbeSpec, measured: f
     gemm = result.gemm_gflops["peak"]
     texts = spec.rows * (2 + spec.negatives)
     flops = step_flops(who.run_arch, texts, setup.train.max_length, setup.model.gradient_checkpointing,
-                       setup.train.grad_cache)  # fmt: skip
+                       setup.train.grad_cache, **step_keywords(setup.model, who.run_arch))  # fmt: skip
     return flops / (gemm * 1e9 * ASSUMED_MFU), (
         f"computed: {who.run_arch.name}'s FLOPs per step at the measured "
         f"{gemm:,.0f} GFLOP/s and an assumed MFU of {ASSUMED_MFU:.0%}"

@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig, TrainConfig, from_dict
-from ..scale import Arch, arch_of, step_flops
+from ..scale import Arch, arch_of, step_flops, step_keywords
 
 MAX_TRIALS = 7  # settings the memory search may measure
 ROOM = 0.9  # a suggested setting's peak stays within this share of the budget (the margin a pass keeps)
@@ -333,7 +333,8 @@ def measure_speed(step, batch: dict[str, list], steps: int | None, arch: Arch, d
         tokens.append(logged["tokens"])
     texts = len(batch["query"]) * (2 + step.k)
     cfg, model = step.cfg, step.encoder.config
-    flops = step_flops(arch, texts, cfg.max_length, model.gradient_checkpointing, cfg.grad_cache)
+    flops = step_flops(arch, texts, cfg.max_length, model.gradient_checkpointing, cfg.grad_cache,
+                       **step_keywords(model, arch))  # fmt: skip
     per_step = sum(seconds) / len(seconds)
     return {"steps": len(seconds), "first_step_only": steps == 0, "step_seconds": seconds,
             "seconds_per_step": per_step, "tokens_per_step": tokens[-1],
