@@ -26,8 +26,7 @@ from importlib import metadata
 from pathlib import Path
 
 from c2llm_lib.data.code_trees import MiningReport, mine
-from c2llm_lib.hardware import cpu_info
-from c2llm_lib.memory import high_water_kib
+from c2llm_lib.hardware import cpu_info, high_water_kib
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

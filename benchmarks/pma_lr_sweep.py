@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from c2llm_lib import C2LLMEncoder, ModelConfig
+from c2llm_lib.batching import GroupedBatchSampler
 from c2llm_lib.config import DataStage
 from c2llm_lib.data.build import build_training_data
 from c2llm_lib.data.offline import load_snapshot
@@ -34,7 +35,6 @@ from c2llm_lib.hardware import cpu_info
 from c2llm_lib.losses import contrastive_loss
 from c2llm_lib.model import REAL_GGUF_BACKBONE
 from c2llm_lib.model.pma import PMAHead
-from c2llm_lib.samplers import GroupedBatchSampler
 from c2llm_lib.train import head_groups, lr_lambda
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -36,11 +36,11 @@ from datasets import Dataset
 from c2llm_lib import C2LLMEncoder, ModelConfig
 from c2llm_lib.data import mine_negatives
 from c2llm_lib.data.offline import load_snapshot
-from c2llm_lib.hardware import cpu_info, gemm_gflops
+from c2llm_lib.hardware import cpu_info, gemm_gflops, peak_memory, reset_peak_memory
 from c2llm_lib.model import REAL_GGUF_BACKBONE, TINY_BACKBONE
 from c2llm_lib.scale import arch_of, matmul_params, step_keywords
 from c2llm_lib.scale import text_flops as scale_text_flops
-from c2llm_lib.train import TrainConfig, Trainer, peak_memory, reset_peak_memory
+from c2llm_lib.train import TrainConfig, Trainer
 
 
 def flop_counts(encoder: C2LLMEncoder) -> dict[str, Any]:

@@ -249,8 +249,7 @@ def study_setting(
     the time each training and each scoring took, the sweep's included (a reused training keeps the time it took
     when it ran, and is counted once), and which trainings were selected on validation (the sweep's, at `sweep_seed`)
     and which were scored on test (fresh ones, at `seeds`)."""
-    from .hardware import cpu_info
-    from .model.backbone import resolve_device, resolve_dtype
+    from .hardware import cpu_info, resolve_device, resolve_dtype
     from .sweep import rates_label
     from .sweep import timings as times
 

@@ -250,7 +250,7 @@ def study_seeds(comparison: CompareStage, base_train: TrainConfig) -> list[int]:
 def resolved_compute(model: ModelConfig) -> dict[str, str]:
     """The device and dtype `model` trains and encodes in on this machine (`dtype: auto` and `device: auto` resolved),
     which a training's or a scoring's cache key holds instead of the settings' names."""
-    from .model.backbone import resolve_device, resolve_dtype
+    from .hardware import resolve_device, resolve_dtype
 
     device = resolve_device(model.device)
     return {"device": device.type, "dtype": str(resolve_dtype(model.dtype, device)).removeprefix("torch.")}

@@ -40,8 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .atomic import atomic_directory, check_target
-from .files import CorruptFile, load_json
+from .files import CorruptFile, atomic_directory, check_target, load_json
 from .prompts import C2LLM_PROMPTS, prompts
 
 FOLDER = "export"  # outputs/<run>/export, beside merged/

@@ -1,4 +1,5 @@
-"""The machine a run computes on: the CPU's model and capabilities, GEMM throughput, and the `dtype: auto` choice.
+"""The machine a run computes on: the CPU's model and capabilities, GEMM throughput, the device and dtype a
+parameter names (`resolve_device`, `resolve_dtype`: the `dtype: auto` choice), and peak memory.
 
 Training and inference time on a CPU is matrix multiplication, and whether bf16 helps depends on the chip: with AMX
 or avx512_bf16 a bf16 GEMM runs several times faster than fp32, while on a CPU with AVX2 alone PyTorch emulates bf16
@@ -20,6 +21,18 @@ run nor choose a dtype that this CPU does not measure as the faster one.
 A machine can rehearse a lesser CPU: `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2`
 keeps oneDNN, ATen's vector kernels and MKL to AVX2, as on a CPU without avx512_bf16 or AMX (bf16 GEMMs then run at
 about 1 GFLOP/s). `cpu_info` reports such limits beside the flags, and the probe's cache keeps them apart.
+
+Peak memory is read one way: `reset_peak_memory` starts a window (Linux's resident high-water mark, VmHWM, and
+CUDA's allocator peak), `peak_bytes(device)` reads the window's peak on one device (the preflight's probe), and
+`peak_memory` a training's peaks (the trainer's summary). `PeakMemory` gives the peak resident memory of the
+processes a pipeline starts: each notebook's kernel, and whatever it starts. The default run must fit a small
+machine (its peak resident memory stays within 8 GB), and a run-wide peak such as GNU time's does not say which
+notebook reached it. `PeakMemory` watches the processes started below this one while a notebook runs and gives the
+largest peak of any single one, as GNU time counts it: each process's own high-water mark (`VmHWM` in
+/proc/<pid>/status), read every `interval` seconds while the process lives. The Linux kernel keeps that mark, so a
+peak between two samples is not missed; only a peak reached in a process's last `interval` seconds is. (The reaped
+children's `ru_maxrss` would cover those, but it is a maximum over every child the runner ever had, so it cannot say
+which notebook's kernel reached it.) Linux only: elsewhere the peak is None.
 """
 
 from __future__ import annotations
@@ -28,6 +41,8 @@ import json
 import math
 import os
 import platform
+import re
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -196,3 +211,139 @@ def auto_dtype(device: torch.device) -> tuple[torch.dtype, str]:
     if device.type == "cpu":
         return cpu_dtype()
     return torch.float32, f"{device.type}: float32"
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {name!r} was asked for, but CUDA is not available on this machine")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """A dtype name as a torch dtype; "auto" is bf16 on CUDA and, on a CPU, whichever of bf16 and fp32 this machine
+    runs faster (`auto_dtype`)."""
+    if name == "auto":
+        return auto_dtype(device)[0]
+    return _DTYPES[name]
+
+
+# peak memory ----------------------------------------------------------------------------------------------------------
+PROC = Path("/proc")
+
+
+def high_water_kib(pid: int | str = "self") -> int | None:
+    """The peak resident memory (KiB) a process has reached so far, from the Linux kernel's VmHWM; None when the
+    process is gone or /proc has no such figure."""
+    try:
+        found = re.search(r"^VmHWM:\s+(\d+) kB", (PROC / str(pid) / "status").read_text(), re.MULTILINE)
+    except OSError:  # exited between listing and reading, or no /proc
+        return None
+    return int(found.group(1)) if found else None
+
+
+def reset_peak_memory() -> None:
+    """Starts a new peak-memory window (after the model is loaded, so that the peak is the training's): Linux's
+    resident peak (VmHWM, reset through /proc/self/clear_refs) and CUDA's allocator peak."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:  # not Linux, or not allowed: only the whole-process peak is reported
+        pass
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_bytes(device: torch.device) -> int:
+    """The peak bytes since `reset_peak_memory` on `device` (CUDA: allocated by PyTorch; CPU: the process's resident
+    high-water mark, 0 off Linux)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device)
+    return (high_water_kib() or 0) * 1024
+
+
+def peak_memory() -> dict[str, float]:
+    """Peak memory in GB: `peak_rss_gb` of the whole process (loading the weights included), `train_peak_rss_gb`
+    since `reset_peak_memory` (Linux), and `peak_cuda_gb` allocated since then when a GPU is in use."""
+    import resource  # Unix only
+
+    out = {"peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # ru_maxrss is in KiB on Linux
+    window = high_water_kib()  # None off Linux
+    if window is not None:  # the kernel's two counters update at different moments; the whole includes the window
+        out["train_peak_rss_gb"] = window / 2**20
+        out["peak_rss_gb"] = max(out["peak_rss_gb"], out["train_peak_rss_gb"])
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["peak_cuda_gb"] = peak_bytes(torch.device("cuda", torch.cuda.current_device())) / 2**30
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid` (children, their children, ...), from /proc/<pid>/stat; [] without /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in PROC.glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()  # the name, in parentheses, may hold spaces
+        parents.setdefault(int(fields[1]), []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+MAX_INTERVAL = 60.0  # seconds: a peak reached in a process's last interval is missed, so a longer one misses more
+
+
+class PeakMemory:
+    """`with PeakMemory() as peak: ...` then `peak.kib`: the largest peak resident memory of one process started below
+    this one during the block (0 when it started none that /proc showed), or None off Linux. Processes already below
+    this one when the block began (another test's child, say) are not counted. One object may measure several blocks
+    one after the other (each `with` starts afresh), not two at once."""
+
+    def __init__(self, interval: float = 0.2) -> None:
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 < interval <= MAX_INTERVAL:
+            raise ValueError(
+                f"PeakMemory(interval=...) must be a positive number of seconds, at most {MAX_INTERVAL:g} (how often "
+                f"the processes are sampled), got {interval!r}"
+            )
+        self.interval = interval
+        self.kib: int | None = None
+        self._stop = threading.Event()
+        self._seen = 0
+        self._before: set[int] = set()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        for pid in descendants(os.getpid()):
+            if pid not in self._before:  # a process already running when the block began is not the block's
+                self._seen = max(self._seen, high_water_kib(pid) or 0)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self) -> PeakMemory:
+        if self._thread is not None:
+            raise RuntimeError("this PeakMemory is already measuring a block; use one PeakMemory per concurrent block")
+        self.kib, self._seen = None, 0
+        self._stop.clear()
+        self._before = set(descendants(os.getpid()))
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._thread = None
+        self._sample()
+        self.kib = self._seen if PROC.joinpath("self", "status").is_file() else None

@@ -40,8 +40,8 @@ import torch
 
 from .config import ModelConfig, from_dict
 from .files import load_json, load_tensors
+from .hardware import resolve_device, resolve_dtype
 from .model import C2LLMEncoder
-from .model.backbone import resolve_device, resolve_dtype
 
 ARCHITECTURE = ("backbone", "backbone_revision", "gguf_file", "pooling", "pma_heads", "embedding_dim")
 PROMPTS = ("prompt_style", "document_prefix")

@@ -47,7 +47,7 @@ failing notebook stops the run, a dead kernel (killed, out of memory) included; 
 error, the error is printed, and manifest.json records per notebook whether it finished, failed, was not reached,
 or is stale (no longer current: its parameters or inputs changed after it ran, or a notebook upstream of it is
 stale), its seconds, and its kernel's peak resident memory (`peak_rss_kib`, the largest of any process the notebook
-started, `memory.PeakMemory`).
+started, `hardware.PeakMemory`).
 
 `--preflight` runs no notebook: it resolves the same parameters and checks, in minutes, what the run needs
 (`c2llm_lib/preflight/`), prints a table and saves `<outputs>/<run>.preflight.json`, without creating the run
@@ -79,7 +79,7 @@ import yaml
 
 from .config import ConfigError, LaunchConfig, from_dict, unknown_keys
 from .files import CorruptFile, digest, fingerprint
-from .memory import PeakMemory
+from .hardware import PeakMemory
 from .notebook import NOTEBOOK_DIR, ON_REQUEST, RUN_KEYS, STAGES, read_parameters, stage_keys
 from .runs import OUTSIDE_INPUTS, PRODUCTS, RunDir, RunInUse, check_run_name, upstream
 

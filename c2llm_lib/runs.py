@@ -252,8 +252,7 @@ def device_description() -> dict[str, Any]:
                             "cpu_threads": torch.get_num_threads(), "cuda": torch.cuda.is_available()}  # fmt: skip
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    from .hardware import auto_dtype, cpu_info
-    from .model.backbone import resolve_device
+    from .hardware import auto_dtype, cpu_info, resolve_device
 
     info["cpu"] = cpu_info()
     dtype, why = auto_dtype(resolve_device("auto"))
@@ -574,7 +573,7 @@ class RunDir:
     def save_search_index(self, files: dict[str, bytes]) -> Path:
         """search/index/ (notebook 07, `search.index_payload`): the index's files written at once, replacing the old
         index whole, so a killed run leaves the previous or the new one, never a mix."""
-        from .atomic import atomic_directory
+        from .files import atomic_directory
 
         with atomic_directory(self.search_index_dir) as staging:
             for name, data in files.items():

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from c2llm_lib import hardware
-from c2llm_lib.hardware import CAPABILITIES, _probe_key, auto_dtype, cpu_dtype, cpu_info, gemm_gflops
-from c2llm_lib.model.backbone import resolve_dtype
+from c2llm_lib.hardware import CAPABILITIES, _probe_key, auto_dtype, cpu_dtype, cpu_info, gemm_gflops, resolve_dtype
 
 
 def planted(tmp_path, fp32: float, bf16: float):

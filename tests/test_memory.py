@@ -1,4 +1,4 @@
-"""memory.py: the peak resident memory of the processes a notebook starts (known answers on real processes)."""
+"""hardware.py: the peak resident memory of the processes a notebook starts (known answers on real processes)."""
 
 import json
 import os
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from c2llm_lib.memory import PeakMemory, descendants, high_water_kib
+from c2llm_lib.hardware import PeakMemory, descendants, high_water_kib
 
 pytestmark = pytest.mark.skipif(not os.path.isfile("/proc/self/status"), reason="reads Linux's /proc")
 TOUCH = "import sys, time; block = b'x' * (int(sys.argv[1]) * 2**20); time.sleep(float(sys.argv[2]))"
@@ -47,7 +47,7 @@ def test_descendants_reach_grandchildren():
 
 def measure(script: str) -> int | None:
     """`PeakMemory` around `script` run in a fresh interpreter, so that no earlier child's peak counts."""
-    head = "import json, subprocess, sys\nfrom c2llm_lib.memory import PeakMemory\n"
+    head = "import json, subprocess, sys\nfrom c2llm_lib.hardware import PeakMemory\n"
     code = f"{head}{script}\nprint(json.dumps(peak.kib))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.splitlines()[-1])

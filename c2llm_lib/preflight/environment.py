@@ -21,7 +21,7 @@ FLASH_SPEEDUP = (1.5, 2.0)  # flash-attention 2's attention over PyTorch's (Dao 
 
 def device_and_dtype(setup: Setup) -> tuple[Check, torch.device | None, torch.dtype | None]:
     """The device and dtype the run resolves (`device`, `dtype: auto` probed as the run probes), as a check."""
-    from ..model.backbone import resolve_device, resolve_dtype
+    from ..hardware import resolve_device, resolve_dtype
 
     try:
         device = resolve_device(setup.model.device)

@@ -411,11 +411,11 @@ def check_release(setup: Setup, hub: Hub) -> Check | None:
 # the schedule ---------------------------------------------------------------------------------------------------------
 def check_schedule(setup: Setup, rows: RowCount, steps: int, nproc: int) -> Check:
     """The recipe against its rows and processes: the global batch splits evenly over the ranks (the sampler's own
-    rule, `samplers.local_batch_size`), whole global batches exist, checkpoint_steps lie within the run, and notebook
+    rule, `batching.local_batch_size`), whole global batches exist, checkpoint_steps lie within the run, and notebook
     03 finds merge_last checkpoints; the figure is the run's optimizer steps. A failure of the batch itself (it does
     not split, or no group holds one) is recorded as `values["batch_refused"]`: the measurements that take that batch
     are not run (`run.device_checks`)."""
-    from ..samplers import local_batch_size
+    from ..batching import local_batch_size
     from ..train import checkpoint_schedule
 
     train = setup.train

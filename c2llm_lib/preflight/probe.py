@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig, TrainConfig, from_dict
+from ..hardware import gemm_gflops, high_water_kib, peak_bytes, reset_peak_memory, resolve_device, resolve_dtype
 from ..scale import Arch, arch_of, step_flops, step_keywords
 
 MAX_TRIALS = 7  # settings the memory search may measure
@@ -116,8 +117,6 @@ def build_encoder(model: ModelConfig, arch: Arch | None):
         add_lora,
         enable_gradient_checkpointing,
         resolve_attn_implementation,
-        resolve_device,
-        resolve_dtype,
     )
 
     device = resolve_device(model.device)
@@ -164,24 +163,12 @@ def largest_batch(tokenizer, rows: int, negatives: int, length: int, seed: int) 
 
 # peaks ---------------------------------------------------------------------------------------------------------------
 def reset_peak(device: torch.device) -> int:
-    """Starts a peak window; returns the bytes in use now (CUDA: allocated; CPU: resident)."""
-    from ..memory import high_water_kib
-    from ..train import reset_peak_memory
-
+    """Starts a peak window (`hardware.reset_peak_memory`); returns the bytes in use now (CUDA: allocated; CPU:
+    resident)."""
     reset_peak_memory()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         return torch.cuda.memory_allocated(device)
-    return (high_water_kib() or 0) * 1024
-
-
-def read_peak(device: torch.device) -> int:
-    """The peak bytes since `reset_peak` (CUDA: allocated by PyTorch; CPU: the process's resident high-water mark)."""
-    from ..memory import high_water_kib
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device)
     return (high_water_kib() or 0) * 1024
 
 
@@ -222,12 +209,12 @@ def measure_memory(step, batch: dict[str, list], device: torch.device, budget: f
     except Exception as err:
         if not is_out_of_memory(err):
             raise
-        peak = read_peak(device)
+        peak = peak_bytes(device)
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return {"fits": False, "out_of_memory": True, "peak_bytes": peak, "before_bytes": before,
                 "budget_bytes": budget, "error": f"{type(err).__name__}: {str(err)[:300]}"}  # fmt: skip
-    peak = read_peak(device)
+    peak = peak_bytes(device)
     seconds = time.perf_counter() - tick
     fits = budget is None or peak <= budget
     return {"fits": fits, "out_of_memory": False, "peak_bytes": peak, "before_bytes": before, "budget_bytes": budget,
@@ -308,8 +295,6 @@ def search_memory(encoder, train: TrainConfig, batch: dict[str, list], negatives
 
 def gemm_peak(dtype: torch.dtype, device: torch.device) -> float:
     """This device's measured GEMM throughput in `dtype` (GFLOP/s): large matrices on a GPU, 1024 on a CPU."""
-    from ..hardware import gemm_gflops
-
     size = 8192 if device.type == "cuda" else 1024
     return gemm_gflops(dtype, size=size, device=str(device))
 
@@ -428,9 +413,6 @@ def budget_for(spec: ProbeSpec, free: int | None, resident: int) -> float | None
 
 def probe(spec: ProbeSpec) -> ProbeResult:
     """Every measurement `spec.measure` names, in order; an error after the model is built is recorded, not raised."""
-    from ..memory import high_water_kib
-    from ..model.backbone import resolve_device
-
     model = from_dict(ModelConfig, spec.model, "probe spec")
     train = from_dict(TrainConfig, spec.train, "probe spec")
     arch = Arch(**spec.arch) if spec.arch else None

@@ -39,7 +39,7 @@ def rank_main(rank: int, world: int, port: int, params: str, folder: str, sizes:
     import torch.distributed as dist
 
     from ..distributed import all_gather_json, gather_with_grad
-    from ..model.backbone import resolve_device, resolve_dtype
+    from ..hardware import resolve_device, resolve_dtype
     from ..pipeline import read_yaml
     from ..train import split_params
 

@@ -136,7 +136,7 @@ class RowCount:
         return sum(self.groups.values())
 
     def steps_per_epoch(self, global_batch: int) -> int:
-        """Global batches per epoch: each group gives whole batches, remainders are dropped (`samplers.py`)."""
+        """Global batches per epoch: each group gives whole batches, remainders are dropped (`batching.py`)."""
         return sum(n // global_batch for n in self.groups.values())
 
 

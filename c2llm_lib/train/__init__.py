@@ -32,7 +32,7 @@ from .checkpoints import (
     save_checkpoint,
     training_identity,
 )
-from .cli import main, peak_memory, reset_peak_memory, split_params, throughput
+from .cli import main, split_params, throughput
 from .loop import Trainer, TrainResult, most_negatives
 from .schedule import checkpoint_schedule, lr_lambda
 from .state import (
@@ -51,7 +51,7 @@ __all__ = [
     "NonFiniteWeights", "TrainConfig", "TrainResult", "TrainStep", "Trainer", "TrainerState", "apply_weights",
     "checkpoint_schedule", "checkpoints_to_merge", "config_differences", "data_fingerprint", "encoder_from_checkpoint",
     "head_groups", "identity_differences", "load_checkpoint_weights", "lr_lambda", "main", "micro_batches",
-    "most_negatives", "move_aside", "optimizer_from_state", "optimizer_to_state", "peak_memory", "read_checkpoint",
-    "reset_peak_memory", "rng_from_json", "rng_state", "rng_to_json", "save_checkpoint", "set_rng_state",
+    "most_negatives", "move_aside", "optimizer_from_state", "optimizer_to_state", "read_checkpoint", "rng_from_json",
+    "rng_state", "rng_to_json", "save_checkpoint", "set_rng_state",
     "split_params", "throughput", "training_identity",
 ]  # fmt: skip

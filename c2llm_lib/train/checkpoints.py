@@ -22,9 +22,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from ..atomic import atomic_directory
 from ..config import ModelConfig, TrainConfig, from_dict
-from ..files import CorruptFile, load_json, load_tensors
+from ..files import CorruptFile, atomic_directory, load_json, load_tensors
 from ..model import C2LLMEncoder
 from .state import TrainerState
 from .step import NonFiniteWeights

@@ -18,37 +18,10 @@ import torch
 
 from ..config import ConfigError, LaunchConfig, ModelConfig, TrainConfig, from_dict
 from ..distributed import all_gather_json
+from ..hardware import peak_memory, reset_peak_memory
 from ..model import C2LLMEncoder
 from .checkpoints import identity_differences, training_identity
 from .loop import Trainer
-
-
-def reset_peak_memory() -> None:
-    """Starts a new peak-memory window (after the model is loaded, so that the peak is the training's): Linux's
-    resident peak (VmHWM, reset through /proc/self/clear_refs) and CUDA's allocator peak."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:  # not Linux, or not allowed: only the whole-process peak is reported
-        pass
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.reset_peak_memory_stats()
-
-
-def peak_memory() -> dict[str, float]:
-    """Peak memory in GB: `peak_rss_gb` of the whole process (loading the weights included), `train_peak_rss_gb`
-    since `reset_peak_memory` (Linux), and `peak_cuda_gb` allocated since then when a GPU is in use."""
-    import resource
-
-    from ..memory import high_water_kib
-
-    out = {"peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # ru_maxrss is in KiB on Linux
-    window = high_water_kib()  # None off Linux
-    if window is not None:  # the kernel's two counters update at different moments; the whole includes the window
-        out["train_peak_rss_gb"] = window / 2**20
-        out["peak_rss_gb"] = max(out["peak_rss_gb"], out["train_peak_rss_gb"])
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["peak_cuda_gb"] = torch.cuda.max_memory_allocated() / 2**30
-    return out
 
 
 def throughput(metrics: list[dict[str, Any]]) -> dict[str, float]:

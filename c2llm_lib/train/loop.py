@@ -24,13 +24,13 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from ..batching import GroupedBatchSampler
 from ..config import ConfigError, TrainConfig, unknown_keys
 from ..data.records import text_key
 from ..distributed import all_gather_json, barrier
 from ..files import CorruptFile, load_json
 from ..model import C2LLMEncoder
 from ..prompts import prompts
-from ..samplers import GroupedBatchSampler
 from .checkpoints import (
     STATE_JSON,
     Checkpoint,

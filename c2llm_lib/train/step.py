@@ -1,6 +1,6 @@
 """One optimizer step of contrastive LoRA training (paper section 4.1): `TrainStep`.
 
-One optimizer step = one global batch from one (dataset, language) group (`samplers.py`): each rank embeds its slice
+One optimizer step = one global batch from one (dataset, language) group (`batching.py`): each rank embeds its slice
 of queries (with the row's instruction, or the prompt set of the encoder's `prompt_style`), positives and K hard
 negatives (with the document prefix), and `losses.contrastive_loss` scores local queries against the whole global
 batch (with `mrl_dims`, `losses.matryoshka_loss`: the same loss also on the first d coordinates for each d). The
