@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import os
 import re
@@ -41,6 +42,7 @@ from typing import Any
 import yaml
 
 from .config import ConfigError, LaunchConfig, ModelConfig, TrainConfig, from_dict
+from .distributed import die_with_parent
 from .files import CorruptFile, load_json
 
 LOGS = Path("logs") / "02_train"  # inside the run directory
@@ -123,14 +125,14 @@ def trainer_params(model: ModelConfig, train: TrainConfig) -> str:
     return yaml.safe_dump({**model.to_dict(), **train.to_dict()}, sort_keys=True)
 
 
-# torchrun is started through this trampoline: it asks Linux for SIGTERM when its parent (the notebook's kernel)
-# dies, then becomes torchrun (the request survives exec). torchrun passes a SIGTERM on to every rank, and each rank
-# asks the same of torchrun (`distributed.die_with_parent`): a runner that is killed takes its training with it.
+# torchrun is started through this trampoline: `distributed.die_with_parent`, its source run here before anything
+# imports torch (a start in milliseconds, not the library's seconds), asks Linux for SIGTERM when its parent (the
+# notebook's kernel) dies, then the process becomes torchrun (the request survives exec). torchrun passes a SIGTERM
+# on to every rank, and each rank asks the same of torchrun: a runner that is killed takes its training with it.
 DIES_WITH_PARENT = (
-    "import ctypes, os, signal, sys\n"
-    "if sys.platform.startswith('linux'):\n"
-    "    ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG\n"
-    "    os.getppid() == int(sys.argv[1]) or os._exit(1)  # the parent is already gone\n"
+    "import os, signal, sys\n"
+    + inspect.getsource(die_with_parent)
+    + "die_with_parent(int(sys.argv[1]))  # exits at once where the parent is already gone\n"
     "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])"
 )
 

@@ -20,6 +20,7 @@ CPU) and collects what each measured. From that:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -36,6 +37,7 @@ import torch
 
 from ..batching import local_batch_size
 from ..config import ModelConfig, TrainConfig
+from ..distributed import die_with_parent
 from ..scale import Arch, forward_flops_per_token, step_flops, step_keywords
 from .probe import ROOM, TRAINING, ProbeResult, ProbeSpec
 from .report import Check, Limits, duration, gib
@@ -113,17 +115,6 @@ def child_env(gpu: int | None) -> dict[str, str]:
     return env
 
 
-def die_with_parent() -> None:
-    """In a child, before it runs: the kernel kills it when the preflight dies (Linux's PR_SET_PDEATHSIG), so a
-    killed preflight leaves no measuring process holding a GPU."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the child ends when its measurement does
-        pass
-
-
 def failure(proc: subprocess.Popen, log: Path, timeout: float, timed_out: bool) -> str:
     """Why a child left no result: its time limit, a signal (SIGKILL: the kernel's out-of-memory killer, usually),
     or an exit with the end of its output."""
@@ -153,8 +144,10 @@ def run_probes(specs: list[tuple[ProbeSpec, int | None]], timeout: float) -> lis
                 log = (folder / f"log-{i}.txt").open("w")
                 cmd = [sys.executable, "-m", "c2llm_lib.preflight.probe", str(folder / f"spec-{i}.json"),
                        str(folder / f"out-{i}.json")]  # fmt: skip
+                # the kernel kills a probe when the preflight dies: no measuring process is left holding a GPU
+                dies = functools.partial(die_with_parent, os.getpid(), signal.SIGKILL)
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(gpu),
-                                              preexec_fn=die_with_parent))  # fmt: skip
+                                              preexec_fn=dies))  # fmt: skip
                 log.close()
             deadline = time.monotonic() + timeout
             for i, proc in enumerate(procs):
