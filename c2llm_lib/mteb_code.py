@@ -461,7 +461,7 @@ def cached_query_scores(model: MTEBEncoder, tasks: Sequence[Any], cache_dir: str
 def mteb_code_tasks(names: Sequence[str] | None = None, mirror: str | Path | None = None):
     """MTEB(Code, v1) tasks (all 12, or the named subset); their data comes from the hub, or from a local mirror
     folder laid out as the hub datasets (`data/mirror.py`)."""
-    from .data.mirror import mteb_tasks
+    from .data.sources import mteb_tasks
 
     names = list(names or MTEB_CODE_V1)
     unknown = sorted(set(names) - set(MTEB_CODE_V1))
@@ -518,7 +518,7 @@ def benchmark_tasks(name: str, tasks: Sequence[str] = ("all",), mirror: str | Pa
     describes them (no download); their data comes from the hub, or from a local mirror (`data/mirror.py`)."""
     import mteb
 
-    from .data.mirror import mirrored_task
+    from .data.sources import mirrored_task
 
     check_benchmarks([name])
     chosen = list(mteb.get_benchmark(name).tasks)

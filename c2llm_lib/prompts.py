@@ -28,7 +28,7 @@ instruction (`mteb_code.task_prompts` with the task's override, `eval.instructio
 
 from __future__ import annotations
 
-from .data.records import LANGUAGES
+from .config import LANGUAGES
 from .data.sources import TABLE_1
 
 DOCUMENT_PREFIX = "Retrieved Answer:"

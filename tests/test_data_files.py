@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from datasets import Dataset, DatasetDict
 
-from c2llm_lib.config import ConfigError, DataStage
+from c2llm_lib.config import ConfigError, DataStage, FileEntry, file_entries
 from c2llm_lib.data import DataError
 from c2llm_lib.data.build import build_training_data, offline_eval_texts
-from c2llm_lib.data.files import NOTEBOOK_DIR, FileEntry, file_entries, is_heldout, prepare_files
+from c2llm_lib.data.files import NOTEBOOK_DIR, is_heldout, prepare_files
 from c2llm_lib.data.layouts import DEFAULT_LANGUAGE
 from c2llm_lib.data.mix import (
     HELDOUT_TEXT,

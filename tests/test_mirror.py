@@ -6,7 +6,8 @@ import pytest
 from c2llm_lib.config import DataStage
 from c2llm_lib.data import DataError, prepare_sources
 from c2llm_lib.data.build import build_training_data
-from c2llm_lib.data.mirror import mteb_tasks, repo_dir, write_dataset_card
+from c2llm_lib.data.mirror import repo_dir, write_dataset_card
+from c2llm_lib.data.sources import mteb_tasks
 
 from hub_mirror import code_edit_search, coir_set
 

@@ -28,7 +28,6 @@ from ..config import DataStage
 from .beir import BeirKeys, beir_keys
 from .code_trees import prepare_code
 from .files import prepare_files
-from .mirror import mteb_tasks as mirrored_mteb_tasks
 from .mirror import relative_note
 from .mix import (
     MTEB_CODE_TASKS,
@@ -42,6 +41,7 @@ from .mix import (
 )
 from .offline import humaneval_records, load_snapshot
 from .records import DataError, RowChecker
+from .sources import mteb_tasks as mirrored_mteb_tasks
 
 
 def offline_eval_texts() -> list[str]:

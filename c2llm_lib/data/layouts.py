@@ -21,7 +21,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .records import LANGUAGES, DataError, as_text
+from ..config import LANGUAGES
+from .records import DataError, as_text
 
 DEFAULT_LANGUAGE = "mixed"  # a row whose file names no language
 LAYOUTS = {  # name: (required columns, what the layout holds)

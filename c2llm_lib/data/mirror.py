@@ -11,9 +11,9 @@ multi-language sets; one folder per language for CodeEditSearch) holding `<split
 - A dataset's folder may be a symlink (to a download kept elsewhere), but not to another dataset's folder of the
   mirror, nor may a file in it resolve into one (`check_own_folder`): the other dataset's rows would train, or be
   evaluated, under this one's name.
-- Evaluation and decontamination (`mteb_tasks(names, mirror)`) use mteb's own task classes and loaders unchanged;
-  only each task's dataset path points into the mirror. So a mirrored task gives exactly what mteb gives from the
-  hub: for a CoIR task, the whole corpus (train and valid documents included) for the test split, and for
+- Evaluation and decontamination (`sources.mteb_tasks(names, mirror)`) use mteb's own task classes and loaders
+  unchanged; only each task's dataset path points into the mirror. So a mirrored task gives exactly what mteb gives
+  from the hub: for a CoIR task, the whole corpus (train and valid documents included) for the test split, and for
   CodeEditSearch the first 1,000 rows per language of its train split.
 
 What a mirrored task holds is its folder's content, not its name: `datasets` files a local folder's tables under
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -156,46 +156,3 @@ def check_card(repo: Path, what: str) -> None:
             f"{what}: the mirror's {repo} {problem} {undeclared or 'its configs'} (mteb reads a dataset by the configs "
             f"its card declares); write the card with c2llm_lib.data.mirror.write_dataset_card({str(repo)!r})"
         )
-
-
-def mirrored_task(task, mirror: str | Path):
-    """`task` (an mteb task object) reading its data from the mirror instead of the hub; same class and loader, on a
-    subclass (mteb's registry is untouched) whose metadata points `dataset["path"]` at the mirror's folder and adds
-    the folder's `content_digest` to its revision, and whose `load_data` reads through a `datasets` cache of that
-    content (`content_cache`)."""
-    cls = type(task)
-    source = cls.metadata.dataset["path"]
-    local = repo_dir(mirror, source)
-    if not local.is_dir():
-        raise DataError(
-            f"MTEB task {cls.metadata.name}: the mirror {mirror} has no {local.name}/ "
-            f"(the dataset {source} at revision {cls.metadata.dataset.get('revision', '?')[:8]})"
-        )
-    from .sources import SOURCES  # (sources.py imports this module)
-
-    if not any(s.hub_id == source and s.layout == "pairs" for s in SOURCES.values()):  # read by config name
-        check_card(local, f"MTEB task {cls.metadata.name}")
-    check_own_folder(mirror, source, every_file(local), f"MTEB task {cls.metadata.name}")
-    digest = content_digest(local)
-    dataset = {**cls.metadata.dataset, "path": str(local.resolve()),
-               "revision": f"{cls.metadata.dataset.get('revision')}+mirror-{digest}"}  # fmt: skip
-    metadata = cls.metadata.model_copy(update={"dataset": dataset})
-
-    def load_data(self, *args, **kwargs):
-        with content_cache(digest):
-            return cls.load_data(self, *args, **kwargs)
-
-    namespace = {"metadata": metadata, "load_data": load_data, "__module__": cls.__module__}
-    return type(cls.__name__, (cls,), namespace)()
-
-
-def mteb_tasks(names: Sequence[str], mirror: str | Path | None = None) -> list:
-    """mteb task objects by name: from the hub, or reading from a local mirror folder when one is given."""
-    import mteb
-
-    tasks = list(mteb.get_tasks(tasks=list(names)))
-    if mirror is None:
-        return tasks
-    if not Path(mirror).is_dir():
-        raise DataError(f"hub_mirror {str(mirror)!r} is not a directory" + relative_note(mirror))
-    return [mirrored_task(t, mirror) for t in tasks]

@@ -27,13 +27,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import LANGUAGES
+
 RECORD_COLUMNS = ("dataset", "language", "query", "positive", "negatives", "instruction")
-LANGUAGES = frozenset(
-    {
-        "python", "javascript", "typescript", "java", "go", "ruby", "php", "c", "c++", "c#", "rust",
-        "swift", "kotlin", "scala", "shell", "sql", "r", "perl", "lua", "haskell", "mixed",
-    }
-)  # fmt: skip
 _SPACE = re.compile(r"\s+")
 # A pair whose query is its positive teaches nothing, and held out it is found by every model, BM25 included (nDCG
 # 100): the row is skipped and counted with its id (file and row), not refused, since one such row should not stop a

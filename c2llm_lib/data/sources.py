@@ -26,6 +26,10 @@ Hub tables still load through `datasets` (memory-mapped Arrow). On both paths a 
 non-numeric score is a counted skip (a null score means relevant), an id repeated with a different
 text keeps its first text and is counted, and an empty or unreadable table is a `DataError` naming
 the source, config and file.
+
+The MTEB tasks of the same datasets (`mteb_tasks`: evaluation, and decontamination's test keys) come from the hub,
+or from a mirror through mteb's own task classes (`mirrored_task`; the mirror's layout is `mirror.py`); this
+registry says which of them mteb reads by language folder rather than by the configs a dataset card declares.
 """
 
 from __future__ import annotations
@@ -34,12 +38,13 @@ import codecs
 import json
 import math
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .mirror import check_own_folder
+from ..files import every_file
+from .mirror import check_card, check_own_folder, content_cache, content_digest, relative_note, repo_dir
 from .records import DataError, RowChecker, SkipReport, require_columns
 
 CSN_LANGUAGES = ("go", "java", "javascript", "php", "python", "ruby")
@@ -402,3 +407,45 @@ def iter_records(
         yield from _pairs_records(source, checker, root)
     else:
         yield from _coir_records(source, checker, root, chunk)
+
+
+# the MTEB tasks of the same datasets, from the hub or a mirror ----------------------------------------------------
+def mirrored_task(task, mirror: str | Path):
+    """`task` (an mteb task object) reading its data from the mirror instead of the hub; same class and loader, on a
+    subclass (mteb's registry is untouched) whose metadata points `dataset["path"]` at the mirror's folder and adds
+    the folder's `content_digest` to its revision, and whose `load_data` reads through a `datasets` cache of that
+    content (`content_cache`)."""
+    cls = type(task)
+    source = cls.metadata.dataset["path"]
+    local = repo_dir(mirror, source)
+    if not local.is_dir():
+        raise DataError(
+            f"MTEB task {cls.metadata.name}: the mirror {mirror} has no {local.name}/ "
+            f"(the dataset {source} at revision {cls.metadata.dataset.get('revision', '?')[:8]})"
+        )
+    if not any(s.hub_id == source and s.layout == "pairs" for s in SOURCES.values()):  # read by config name
+        check_card(local, f"MTEB task {cls.metadata.name}")
+    check_own_folder(mirror, source, every_file(local), f"MTEB task {cls.metadata.name}")
+    digest = content_digest(local)
+    dataset = {**cls.metadata.dataset, "path": str(local.resolve()),
+               "revision": f"{cls.metadata.dataset.get('revision')}+mirror-{digest}"}  # fmt: skip
+    metadata = cls.metadata.model_copy(update={"dataset": dataset})
+
+    def load_data(self, *args, **kwargs):
+        with content_cache(digest):
+            return cls.load_data(self, *args, **kwargs)
+
+    namespace = {"metadata": metadata, "load_data": load_data, "__module__": cls.__module__}
+    return type(cls.__name__, (cls,), namespace)()
+
+
+def mteb_tasks(names: Sequence[str], mirror: str | Path | None = None) -> list:
+    """mteb task objects by name: from the hub, or reading from a local mirror folder when one is given."""
+    import mteb
+
+    tasks = list(mteb.get_tasks(tasks=list(names)))
+    if mirror is None:
+        return tasks
+    if not Path(mirror).is_dir():
+        raise DataError(f"hub_mirror {str(mirror)!r} is not a directory" + relative_note(mirror))
+    return [mirrored_task(t, mirror) for t in tasks]
