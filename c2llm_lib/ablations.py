@@ -8,8 +8,8 @@
 
 Two places test them:
 - notebook 04 (`ablations: true`): `variants` names the model configurations, `train_variant` trains one in the
-  kernel with the run's recipe (one rate for all, one seed), and `Truncated` presents a truncated encoder to the
-  evaluation code; the table gives each variant's difference to PMA with its interval (`ablation_pairs`);
+  kernel with the run's recipe (one rate for all, one seed), and `retrieval.Truncated` presents a truncated encoder
+  to the evaluation code; the table gives each variant's difference to PMA with its interval (`ablation_pairs`);
 - notebook 06's pooling study (`compare_poolings`), the one to read: every pooler gets the learning rates its own
   sweep chose on a validation split (`sweep.py`, `validation.py`), trains in its own process with every seed of
   `compare_seeds`, and is scored on the held-out test tasks; PMA projecting to each d trains at PMA's chosen rates.
@@ -27,12 +27,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from .config import ModelConfig, TrainConfig
 from .model import C2LLMEncoder
-from .retrieval import truncate
 from .train import Trainer
 
 
@@ -55,21 +53,6 @@ def train_variant(model: ModelConfig, train: TrainConfig, rows) -> C2LLMEncoder:
     encoder = C2LLMEncoder.from_config(dataclasses.replace(model, use_lora=True))
     Trainer(encoder, rows, dataclasses.replace(train, checkpoint_steps=[], checkpoint_fractions=[])).train()
     return encoder.eval()
-
-
-class Truncated:
-    """An encoder whose embeddings are cut to their first `dim` coordinates and re-normalised (the MRL-style
-    alternative that PMA's projection is compared with)."""
-
-    def __init__(self, encoder: C2LLMEncoder, dim: int) -> None:
-        if not 0 < dim <= encoder.embedding_dim:
-            raise ValueError(f"cannot truncate a {encoder.embedding_dim}-dimensional embedding to {dim}")
-        self.encoder, self.embedding_dim, self.config = encoder, dim, encoder.config
-
-    def encode(self, texts, **kwargs) -> np.ndarray:
-        normalize = kwargs.pop("normalize", True)
-        full = self.encoder.encode(texts, normalize=False, **kwargs)  # (N, d)
-        return truncate(full, self.embedding_dim) if normalize else full[:, : self.embedding_dim]
 
 
 def ablation_pairs(dims: Sequence[int]) -> list[tuple[str, str]]:

@@ -57,12 +57,13 @@ from typing import Any
 
 import yaml
 
-from .config import CompareStage, ConfigError, ModelConfig, TrainConfig
+from .config import PARAMS_DIR, CompareStage, ConfigError, ModelConfig, TrainConfig
 from .distributed import die_with_parent
 from .eval import RetrievalTask, task_embeddings, truncation_query_scores
+from .files import MissingInput
+from .viz import TRAINING_COLUMNS
 
 REPO = Path(__file__).resolve().parent.parent
-PARAMS_DIR = REPO / "params"
 RECIPE_KEYS = (  # what a recipe decides; the rest is the run's compute, equal for all
     "pooling", "pma_score_scale", "append_eos", "document_prefix", "prompt_style", "lora_r", "lora_alpha",
     "lora_dropout", "lora_targets", "num_negatives", "tau", "joint_softmax", "gather_with_grad", "learning_rate",
@@ -76,7 +77,6 @@ def base_configs(run_dir) -> tuple[ModelConfig, TrainConfig, str]:
     else `resolved.yaml`, where the pipeline records every notebook's parameters before running any (so
     `--only 01 06` needs no training of the run's own)."""
     from .config import from_dict
-    from .runs import MissingInput
     from .train import split_params
 
     trained = run_dir.root / "metrics" / "train.json"
@@ -532,9 +532,6 @@ def over_seeds(entry: Entry, per_seed: dict[int, dict[str, Any]]) -> dict[str, A
             "queries": queries, "training": mean_numbers([r["training"] for r in runs]),
             "encode": mean_numbers([r["encode"] for r in runs]),
             "seeds": {str(s): r["scores"] for s, r in per_seed.items()}}  # fmt: skip
-
-
-TRAINING_COLUMNS = ("tokens/s", "peak memory GB", "train s", "loss_first", "loss_last")
 
 
 def training_peak(training: dict[str, Any]) -> float | None:

@@ -23,6 +23,7 @@ import re
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 C = TypeVar("C")
@@ -328,6 +329,8 @@ SOURCE_NAMES = [
 
 
 FILES_INSTRUCTION = "Given a query, retrieve relevant code or text that answers it:"
+# the params files: params/<run>.yaml, and the recipes notebook 06 compares (`compare_recipes`: params/<name>.yaml)
+PARAMS_DIR = Path(__file__).resolve().parent.parent / "params"
 
 # `data_files` (notebook 01's data_source "files", data/files.py): each entry a path or {path, instruction, group,
 # language}, typed here so that a bad entry is refused, named, when the parameters are read

@@ -46,6 +46,10 @@ class CorruptFile(ValueError):
     """A file that exists but cannot be read as what it should be; the message names it and the reason."""
 
 
+class MissingInput(FileNotFoundError):
+    """A stage's input is not in the run directory; the message names the notebook that writes it."""
+
+
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 
 

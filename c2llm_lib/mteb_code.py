@@ -44,7 +44,7 @@ from mteb.models.abs_encoder import AbsEncoder
 from .batching import length_batches
 from .files import file_digest
 from .prompts import C2LLM_PROMPTS, OFFLINE_TASKS, prompts
-from .retrieval import RetrievalTask, truncate
+from .retrieval import RetrievalTask, Truncated, truncate
 
 MTEB_CODE_V1 = (
     "AppsRetrieval", "CodeEditSearchRetrieval", "CodeFeedbackMT", "CodeFeedbackST", "CodeSearchNetCCRetrieval",
@@ -243,7 +243,6 @@ class EncodingCache:
     @staticmethod
     def unwrap(model) -> tuple[Any, int | None]:
         """(the C2LLMEncoder behind `model`, the width a Truncated view cuts to), or (None, None)."""
-        from .ablations import Truncated
         from .model import C2LLMEncoder
 
         if isinstance(model, Truncated) and isinstance(model.encoder, C2LLMEncoder):

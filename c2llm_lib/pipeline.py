@@ -77,7 +77,7 @@ from typing import Any
 
 import yaml
 
-from .config import ConfigError, LaunchConfig, from_dict, unknown_keys
+from .config import PARAMS_DIR, ConfigError, LaunchConfig, from_dict, unknown_keys
 from .files import CorruptFile, digest, fingerprint
 from .hardware import PeakMemory
 from .notebook import NOTEBOOK_DIR, ON_REQUEST, RUN_KEYS, STAGES, read_parameters, stage_keys
@@ -563,8 +563,6 @@ def input_fingerprints(run: RunDir, name: str, parameters: dict[str, Any], noteb
     except (OSError, ValueError) as err:  # the notebook itself reports an unreadable file when it runs
         inputs["notebook code"] = f"unreadable ({type(err).__name__})"
     if name == "06_recipe_comparison":
-        from .comparison import PARAMS_DIR
-
         for recipe in parameters.get("compare_recipes") or []:
             path = Path(PARAMS_DIR) / f"{recipe}.yaml"
             inputs[f"recipe params/{recipe}.yaml"] = _digest(path.read_bytes()) if path.is_file() else "missing"

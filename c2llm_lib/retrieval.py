@@ -1,17 +1,21 @@
 """What every retrieval evaluation shares (paper section 4.2): the task shape, the document text a model sees, and
-MRL-style truncation of embeddings.
+MRL-style truncation of embeddings (`truncate`, and `Truncated`, an encoder seen through it).
 
-A small module at the bottom of the evaluation code, so that the dependencies run one way: `eval` (our scorer,
-tables, the evaluation driver) imports `mteb_code` (the mteb adapter), and both, with `ablations` and `data.mix`,
-import this module, which imports neither.
+A small module beside the data (layer 1 of docs/layout.md), so that the dependencies run one way: the data readers
+(`data.beir`, `data.mix`) build tasks and document texts, `eval` (our scorer, tables, the evaluation driver) and
+`mteb_code` (the mteb adapter) score them, and both kinds import this module, which imports neither.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # a type only: the encoder is passed in
+    from .model import C2LLMEncoder
 
 
 @dataclass
@@ -40,3 +44,18 @@ def truncate(x: np.ndarray, dim: int) -> np.ndarray:
     """Rows cut to their first `dim` coordinates and re-normalised (MRL-style truncation), as float32."""
     cut = x[:, :dim]  # (N, dim)
     return (cut / np.clip(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12, None)).astype(np.float32)
+
+
+class Truncated:
+    """An encoder whose embeddings are cut to their first `dim` coordinates and re-normalised (the MRL-style
+    alternative that PMA's projection is compared with)."""
+
+    def __init__(self, encoder: C2LLMEncoder, dim: int) -> None:
+        if not 0 < dim <= encoder.embedding_dim:
+            raise ValueError(f"cannot truncate a {encoder.embedding_dim}-dimensional embedding to {dim}")
+        self.encoder, self.embedding_dim, self.config = encoder, dim, encoder.config
+
+    def encode(self, texts, **kwargs) -> np.ndarray:
+        normalize = kwargs.pop("normalize", True)
+        full = self.encoder.encode(texts, normalize=False, **kwargs)  # (N, d)
+        return truncate(full, self.embedding_dim) if normalize else full[:, : self.embedding_dim]

@@ -63,8 +63,8 @@ from typing import Any
 import yaml
 
 from .config import ConfigError
+from .files import MissingInput, load_json
 from .files import fingerprint as files_fingerprint
-from .files import load_json
 
 PRODUCERS = {
     "data/train": "01_data_prep",
@@ -169,10 +169,6 @@ def _delete_inside(path: Path, real_root: Path) -> None:
         path.unlink()
     else:
         shutil.rmtree(path)
-
-
-class MissingInput(FileNotFoundError):
-    """A stage's input is not in the run directory; the message names the notebook that writes it."""
 
 
 class RunInUse(RuntimeError):

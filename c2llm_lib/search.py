@@ -72,7 +72,7 @@ from .data.code_trees import SourceFile, code_roots, every_function, source_file
 from .data.grammars import summary_of
 from .data.offline import SNAPSHOT_DIR, TEXT_TO_CODE, load_snapshot, pair_records, split_of
 from .data.records import DataError, SkipReport
-from .files import CorruptFile, load_json, load_tensors
+from .files import CorruptFile, fingerprint, load_json, load_tensors
 from .prompts import prompts
 
 FORMAT_VERSION = 1
@@ -144,10 +144,8 @@ def index_settings(encoder, model_id: str, max_length: int) -> dict[str, Any]:
 
 def model_identity(directory: str | os.PathLike) -> str:
     """A digest of a model folder's file names, sizes and modification times (a retrained model differs)."""
-    from .runs import fingerprint
-
     path = Path(directory)
-    return f"{path.name}:{fingerprint(path.parent, path.name)}"
+    return f"{path.name}:{fingerprint(path, path.name)}"
 
 
 # what is searched ---------------------------------------------------------------------------------------------------

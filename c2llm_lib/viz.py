@@ -541,6 +541,10 @@ def dimension_curves(table, hidden: int, dims: Sequence[int]):
     return detached(fig)
 
 
+# the training's columns of `comparison.comparison_frame` (the others are the recipe, its curve, and nDCG@10 per task)
+TRAINING_COLUMNS = ("tokens/s", "peak memory GB", "train s", "loss_first", "loss_last")
+
+
 def recipe_comparison(frame, dims_table):
     """One figure for the recipe comparison (`comparison.comparison_frame` and `dimension_table`): per-task
     nDCG@10 of every recipe at full width (and BM25), mean nDCG@10 against embedding dimension per curve, and
@@ -551,8 +555,6 @@ def recipe_comparison(frame, dims_table):
     trained = frame.dropna(subset=["tokens/s"])
     full = trained[~trained["curve"].str.endswith("PMA projection")]
     shown = full.index.tolist() + (["BM25"] if "BM25" in frame.index else [])
-    from .comparison import TRAINING_COLUMNS
-
     tasks = [c for c in frame.columns if c not in ("recipe", "dim", "curve", "mean", *TRAINING_COLUMNS)]
     fig, axes = plt.subplots(1, 4, figsize=(17, 4.2), gridspec_kw={"width_ratios": [3.2, 2.2, 1.2, 1.2]})
     long = frame.loc[shown, tasks].reset_index(names="model").melt(id_vars="model", var_name="task", value_name="v")

@@ -4,11 +4,11 @@ the scores and embeddings stay what each encoder gives on its own; the table sta
 import numpy as np
 import pytest
 
-from c2llm_lib.ablations import Truncated
 from c2llm_lib.data.offline import humaneval_records
 from c2llm_lib.data.sources import TABLE_1
 from c2llm_lib.eval import baselines, evaluate_all, results_frame, results_markdown, task_from_rows, task_sizes
 from c2llm_lib.mteb_code import EncodingCache, MTEBEncoder, offline_task, run_mteb
+from c2llm_lib.retrieval import Truncated
 
 INSTRUCTION = TABLE_1["CodeSearchNetRetrieval"]
 

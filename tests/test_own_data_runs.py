@@ -8,9 +8,10 @@ import nbformat
 import pytest
 from datasets import load_from_disk
 
+from c2llm_lib.files import MissingInput
 from c2llm_lib.notebook import NOTEBOOK_DIR, STAGES, parameters_cell
 from c2llm_lib.pipeline import run_pipeline
-from c2llm_lib.runs import INPUTS, PRODUCERS, MissingInput, RunDir
+from c2llm_lib.runs import INPUTS, PRODUCERS, RunDir
 
 REPO = Path(__file__).resolve().parent.parent
 PAIRS = REPO / "tests" / "fixtures" / "own-pairs.jsonl"

@@ -361,14 +361,14 @@ def test_where_an_upstream_notebook_ran_does_not_make_it_stale(fake):
 
 def test_resume_reruns_a_notebook_whose_code_or_recipe_file_changed(fake, tmp_path, monkeypatch):
     """A changed notebook, or a changed peer recipe file that notebook 06 reads, was kept by --resume (issue 23)."""
-    import c2llm_lib.comparison
+    import c2llm_lib.pipeline
 
     notebooks, params, outputs = fake
     recipes = tmp_path / "recipes"
     recipes.mkdir()
     recipe = recipes / "jina-code-0.5b.yaml"
     recipe.write_text("learning_rate: 1.0e-4\n")
-    monkeypatch.setattr(c2llm_lib.comparison, "PARAMS_DIR", recipes)
+    monkeypatch.setattr(c2llm_lib.pipeline, "PARAMS_DIR", recipes)
     chosen, sets = ["01", "02", "03", "06"], {"compare_recipes": ["jina-code-0.5b"]}
     run_pipeline(params, only=chosen, sets=sets, outputs=outputs, notebook_dir=notebooks, **QUIET)
     recipe.write_text("learning_rate: 2.0e-4\n")
