@@ -1,6 +1,7 @@
 # Two entry points: `make run` (the pipeline on params/default.yaml; PARAMS=params/x.yaml for another run,
 # ARGS="--resume" to continue one) and `make test`. Each sets up what it needs (idempotently) first.
-# `make preflight PARAMS=params/x.yaml` checks, in minutes, what that run needs (README: Preflight), running no notebook.
+# `make preflight PARAMS=params/x.yaml` checks, in minutes, what that run needs (README: Preflight), running no notebook
+# (`python -m tools.preflight`; ARGS="--memory-gb 70" and the like pass its options).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -27,7 +28,7 @@ run: setup
 	$(PY) -m c2llm_lib.pipeline $(PARAMS) $(ARGS)
 
 preflight: setup
-	$(PY) -m c2llm_lib.pipeline $(PARAMS) --preflight $(ARGS)
+	$(PY) -m tools.preflight $(PARAMS) $(ARGS)
 
 # Notebook 06: the three recipes on the default's data and compute, each at the rates its own validation sweep chose
 # (about 1 h 50 min alone on 2 CPU cores; full held-out corpora).

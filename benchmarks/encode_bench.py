@@ -28,6 +28,7 @@ import json
 import platform
 import random
 import statistics
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -39,8 +40,10 @@ from c2llm_lib import C2LLMEncoder, ModelConfig, __version__
 from c2llm_lib.batching import length_batches
 from c2llm_lib.model import TINY_BACKBONE, LastTokenPooler
 from c2llm_lib.model.gguf import fetch_qwen_coder_gguf
-from c2llm_lib.preflight.probe import build_encoder, full_length_texts
-from c2llm_lib.scale import QWEN25_CODER_05B
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tools/ is not installed
+from tools.preflight.probe import build_encoder, full_length_texts
+from tools.scale import QWEN25_CODER_05B
 
 REAL_NAME = "Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M, de-quantised)"
 MODULES = (

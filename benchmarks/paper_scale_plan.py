@@ -6,7 +6,7 @@ parameter counts from the Qwen2.5-Coder architectures (tested against the publis
 the meta device), memory per GPU for the weights, LoRA + PMA with AdamW, activations at length 1024 with and
 without gradient checkpointing and per GradCache chunk, steps per epoch, and the wall time from the FLOP count at
 an assumed MFU (the FLOP rule of `scale.py`: LoRA's matmuls, attention's backward twice, the recomputation). Every
-figure is an estimate from the formulas of `c2llm_lib/scale.py` (shared with the preflight, which measures the same
+figure is an estimate from the formulas of `tools/scale.py` (shared with the preflight, which measures the same
 quantities on a machine: `python -m c2llm_lib.pipeline params/<run>.yaml --preflight`, and with `make gpu-check`);
 no GPU was available to measure one.
 
@@ -16,8 +16,11 @@ no GPU was available to measure one.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-from c2llm_lib.scale import (  # noqa: F401 (re-exported: tests/test_paper_scale_plan.py reads them from here)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tools/ is not installed
+from tools.scale import (  # noqa: F401 (re-exported: tests/test_paper_scale_plan.py reads them from here)
     GB,
     H100_BF16_FLOPS,
     H100_MEMORY_GB,

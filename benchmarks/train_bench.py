@@ -5,7 +5,7 @@ Real tokens/s counts the non-padding tokens of queries, positives and K BM25 neg
 with a graph (the trainer's per-step `tokens`), over the timed steps (the first `--warmup` steps are not timed).
 Every forward of the encoder is recorded (a forward pre-hook: its rows' real lengths, its width, whether it builds a
 graph), which gives the padding efficiency (real tokens / computed token slots) and the FLOPs, counted per real
-text of L tokens by the rule of `c2llm_lib/scale.py` (`text_flops`: the frozen matmuls once in the backward, LoRA
+text of L tokens by the rule of `tools/scale.py` (`text_flops`: the frozen matmuls once in the backward, LoRA
 and the PMA head twice, causal attention's two products twice; GradCache's graph-free first pass and gradient
 checkpointing's recomputed decoder forward as recomputation).
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -38,9 +39,11 @@ from c2llm_lib.data import mine_negatives
 from c2llm_lib.data.offline import load_snapshot
 from c2llm_lib.hardware import cpu_info, gemm_gflops, peak_memory, reset_peak_memory
 from c2llm_lib.model import REAL_GGUF_BACKBONE, TINY_BACKBONE
-from c2llm_lib.scale import arch_of, matmul_params, step_keywords
-from c2llm_lib.scale import text_flops as scale_text_flops
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: tools/ is not installed
 from c2llm_lib.train import TrainConfig, Trainer
+from tools.scale import arch_of, matmul_params, step_keywords
+from tools.scale import text_flops as scale_text_flops
 
 
 def flop_counts(encoder: C2LLMEncoder) -> dict[str, Any]:

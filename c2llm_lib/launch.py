@@ -12,8 +12,9 @@ world size is part of what must match), and the same `TrainRecord` comes back fo
 
 Several machines use torchrun's static rendezvous at `rdzv_endpoint` (host:port on node 0): node k holds global
 ranks k * nproc .. (k + 1) * nproc - 1, so global rank 0, which writes the checkpoints and the step log, is on node
-0, where the notebook runs. The other machines run `python -m c2llm_lib.launch PARAMS --node-rank K ...`, which
-resolves the same params and starts the same torchrun command, writing nothing in the run directory. Whether there
+0, where the notebook runs. The other machines run `python -m tools.launch PARAMS --node-rank K ...` (a tool beside
+the library: `tools/launch.py`), which resolves the same params and starts the same torchrun command, writing nothing
+in the run directory. Whether there
 is a training to join, every machine decides by node 0's rule (`pipeline.training_reason`: its `--resume` keeps a
 finished training whatever machines are named), so no machine waits for another that has left. The machines share
 the run directory's filesystem (every rank reads the rows; resuming reads the checkpoints).
@@ -24,8 +25,6 @@ torchrun's output (`torchrun.log`) and each local rank's output and error file (
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import inspect
 import json
 import os
@@ -33,7 +32,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,13 +39,14 @@ from typing import Any
 
 import yaml
 
-from .config import ConfigError, LaunchConfig, ModelConfig, TrainConfig, from_dict
+from .config import ConfigError, LaunchConfig, ModelConfig, TrainConfig
 from .distributed import die_with_parent
 from .files import CorruptFile, load_json
 
 LOGS = Path("logs") / "02_train"  # inside the run directory
-FLAGS = ("nnodes", "node_rank", "rdzv_endpoint", "nproc")  # notebook 02's keys the launcher takes as --nnodes ...
 RENDEZVOUS_TIMEOUT_S = 600  # how long the machines of a multi-machine training wait for each other to start
+# what the other machines run (README: several machines)
+MACHINE_COMMAND = "python -m tools.launch PARAMS --nnodes N --node-rank K --rdzv-endpoint HOST:PORT [--nproc P]"
 
 
 class RankFailed(RuntimeError):
@@ -366,41 +365,12 @@ def train_stage(run_dir, model: ModelConfig, train: TrainConfig, launch: LaunchC
     if launch.node_rank != 0:
         raise ConfigError(
             f"parameter 'node_rank' = {launch.node_rank}: the notebook runs on node 0 only; start the other machines "
-            "with `python -m c2llm_lib.launch PARAMS --node-rank K ...` (README: several machines)"
+            f"with `{MACHINE_COMMAND}` (README: several machines)"
         )
     nproc = processes(launch, model)
     if nproc == 1 and launch.nnodes == 1:
         return train_here(run_dir, model, train, log)
     return train_processes(run_dir, model, train, launch, nproc, log)
-
-
-# one command per machine --------------------------------------------------------------------------------------
-def notebook_configs(params: Path, overlay: str | None, sets: dict[str, Any]):
-    """(run name, ModelConfig, TrainConfig, LaunchConfig) of notebook 02 for a params file, as the pipeline
-    resolves it."""
-    from .pipeline import resolve_run
-
-    flags = {key: f"--{key.replace('_', '-')}" for key in FLAGS if key in sets}  # what the errors blame
-    _, _, resolved, _ = resolve_run(params, sets, overlay, set_origins=flags)
-    values = resolved["02_train_lora_contrastive"]
-    configs = []
-    for cls in (ModelConfig, TrainConfig, LaunchConfig):
-        names = {f.name for f in dataclasses.fields(cls)}
-        configs.append(from_dict(cls, {k: v for k, v in values.items() if k in names}, str(params)))
-    return (params.stem, *configs)
-
-
-def nproc_argument(value: str) -> int | str:
-    """`--nproc`: "auto" or a positive number of processes (argparse names the flag in its error)."""
-    if value == "auto":
-        return value
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a number of processes, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive number of processes, got {value!r}")
-    return number
 
 
 def check_endpoint(endpoint: str, key: str = "rdzv_endpoint") -> None:
@@ -415,66 +385,6 @@ def check_endpoint(endpoint: str, key: str = "rdzv_endpoint") -> None:
         raise ConfigError(f"{key} {endpoint!r}: the host {host!r} does not resolve on this machine ({err})") from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    """One command for every machine of a multi-machine training (e.g. under srun): node 0 runs notebook 02 through
-    the pipeline (the run must hold notebook 01's data), the others start their share of the processes. A bad
-    argument or params value is one `error:` line naming it (exit 2); a failed training names its rank (exit 1)."""
-    from .pipeline import PipelineError, parse_sets, run_pipeline
-    from .runs import RunInUse
-
-    parser = argparse.ArgumentParser(description="Notebook 02 on several machines: run this on each of them.")
-    parser.add_argument("params", help="params/<run>.yaml (the run whose notebook 01 has prepared the data)")
-    parser.add_argument("--nnodes", type=int, required=True, help="machines")
-    parser.add_argument("--node-rank", type=int, required=True, help="this machine's index, 0 .. nnodes - 1")
-    parser.add_argument("--rdzv-endpoint", required=True, help="host:port on node 0, e.g. node001:29500")
-    parser.add_argument("--nproc", default=None, type=nproc_argument,
-                        help="processes per machine (default: the params' nproc, auto)")  # fmt: skip
-    parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--overlay", default=None)
-    parser.add_argument("--outputs", default=str(Path(__file__).resolve().parent.parent / "outputs"))
-    parser.add_argument("--log-dir", default=None, help="where a machine other than node 0 keeps torchrun's logs")
-    args = parser.parse_args(argv)
-    try:
-        return _launch(args, parse_sets, run_pipeline)
-    except (ConfigError, OSError, CorruptFile, RunInUse) as err:  # a missing folder, a log dir that cannot be made
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except (RankFailed, PipelineError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-
-
-def _launch(args: argparse.Namespace, parse_sets, run_pipeline) -> int:
-    from .pipeline import training_reason
-
-    sets = {**parse_sets(args.set), **{key: getattr(args, key) for key in FLAGS if getattr(args, key) is not None}}
-    params = Path(args.params)
-    name, model, train, launch = notebook_configs(params, args.overlay, sets)  # validates every value, naming it
-    check_endpoint(launch.rdzv_endpoint, "--rdzv-endpoint")
-    if args.node_rank == 0:
-        run_pipeline(params, only=["02"], sets={**sets, "node_rank": 0}, mode="resume", outputs=args.outputs,
-                     overlay=args.overlay)  # fmt: skip
-        return 0
-    run = Path(args.outputs) / name
-    rows = run / "data" / "train"
-    if not rows.is_dir():
-        raise FileNotFoundError(f"{rows} is missing: run notebook 01 for run {name!r} first (on a filesystem every "
-                                "machine shares)")  # fmt: skip
-    if not training_reason(params, sets, args.overlay, args.outputs):  # node 0 decides by the same call
-        raise ConfigError(f"the training of run {name!r} with these parameters already finished ({run}/metrics/"
-                          "train.json), and node 0 keeps it: nothing for this machine to join. Run notebooks 03-05 on "
-                          "one machine, or change the params to train again")  # fmt: skip
-    nproc = processes(launch, model)
-    logs = Path(args.log_dir or tempfile.mkdtemp(prefix=f"c2llm-{name}-node{args.node_rank}-"))
-    logs.mkdir(parents=True, exist_ok=True)
-    (logs / "params.yaml").write_text(trainer_params(model, train))
-    cmd = torchrun_command(launch, nproc, logs / "params.yaml", rows, run / "checkpoints", logs)
-    print(f"node {args.node_rank}: {' '.join(cmd)}", flush=True)
-    print(f"node {args.node_rank}: meeting node 0 at {launch.rdzv_endpoint} (torchrun waits up to "
-          f"{RENDEZVOUS_TIMEOUT_S} s for it)", flush=True)  # fmt: skip
-    run_torchrun(cmd, logs, nproc * launch.nnodes, log=print)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the multi-machine command is a tool beside the library now
+    print(f"error: the command for each machine of a multi-machine training is {MACHINE_COMMAND}", file=sys.stderr)
+    sys.exit(2)

@@ -1,7 +1,7 @@
 """The pipeline runner: notebooks/01..07 in order through papermill, one run directory per params file.
 
     python -m c2llm_lib.pipeline params/<run>.yaml [--only 02 03] [--set key=value ...]
-                                 [--resume | --overwrite | --preflight] [--outputs DIR]
+                                 [--resume | --overwrite] [--outputs DIR]
 
 A params file holds flat overrides; the run is named after the file, and the name must be a plain
 directory name. Before anything runs, the file must hold at least one key and no key twice, every
@@ -49,9 +49,9 @@ or is stale (no longer current: its parameters or inputs changed after it ran, o
 stale), its seconds, and its kernel's peak resident memory (`peak_rss_kib`, the largest of any process the notebook
 started, `hardware.PeakMemory`).
 
-`--preflight` runs no notebook: it resolves the same parameters and checks, in minutes, what the run needs
-(`c2llm_lib/preflight/`), prints a table and saves `<outputs>/<run>.preflight.json`, without creating the run
-directory; exit status 1 when a check fails.
+The preflight, which checks in minutes what a run needs without running a notebook, is a tool beside the library:
+`python -m tools.preflight params/<run>.yaml` with the same --only, --set and --overlay (`make preflight`). The
+runner's former `--preflight` flags are refused with one line naming that command (exit status 2).
 
 Each executed notebook, finished or failed, is also saved as HTML beside it (`notebooks/NN_*.html`, nbconvert),
 for reading a run without a kernel. The kernels' sockets are encrypted (`kernel_config`), which also keeps
@@ -66,6 +66,7 @@ import dataclasses
 import hashlib
 import json
 import re
+import shlex
 import signal
 import sys
 import threading
@@ -85,6 +86,7 @@ from .runs import OUTSIDE_INPUTS, PRODUCTS, RunDir, RunInUse, check_run_name, up
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = list(STAGES)
+PREFLIGHT = "python -m tools.preflight PARAMS [--only ...] [--set ...] [--overlay ...]"  # make preflight
 RESULTS = "04_eval_mteb_code"  # writes metrics/results.md, the table `main` prints
 LAUNCH_KEYS = tuple(f.name for f in dataclasses.fields(LaunchConfig))  # where notebook 02 ran, not what it made
 
@@ -875,18 +877,9 @@ def main(argv: list[str] | None = None) -> int:
         help="delete the existing run directory first; with --only, delete and rerun only those notebooks' "
         "products (e.g. --overwrite --only 04 replaces the evaluation and keeps data, checkpoints and merged/)",
     )  # fmt: skip
-    group.add_argument(
-        "--preflight", action="store_true",
-        help="run no notebook: check what the run needs (environment, inputs, memory, speed, writes, processes), "
-        "print the report and save it as <outputs>/<run>.preflight.json; exit status 1 when a check fails",
-    )  # fmt: skip
-    parser.add_argument("--preflight-memory-gb", type=float, metavar="GB",
-                        help="with --preflight: the most one device (or the host, on a CPU) may hold")  # fmt: skip
-    parser.add_argument("--preflight-disk-gb", type=float, metavar="GB",
-                        help="with --preflight: the most the run may write (a quota)")  # fmt: skip
-    parser.add_argument("--preflight-steps", type=int, metavar="N",
-                        help="with --preflight: optimizer steps timed after the memory step (default: 2 on a GPU; on a "
-                        "CPU 1, or none after a slow memory step, whose own time is used)")  # fmt: skip
+    group.add_argument("--preflight", action="store_true", help=f"moved: {PREFLIGHT} (the runner refuses it)")
+    for flag in ("--preflight-memory-gb", "--preflight-disk-gb", "--preflight-steps"):
+        parser.add_argument(flag, metavar="VALUE", help=f"moved: {PREFLIGHT} --{flag.removeprefix('--preflight-')} ...")
     parser.add_argument("--outputs", default=str(REPO / "outputs"), help="where run directories live")
     parser.add_argument(
         "--overlay", metavar="YAML",
@@ -894,9 +887,9 @@ def main(argv: list[str] | None = None) -> int:
         "with no hub, sizes scaled down)",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    limits = {"memory_gb": args.preflight_memory_gb, "disk_gb": args.preflight_disk_gb, "steps": args.preflight_steps}
-    if args.preflight or any(v is not None for v in limits.values()):
-        return _preflight(args, limits)
+    if args.preflight or any(getattr(args, f"preflight_{n}") is not None for n in ("memory_gb", "disk_gb", "steps")):
+        print(f"error: the preflight is a tool beside the runner now: {preflight_command(args)}", file=sys.stderr)
+        return 2
     mode = "resume" if args.resume else "overwrite" if args.overwrite else "new"
     try:
         run = run_pipeline(args.params, args.only, parse_sets(args.set), mode, args.outputs, overlay=args.overlay)
@@ -928,20 +921,18 @@ def results_table(run: RunDir, params_file: str) -> str:
     )
 
 
-def _preflight(args: argparse.Namespace, limits: dict[str, Any]) -> int:
-    from .preflight import Limits, main
-
-    if not args.preflight:
-        given = [f"--preflight-{k.replace('_', '-')}" for k, v in limits.items() if v is not None]
-        print(f"error: {', '.join(given)} need --preflight", file=sys.stderr)
-        return 1
-    try:
-        caps = Limits(**limits)
-        sets = parse_sets(args.set)
-    except (ValueError, ConfigError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    return main(args.params, args.only, sets, args.overlay, args.outputs, caps)
+def preflight_command(args: argparse.Namespace) -> str:
+    """The `python -m tools.preflight` command that checks what the runner's former `--preflight` (with these
+    arguments) checked: the same params, --only, --set, --overlay and --outputs, its limits without the prefix."""
+    cmd = ["python", "-m", "tools.preflight", args.params]
+    cmd += ["--only", *args.only] if args.only else []
+    cmd += ["--set", *args.set] if args.set else []
+    cmd += ["--overlay", args.overlay] if args.overlay else []
+    cmd += ["--outputs", args.outputs] if args.outputs != str(REPO / "outputs") else []
+    for name in ("memory_gb", "disk_gb", "steps"):
+        value = getattr(args, f"preflight_{name}")
+        cmd += [f"--{name.replace('_', '-')}", value] if value is not None else []
+    return shlex.join(cmd)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ Layout:
                            the runner's pid and a line saying what it is and not to delete it while a run is going
 
 Beside the run directory, `<outputs>/<run>.preflight.json` holds the report of the run's preflight
-(`save_preflight`, `c2llm_lib/preflight/`), which never writes inside the run directory.
+(`save_preflight`, `tools/preflight/`), which never writes inside the run directory.
 
 Notebooks talk to each other only through these paths. `require` names the notebook that produces a
 missing input, so running notebook 03 before 02 says what to run instead of failing deep inside.

@@ -3,18 +3,9 @@
 import ast
 import json
 
-from c2llm_lib.data.offline import (
-    CODE_TO_CODE,
-    SNAPSHOT,
-    SNAPSHOT_DIR,
-    TEXT_TO_CODE,
-    build_snapshot,
-    humaneval_records,
-    javascript_functions,
-    load_snapshot,
-    python_functions,
-)
+from c2llm_lib.data.offline import CODE_TO_CODE, SNAPSHOT, SNAPSHOT_DIR, TEXT_TO_CODE, humaneval_records, load_snapshot
 from c2llm_lib.data.records import text_key
+from tools.build_snapshot import build_snapshot, javascript_functions, python_functions
 
 PY = '''
 def mean(values):

@@ -1,4 +1,4 @@
-"""The FLOP rule of `c2llm_lib/scale.py` (the plan's hours, the preflight's MFU) against known answers: hand-computed
+"""The FLOP rule of `tools/scale.py` (the plan's hours, the preflight's MFU) against known answers: hand-computed
 counts, and torch's `FlopCounterMode` on the tiny Qwen2 with LoRA and the PMA head.
 
 The counter counts matrix products (mm, addmm, bmm, and attention kernels it has a formula for), as the rule does.
@@ -22,8 +22,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from c2llm_lib.config import TrainConfig
-from c2llm_lib.preflight.probe import largest_batch, trainer_for
-from c2llm_lib.scale import (
+from tools.preflight.probe import largest_batch, trainer_for
+from tools.scale import (
     QWEN25_CODER_05B,
     QWEN25_CODER_7B,
     Arch,

@@ -54,7 +54,7 @@ def tiny_cuda(**overrides) -> C2LLMEncoder:
 @pytest.mark.parametrize("grad_cache", [False, True], ids=["plain", "grad-cache"])
 def test_a_bf16_training_step_on_cuda_trains_lora_and_head(grad_cache):
     from c2llm_lib.config import TrainConfig
-    from c2llm_lib.preflight.probe import largest_batch, trainer_for
+    from tools.preflight.probe import largest_batch, trainer_for
 
     enc = tiny_cuda(gradient_checkpointing=True)  # the recipes' settings: checkpointing, LoRA, PMA, bf16
     step = trainer_for(enc, TrainConfig(max_length=32, global_batch_size=4, num_negatives=2, grad_cache=grad_cache,
@@ -105,7 +105,7 @@ def test_the_flop_counter_counts_cuda_attention_as_the_rule_without_the_causal_h
     # it counts all T x T pairs, which the rule's causal=False gives
     from torch.utils.flop_counter import FlopCounterMode
 
-    from c2llm_lib.scale import arch_of, text_flops
+    from tools.scale import arch_of, text_flops
 
     enc = tiny_cuda(attn_implementation="sdpa")
     ids = torch.randint(100, 1000, (3, 16), device="cuda")

@@ -4,7 +4,9 @@ failing the notebook with its rank and error."""
 
 import json
 import os
+import runpy
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -242,7 +244,7 @@ def test_a_second_training_is_refused_while_an_earlier_torchrun_of_the_run_lives
 
 
 def test_the_launch_cli_names_a_bad_argument_without_a_traceback(tmp_path, capsys):
-    from c2llm_lib.launch import main
+    from tools.launch import main
 
     with pytest.raises(SystemExit) as exit_:
         main([str(SMOKE), "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "localhost:29500", "--nproc", "abc"])
@@ -261,7 +263,7 @@ def test_the_launch_cli_names_a_bad_argument_without_a_traceback(tmp_path, capsy
 
 @pytest.mark.slow
 def test_a_machine_started_again_after_the_training_finished_is_refused(one_process, capsys):
-    from c2llm_lib.launch import main
+    from tools.launch import main
 
     run, _ = one_process
     # the smoke training finished here, whatever the tests before left (a failed rerun of 02 removes train.json):
@@ -292,3 +294,12 @@ def test_a_machine_started_again_after_the_training_finished_is_refused(one_proc
     )
     err = capsys.readouterr().err  # another training is not refused as done: it gets as far as its log folder
     assert code == 2 and "already finished" not in err and "/dev/null/x" in err
+
+
+def test_the_former_launch_command_names_its_replacement(capsys):
+    """`python -m c2llm_lib.launch` was the command for the other machines; it is `python -m tools.launch` now."""
+    with warnings.catch_warnings(), pytest.raises(SystemExit) as exit_:
+        warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is imported already
+        runpy.run_module("c2llm_lib.launch", run_name="__main__")
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "python -m tools.launch PARAMS --nnodes N --node-rank K" in err

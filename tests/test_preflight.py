@@ -1,4 +1,4 @@
-"""The preflight (`python -m c2llm_lib.pipeline PARAMS --preflight`, c2llm_lib/preflight/): every shipped params file's
+"""The preflight (`python -m tools.preflight PARAMS`, tools/preflight/): every shipped params file's
 rehearsal passes and writes its report without touching the run directory, and each class of failure a long run
 dies of is produced on purpose and named: a source missing from the mirror, the hub out of reach, a disk too small,
 a memory budget the largest batch exceeds (with the measured setting that fits), an outputs folder that cannot be
@@ -20,16 +20,16 @@ import pytest
 import torch
 
 from c2llm_lib.pipeline import main
-from c2llm_lib.preflight import Limits
-from c2llm_lib.preflight import device as measure
-from c2llm_lib.preflight.disk import Need, check_disk, remove_stale
-from c2llm_lib.preflight.environment import check_attention, check_versions
-from c2llm_lib.preflight.inputs import check_schedule
-from c2llm_lib.preflight.probe import ProbeSpec
-from c2llm_lib.preflight.processes import check_processes
-from c2llm_lib.preflight.setup import load_setup, row_count, total_steps
 from c2llm_lib.runs import save_preflight
-from c2llm_lib.scale import QWEN25_CODER_05B
+from tools.preflight import Limits, cli
+from tools.preflight import device as measure
+from tools.preflight.disk import Need, check_disk, remove_stale
+from tools.preflight.environment import check_attention, check_versions
+from tools.preflight.inputs import check_schedule
+from tools.preflight.probe import ProbeSpec
+from tools.preflight.processes import check_processes
+from tools.preflight.setup import load_setup, row_count, total_steps
+from tools.scale import QWEN25_CODER_05B
 
 from hub_mirror import write_mirror
 from released_fixture import write_tiny_release
@@ -51,8 +51,8 @@ def release(tmp_path_factory):
 
 
 def preflight(args: list[str], outputs: Path, capsys) -> tuple[int, dict | None, str]:
-    """(exit status, the saved report or None, what was printed) of the runner's --preflight."""
-    code = main([*args, "--preflight", "--outputs", str(outputs)])
+    """(exit status, the saved report or None, what was printed) of `python -m tools.preflight`."""
+    code = cli([*args, "--outputs", str(outputs)])
     out = capsys.readouterr()
     stem = Path(args[0]).stem
     path = outputs / f"{stem}.preflight.json"
@@ -149,7 +149,7 @@ def test_own_data_is_read_as_notebook_01_reads_it_and_no_hub_source_is_asked(ste
 
 
 def test_own_data_gives_the_schedule_its_rows():
-    from c2llm_lib.preflight.run import input_checks
+    from tools.preflight.run import input_checks
 
     setup = load_setup(PARAMS / "own-pairs.yaml", {**USER_DATA["own-pairs"], "backbone": "tiny-random-qwen2",
                                                    "global_batch_size": 4}, only=["01", "02"])  # fmt: skip
@@ -179,11 +179,11 @@ def test_own_data_that_cannot_be_used_fails_with_the_readers_words(tmp_path, cap
 
 
 def test_a_disk_budget_the_run_exceeds_fails_naming_it(tmp_path, capsys):
-    args = [str(PARAMS / "smoke.yaml"), "--only", "01", "03", "--preflight-disk-gb", "0.0001"]
+    args = [str(PARAMS / "smoke.yaml"), "--only", "01", "03", "--disk-gb", "0.0001"]
     code, report, printed = preflight(args, tmp_path, capsys)
     disk = by_name(report)["writes/disk"]
     assert code == 1 and disk["status"] == "fail" and disk["basis"] == "computed"
-    assert "over the disk budget" in disk["message"] and "--preflight-disk-gb" in disk["message"]
+    assert "over the disk budget" in disk["message"] and "--disk-gb" in disk["message"]
     assert "data mix" in disk["message"]  # what the estimate counts is named
 
 
@@ -209,7 +209,7 @@ def test_a_memory_budget_the_batch_exceeds_fails_with_a_measured_setting_that_fi
     code, report, printed = preflight(args, tmp_path / "unbounded", capsys)
     assert code == 0, printed
     budget = 0.9 * by_name(report)["memory/largest batch"]["values"]["devices"][0]["peak_bytes"] / 2**30  # GiB
-    code, report, printed = preflight([*args, "--preflight-memory-gb", f"{budget:.4f}"], tmp_path, capsys)
+    code, report, printed = preflight([*args, "--memory-gb", f"{budget:.4f}"], tmp_path, capsys)
     memory = by_name(report)["memory/largest batch"]
     assert code == 1 and memory["status"] == "fail", printed
     assert memory["values"]["devices"][0]["peak_bytes"] > budget * 2**30  # measured over the budget
@@ -226,14 +226,14 @@ def test_a_memory_budget_the_batch_exceeds_fails_with_a_measured_setting_that_fi
     )
     chunk = suggestion["grad_cache_chunk"]
     assert f"set grad_cache: true, grad_cache_chunk: {chunk} (measured: peak" in memory["message"]
-    assert "--preflight-memory-gb" in memory["message"]
+    assert "--memory-gb" in memory["message"]
     assert by_name(report)["speed/training"]["status"] == "warn"  # one cause, one failure
     assert by_name(report)["writes/checkpoint round trip"]["status"] == "pass"  # tried all the same
 
 
 def test_the_memory_search_halves_then_bisects_to_the_largest_chunk_that_fits(monkeypatch):
     from c2llm_lib.config import TrainConfig
-    from c2llm_lib.preflight import probe
+    from tools.preflight import probe
 
     measured = []
 
@@ -307,7 +307,7 @@ class TimedEncoder:
 def test_the_inference_rate_is_the_median_of_enough_passes_not_one(monkeypatch):
     from types import SimpleNamespace
 
-    from c2llm_lib.preflight import probe
+    from tools.preflight import probe
 
     clock = Clock([4.0, 3.0, 2.0, 0.1, 0.1, 0.12, 0.1])  # warm-ups, then a first pass 20x slower than the rest
     monkeypatch.setattr(probe, "time", SimpleNamespace(perf_counter=clock.perf_counter))
@@ -327,7 +327,7 @@ def test_the_inference_rate_is_the_median_of_enough_passes_not_one(monkeypatch):
 
 @pytest.mark.parametrize("slowest,label", [(0.12, "measured"), (2.0, "estimate")])  # the third quartile
 def test_the_evaluation_time_says_whether_it_is_measured_or_an_estimate(slowest, label):
-    from c2llm_lib.preflight.probe import ProbeResult
+    from tools.preflight.probe import ProbeResult
 
     setup = load_setup(PARAMS / "smoke.yaml", only=["04"])
     who = measure.subject(setup, torch.device("cpu"), True, None)
@@ -354,7 +354,7 @@ def test_an_outputs_folder_that_cannot_be_written_fails_naming_it(tmp_path, caps
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder\n")  # root ignores chmod; nothing can be created under a file
     outputs = blocker / "outputs"
-    code = main([str(PARAMS / "smoke.yaml"), "--only", "01", "--preflight", "--outputs", str(outputs)])
+    code = cli([str(PARAMS / "smoke.yaml"), "--only", "01", "--outputs", str(outputs)])
     printed = capsys.readouterr()
     assert code == 1
     assert "FAIL  writes/outputs folder" in printed.out and str(outputs) in printed.out
@@ -462,7 +462,7 @@ def test_a_global_batch_the_ranks_cannot_split_fails_by_the_samplers_own_rule():
     ids=["absurd", "uneven"],
 )
 def test_a_batch_the_schedule_refuses_is_never_measured(sets, only, tmp_path, monkeypatch):
-    from c2llm_lib.preflight import run_preflight
+    from tools.preflight import run_preflight
 
     started = []
 
@@ -530,14 +530,14 @@ def test_a_killed_preflight_leaves_no_measuring_process_and_its_scratch_goes_nex
     from c2llm_lib.hardware import descendants
     from c2llm_lib.launch import library_env
 
-    cmd = [sys.executable, "-m", "c2llm_lib.pipeline", str(PARAMS / "smoke.yaml"), "--only", "02", "--preflight",
-           "--outputs", str(tmp_path)]  # fmt: skip
+    cmd = [sys.executable, "-m", "tools.preflight", str(PARAMS / "smoke.yaml"), "--only", "02", "--outputs",
+           str(tmp_path)]  # fmt: skip
     runner = subprocess.Popen(cmd, env=library_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     probe, deadline = None, time.monotonic() + 240
     while probe is None and time.monotonic() < deadline and runner.poll() is None:
         for pid in descendants(runner.pid):
             try:
-                if b"c2llm_lib.preflight.probe" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if b"tools.preflight.probe" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     probe = pid
             except OSError:
                 continue
@@ -588,16 +588,28 @@ def test_stale_scratch_folders_of_killed_preflights_are_removed_and_nothing_else
     assert not stale.exists() and live.exists() and mine.exists()
 
 
-def test_the_cli_refuses_mixed_modes_and_bad_limits(tmp_path, capsys):
+def test_the_cli_refuses_bad_limits(tmp_path, capsys):
+    assert cli([str(PARAMS / "smoke.yaml"), "--disk-gb", "-1"]) == 1
+    assert "--disk-gb must be a positive number, got -1.0" in capsys.readouterr().err
+    assert cli([str(PARAMS / "smoke.yaml"), "--steps", "-1"]) == 1
+    assert "--steps must be a whole number >= 0, got -1" in capsys.readouterr().err
+    assert cli([str(PARAMS / "smoke.yaml"), "--set", "max_lenght=3", "--outputs", str(tmp_path)]) == 1
+    assert "max_lenght" in capsys.readouterr().err and not any(tmp_path.iterdir())
+
+
+def test_the_runner_names_the_preflight_command_that_replaced_its_flag(tmp_path, capsys):
+    """The runner's former --preflight and its limits are refused in one line that gives the command to run."""
     with pytest.raises(SystemExit):
         main([str(PARAMS / "smoke.yaml"), "--preflight", "--resume"])
     assert "not allowed with argument" in capsys.readouterr().err
-    assert main([str(PARAMS / "smoke.yaml"), "--preflight-memory-gb", "2", "--outputs", str(tmp_path)]) == 1
-    assert "--preflight-memory-gb need --preflight" in capsys.readouterr().err
-    assert main([str(PARAMS / "smoke.yaml"), "--preflight", "--preflight-disk-gb", "-1"]) == 1
-    assert "--preflight-disk-gb must be a positive number, got -1.0" in capsys.readouterr().err
-    assert main([str(PARAMS / "smoke.yaml"), "--preflight", "--set", "max_lenght=3", "--outputs", str(tmp_path)]) == 1
-    assert "max_lenght" in capsys.readouterr().err and not any(tmp_path.iterdir())
+    smoke = str(PARAMS / "smoke.yaml")
+    assert main([smoke, "--preflight", "--only", "01", "--set", "seed=3", "--outputs", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: the preflight is a tool beside the runner now")
+    assert f"python -m tools.preflight {smoke} --only 01 --set seed=3 --outputs {tmp_path}" in err
+    assert main([smoke, "--preflight-memory-gb", "2", "--preflight-steps", "0"]) == 2
+    assert f"python -m tools.preflight {smoke} --memory-gb 2 --steps 0" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
 
 
 def test_a_probe_spec_splits_the_global_batch_over_the_processes():
@@ -611,7 +623,7 @@ def test_a_probe_spec_splits_the_global_batch_over_the_processes():
 def test_the_hub_is_asked_once_when_it_cannot_be_reached(monkeypatch):
     from huggingface_hub import HfApi, constants
 
-    from c2llm_lib.preflight.inputs import Hub
+    from tools.preflight.inputs import Hub
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
@@ -638,7 +650,7 @@ def test_a_reachable_unpinned_backbone_warns_with_the_commit_to_pin(monkeypatch)
 
     from huggingface_hub import HfApi, constants
 
-    from c2llm_lib.preflight.inputs import Hub, check_backbone
+    from tools.preflight.inputs import Hub, check_backbone
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
@@ -652,8 +664,8 @@ def test_a_reachable_unpinned_backbone_warns_with_the_commit_to_pin(monkeypatch)
 
 
 def test_crafted_model_and_mirror_files_are_refused_not_trusted(tmp_path):
-    from c2llm_lib.preflight.inputs import dataset_in_mirror
-    from c2llm_lib.preflight.setup import backbone_arch
+    from tools.preflight.inputs import dataset_in_mirror
+    from tools.preflight.setup import backbone_arch
 
     folder = tmp_path / "model"
     folder.mkdir()

@@ -122,8 +122,8 @@ def environment(ctx: Context) -> tuple[str, dict[str, Any]]:
     import torch
 
     from c2llm_lib.model.backbone import flash_attention_available
-    from c2llm_lib.preflight.environment import check_versions
-    from c2llm_lib.preflight.probe import gemm_peak
+    from tools.preflight.environment import check_versions
+    from tools.preflight.probe import gemm_peak
 
     figures: dict[str, Any] = {
         "python": platform.python_version(),
@@ -239,9 +239,9 @@ def gpu_tests(ctx: Context) -> tuple[str, dict[str, Any]]:
 def preflight(ctx: Context, params: str, steps: int | None) -> tuple[str, dict[str, Any]]:
     """The preflight's probe of `params` at the recipe's per-device batch, beside the plan's computed figures."""
     from c2llm_lib.hardware import resolve_device
-    from c2llm_lib.preflight import device as measure
-    from c2llm_lib.preflight.report import Limits
-    from c2llm_lib.preflight.setup import backbone_arch, load_setup
+    from tools.preflight import device as measure
+    from tools.preflight.report import Limits
+    from tools.preflight.setup import backbone_arch, load_setup
 
     setup = load_setup(REPO / params, TINY_SETS if ctx.tiny else {}, outputs=ctx.work / "outputs")
     device = resolve_device(setup.model.device)
@@ -263,7 +263,7 @@ def preflight(ctx: Context, params: str, steps: int | None) -> tuple[str, dict[s
 def probe_figures(result, spec, who) -> dict[str, Any]:
     """The probe's measurements, the plan's figures for the same recipe, and the run's projection from each."""
     from c2llm_lib.config import ModelConfig, TrainConfig, from_dict
-    from c2llm_lib.scale import GB, H100_BF16_FLOPS, Arch, Recipe, plan, step_keywords, text_flops
+    from tools.scale import GB, H100_BF16_FLOPS, Arch, Recipe, plan, step_keywords, text_flops
 
     model, train = from_dict(ModelConfig, spec.model, "spec"), from_dict(TrainConfig, spec.train, "spec")
     arch = Arch(**result.arch)
@@ -413,9 +413,9 @@ def profile(ctx: Context) -> tuple[str, dict[str, Any]]:
     from torch.profiler import profile as torch_profile
 
     from c2llm_lib.hardware import resolve_device
-    from c2llm_lib.preflight import device as measure
-    from c2llm_lib.preflight.probe import build_encoder, largest_batch, trainer_for
-    from c2llm_lib.preflight.setup import backbone_arch, load_setup
+    from tools.preflight import device as measure
+    from tools.preflight.probe import build_encoder, largest_batch, trainer_for
+    from tools.preflight.setup import backbone_arch, load_setup
 
     setup = load_setup(REPO / "params/c2llm-0.5b.yaml", TINY_SETS if ctx.tiny else {}, outputs=ctx.work / "outputs")
     device = resolve_device(setup.model.device)

@@ -18,9 +18,9 @@ from the workplace's KINDS.md, with versions where known). `check` fails loudly,
   image list records the version; otherwise the name alone is checked, and the report says so), or is named in
   `LEFT_OUT` with why it is not needed at run time.
 
-The modules the check imports (`check_modules`: every third-party import of the library, notebooks 01-05, the check,
-encode_bench and the GPU tests) must each come from the image or a pin, or be named in `NOT_NEEDED`:
-tests/test_gpu_wheels.py asserts it on every `make test`, so a new import cannot break the check unseen.
+The modules the check imports (`check_modules`: every third-party import of the library, notebooks 01-05, the check and
+the preflight it runs, encode_bench and the GPU tests) must each come from the image or a pin, or be named in
+`NOT_NEEDED`: tests/test_gpu_wheels.py asserts it on every `make test`, so a new import cannot break the check unseen.
 
 `rehearse` builds a clean virtual environment with Python 3.12 holding only image packages (`IMAGE_ROOTS` and what pip
 resolves for them, each checked to be in the image list; PyPI's CUDA build of torch stands in for the image's, and runs
@@ -287,11 +287,14 @@ def _imports(source: str) -> set[str]:
 
 def check_modules() -> list[str]:
     """Every third-party module the check can import: the library (function-level imports too), notebooks 01-05,
-    tools/gpu_*.py, benchmarks/encode_bench.py, tests/test_gpu.py and its conftest."""
+    tools/gpu_*.py, the preflight and scale formulas it runs (tools/preflight/, tools/scale.py),
+    benchmarks/encode_bench.py, tests/test_gpu.py and its conftest."""
     found: set[str] = set()
     files = [
         *REPO.joinpath("c2llm_lib").rglob("*.py"),
         *REPO.joinpath("tools").glob("gpu_*.py"),
+        *REPO.joinpath("tools", "preflight").glob("*.py"),
+        REPO / "tools" / "scale.py",
         REPO / "benchmarks" / "encode_bench.py",
         REPO / "tests" / "test_gpu.py",
         REPO / "tests" / "conftest.py",
@@ -303,7 +306,7 @@ def check_modules() -> list[str]:
             if cell["cell_type"] == "code":
                 lines = "".join(cell["source"]).splitlines()
                 found |= _imports("\n".join(x for x in lines if not x.lstrip().startswith(("%", "!"))))
-    local = {"c2llm_lib", "conftest", "gpu_parts", "gpu_check", "gpu_wheels"}
+    local = {"c2llm_lib", "tools", "conftest", "gpu_parts", "gpu_check", "gpu_wheels"}
     return sorted(m for m in found if m not in sys.stdlib_module_names and m not in local and not m.startswith("_"))
 
 
@@ -366,7 +369,7 @@ def rehearse(dest: Path, python: str, venv: Path, record: Path | None) -> dict[s
     modules = check_modules()
     missing = [m for m in modules if m in NOT_NEEDED]
     code = f"import importlib\nfor m in {[m for m in modules if m not in missing]!r}: importlib.import_module(m)\n"
-    code += "import c2llm_lib.pipeline, c2llm_lib.eval, c2llm_lib.mteb_code, c2llm_lib.data.build, c2llm_lib.preflight"
+    code += "import c2llm_lib.pipeline, c2llm_lib.eval, c2llm_lib.mteb_code, c2llm_lib.data.build, tools.preflight"
     run([str(py), "-c", code], log, env={**env, "PYTHONPATH": f"{site}:{REPO}"})
     out = Path("/tmp/c2llm-gpu-rehearsal-out")
     tick = time.monotonic()

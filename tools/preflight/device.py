@@ -35,14 +35,16 @@ from typing import Any
 
 import torch
 
-from ..batching import local_batch_size
-from ..config import ModelConfig, TrainConfig
-from ..distributed import die_with_parent
+from c2llm_lib.batching import local_batch_size
+from c2llm_lib.config import ModelConfig, TrainConfig
+from c2llm_lib.distributed import die_with_parent
+
 from ..scale import Arch, forward_flops_per_token, step_flops, step_keywords
 from .probe import ROOM, TRAINING, ProbeResult, ProbeSpec
 from .report import Check, Limits, duration, gib
 from .setup import RowCount, Setup, world_size
 
+TOOLS_ROOT = Path(__file__).resolve().parents[2]  # the repository that holds tools/
 ASSUMED_MFU = 0.35  # the plan's assumption (benchmarks/paper_scale_plan.py), used only where nothing was measured
 WARN_SHARE = ROOM  # a peak above this share of the budget leaves too little room: a warning
 SPREAD_LIMIT = 1.5  # the timed inference passes' third quartile over their first beyond which the evaluation time is
@@ -64,7 +66,7 @@ class Subject:
 def subject(setup: Setup, device: torch.device, loadable: bool, run_arch: Arch | None) -> Subject:
     """What the probes measure on `device`: the run's backbone when its weights can be had; on a GPU random weights
     of its architecture when that is known; else (a CPU) the tiny random model."""
-    from ..model.backbone import TINY_BACKBONE
+    from c2llm_lib.model.backbone import TINY_BACKBONE
 
     model, train = setup.model, setup.train
     if loadable:
@@ -105,10 +107,12 @@ def probe_spec(setup: Setup, who: Subject, nproc: int, limits: Limits, checkpoin
 
 
 def child_env(gpu: int | None) -> dict[str, str]:
-    """This library first on the children's path (as torchrun's ranks get it), one GPU each when there are GPUs."""
-    from ..launch import library_env
+    """This library first on the children's path (as torchrun's ranks get it), then the repository these tools lie in
+    (the probe is `tools.preflight.probe`), one GPU each when there are GPUs."""
+    from c2llm_lib.launch import library_env
 
     env = {**library_env(), "HF_HUB_OFFLINE": "1"}  # a probe loads what is here: no multi-GB download
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(TOOLS_ROOT)])
     if gpu is not None:  # the gpu-th device this process sees, whatever CUDA_VISIBLE_DEVICES already narrows
         visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
         env["CUDA_VISIBLE_DEVICES"] = visible[gpu] if gpu < len(visible) else str(gpu)
@@ -142,7 +146,7 @@ def run_probes(specs: list[tuple[ProbeSpec, int | None]], timeout: float) -> lis
                 folder = Path(tmp)
                 (folder / f"spec-{i}.json").write_text(json.dumps(dataclasses.asdict(spec)))
                 log = (folder / f"log-{i}.txt").open("w")
-                cmd = [sys.executable, "-m", "c2llm_lib.preflight.probe", str(folder / f"spec-{i}.json"),
+                cmd = [sys.executable, "-m", "tools.preflight.probe", str(folder / f"spec-{i}.json"),
                        str(folder / f"out-{i}.json")]  # fmt: skip
                 # the kernel kills a probe when the preflight dies: no measuring process is left holding a GPU
                 dies = functools.partial(die_with_parent, os.getpid(), signal.SIGKILL)
@@ -212,7 +216,7 @@ def suggestion_text(found: list[tuple[ProbeResult | None, str]]) -> str:
     """The measured setting that fits (from the first device's search), or why none was found."""
     first = next((r for r, _ in found if r is not None and r.memory.get("search")), None)
     if first is None:
-        return ("no setting was searched (the measuring process ended: give --preflight-memory-gb below the memory "
+        return ("no setting was searched (the measuring process ended: give --memory-gb below the memory "
                 "to search within it)")  # fmt: skip
     search = first.memory["search"]
     suggestion, trials = search["suggestion"], search["trials"]
@@ -241,7 +245,7 @@ def memory_check(setup: Setup, spec: ProbeSpec, found: list[tuple[ProbeResult | 
     if bad:
         figure = f"{fits(bad[0])[1]} on {len(bad)} of {len(found)} device(s): {shape}, {settings}"
         values["search"] = next((r.memory["search"] for r, _ in found if r and r.memory.get("search")), None)
-        budget = " (the budget given by --preflight-memory-gb)" if given else ""
+        budget = " (the budget given by --memory-gb)" if given else ""
         return Check("memory", "largest batch", "fail", figure,
                      f"the largest batch does not fit{budget}: {suggestion_text(found)}", values=values)  # fmt: skip
     peaks = [r.memory for r, _ in found]
@@ -292,8 +296,9 @@ def eval_tokens(setup: Setup, tasks: list[Any], chars_per_token: float) -> dict[
     offline held-out tasks (the model and, sharing one pass, the untrained baselines) and each mteb task notebook 04
     evaluates (the model). An mteb task counts its texts from mteb's statistics of the hub dataset, or, read from a
     mirror, from the size of the mirror's folder (its JSON included: an upper bound)."""
-    from ..data.mirror import repo_dir
-    from ..eval import offline_tasks
+    from c2llm_lib.data.mirror import repo_dir
+    from c2llm_lib.eval import offline_tasks
+
     from .inputs import folder_bytes
 
     ev = setup.evaluation
@@ -323,8 +328,8 @@ def eval_tokens(setup: Setup, tasks: list[Any], chars_per_token: float) -> dict[
 
 def chars_per_token(sample: int = 400) -> float:
     """Characters per token of the Qwen2.5 tokenizer on real code and docstrings (the offline snapshot's texts)."""
-    from ..data.offline import load_snapshot
-    from ..model.backbone import TINY_BACKBONE, load_tokenizer
+    from c2llm_lib.data.offline import load_snapshot
+    from c2llm_lib.model.backbone import TINY_BACKBONE, load_tokenizer
 
     tokenizer = load_tokenizer(ModelConfig(backbone=TINY_BACKBONE))
     snapshot = load_snapshot()
@@ -379,8 +384,8 @@ def comparison_trainings(setup: Setup) -> int:
     model at the first seed (the chosen point is that seed's training, counted once)."""
     if not setup.trains or not setup.runs("06"):
         return 0
-    from ..comparison import plan
-    from ..sweep import Grid, points
+    from c2llm_lib.comparison import plan
+    from c2llm_lib.sweep import Grid, points
 
     compare = setup.compare
     entries = plan(setup.model, setup.train, compare.compare_recipes, compare.compare_dims, compare.compare_pma_dims,

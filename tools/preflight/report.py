@@ -58,10 +58,10 @@ class Limits:
     def __post_init__(self) -> None:
         for name in ("memory_gb", "disk_gb"):
             if getattr(self, name) is not None:
-                _positive(getattr(self, name), f"--preflight-{name.replace('_gb', '-gb').replace('_', '-')}")
+                _positive(getattr(self, name), f"--{name.replace('_', '-')}")
         if self.steps is not None and (isinstance(self.steps, bool) or not isinstance(self.steps, int)
                                        or self.steps < 0):  # fmt: skip
-            raise ValueError(f"--preflight-steps must be a whole number >= 0, got {self.steps!r}")
+            raise ValueError(f"--steps must be a whole number >= 0, got {self.steps!r}")
         _positive(self.probe_timeout_s, "probe_timeout_s")
         _positive(self.hub_timeout_s, "hub_timeout_s")
 

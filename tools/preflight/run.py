@@ -1,10 +1,11 @@
-"""`run_preflight`: every check of one params file, in the order a run would meet their failures, as a `Report`; and
-`main`, what `python -m c2llm_lib.pipeline PARAMS --preflight` runs (the table printed, the JSON saved beside the run
-directory, exit status 1 when a check fails).
+"""`run_preflight`: every check of one params file, in the order a run would meet their failures, as a `Report`;
+`main`, the report printed and saved beside the run directory; and `cli`, the command that runs them
+(`python -m tools.preflight PARAMS ...`, `make preflight PARAMS=...`; exit status 1 when a check fails).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import shutil
 import sys
@@ -12,7 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError
+from c2llm_lib.config import ConfigError
+from c2llm_lib.pipeline import REPO, parse_sets
+
 from . import device as measure
 from .disk import check_disk, check_run_dir, data_needs, model_needs, round_trip_check, scratch_folder
 from .environment import environment_checks
@@ -180,8 +183,8 @@ def run_preflight(params_file: str | Path, sets: dict[str, Any] | None = None, o
 
 def main(params: str, only: list[str] | None, sets: dict[str, Any], overlay: str | None, outputs: str,
          limits: Limits) -> int:  # fmt: skip
-    """The runner's `--preflight`: the report printed and saved as `<outputs>/<run>.preflight.json`; 1 on a failure."""
-    from ..runs import save_preflight
+    """The report printed and saved as `<outputs>/<run>.preflight.json`; 1 on a failure."""
+    from c2llm_lib.runs import save_preflight
 
     try:
         report = run_preflight(params, sets, overlay, outputs, only, limits)
@@ -196,3 +199,39 @@ def main(params: str, only: list[str] | None, sets: dict[str, Any], overlay: str
         print(f"error: the report could not be saved: {err}", file=sys.stderr)
         return 1
     return 1 if report.failed() else 0
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """`python -m tools.preflight PARAMS [--only NN ...] [--set KEY=VALUE ...] [--overlay YAML] [--outputs DIR]
+    [--memory-gb GB] [--disk-gb GB] [--steps N]`: the checks of `run_preflight` for the run that `python -m
+    c2llm_lib.pipeline` would run with the same PARAMS, --only, --set and --overlay, running no notebook. The
+    runner's former `--preflight` (its options `--preflight-memory-gb`, `--preflight-disk-gb`, `--preflight-steps`
+    are `--memory-gb`, `--disk-gb`, `--steps` here). A bad limit or --set is one `error:` line (exit 1)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.preflight",
+        description="Check, in minutes, what a run needs (environment, inputs, memory, speed, writes, processes) "
+        "without running a notebook; print the report and save it as <outputs>/<run>.preflight.json; exit status 1 "
+        "when a check fails.",
+    )  # fmt: skip
+    parser.add_argument("params", help="params/<run>.yaml: the run to check, as the runner would resolve it")
+    parser.add_argument("--only", nargs="+", metavar="NN",
+                        help="check only what these notebooks need, e.g. --only 01 02")  # fmt: skip
+    parser.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                        help="override single keys of the params file (each key once), as the runner does")  # fmt: skip
+    parser.add_argument("--overlay", metavar="YAML",
+                        help="a file laid over the params file before --set, as the runner does")  # fmt: skip
+    parser.add_argument("--outputs", default=str(REPO / "outputs"), help="where run directories live")
+    parser.add_argument("--memory-gb", type=float, metavar="GB",
+                        help="the most one device (or the host, on a CPU) may hold")  # fmt: skip
+    parser.add_argument("--disk-gb", type=float, metavar="GB", help="the most the run may write (a quota)")
+    parser.add_argument("--steps", type=int, metavar="N",
+                        help="optimizer steps timed after the memory step (default: 2 on a GPU; on a CPU 1, or none "
+                        "after a slow memory step, whose own time is used)")  # fmt: skip
+    args = parser.parse_args(argv)
+    try:
+        limits = Limits(memory_gb=args.memory_gb, disk_gb=args.disk_gb, steps=args.steps)
+        sets = parse_sets(args.set)
+    except (ValueError, ConfigError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return main(args.params, args.only, sets, args.overlay, args.outputs, limits)

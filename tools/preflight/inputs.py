@@ -24,11 +24,12 @@ import datasets
 import pyarrow.compute as pc
 import yaml
 
-from ..config import ConfigError, DataStage
-from ..data.files import NOTEBOOK_DIR
-from ..data.mirror import repo_dir
-from ..data.records import DataError
-from ..data.sources import SOURCES, Source
+from c2llm_lib.config import ConfigError, DataStage
+from c2llm_lib.data.files import NOTEBOOK_DIR
+from c2llm_lib.data.mirror import repo_dir
+from c2llm_lib.data.records import DataError
+from c2llm_lib.data.sources import SOURCES, Source
+
 from .report import Check, gib
 from .setup import RowCount, Setup, world_size
 
@@ -164,7 +165,7 @@ def own_stage(data: DataStage) -> DataStage:
 def check_own_data(setup: Setup) -> tuple[Check, RowCount | None]:
     """The user's data_files or code_roots, read as notebook 01 reads them (`build.own_rows`: the readers' own checks,
     the held-out share, the decontamination against the offline evaluation); (check, the training rows per group)."""
-    from ..data.build import offline_eval_texts, own_rows
+    from c2llm_lib.data.build import offline_eval_texts, own_rows
 
     data = setup.data
     given = data.data_files if data.data_source == "files" else data.code_roots
@@ -245,7 +246,7 @@ def benchmark_tasks(benchmarks: list[str], names: list[str]) -> list[Any]:
     `mteb_code.select_tasks` chooses them, without listing every benchmark mteb has (slow) unless a name is unknown."""
     import mteb
 
-    from ..mteb_code import check_benchmarks
+    from c2llm_lib.mteb_code import check_benchmarks
 
     chosen: dict[str, Any] = {}
     for name in benchmarks:
@@ -271,7 +272,7 @@ def evaluation_tasks(setup: Setup) -> tuple[list[Any], list[Any]]:
         evaluated = benchmark_tasks(setup.evaluation.benchmarks, setup.evaluation.mteb_tasks)
     read = {t.metadata.name: t for t in evaluated}
     if setup.runs("01") and setup.data.decontaminate_mteb:
-        from ..data.mix import MTEB_CODE_TASKS
+        from c2llm_lib.data.mix import MTEB_CODE_TASKS
 
         for task in benchmark_tasks(["MTEB(Code, v1)"], list(MTEB_CODE_TASKS)):
             read.setdefault(task.metadata.name, task)
@@ -357,8 +358,8 @@ def model_folder(path: Path, gguf_file: str | None, label: str) -> Found:
 
 def check_backbone(setup: Setup, hub: Hub) -> tuple[Check, bool]:
     """The backbone's weights and revision; (check, whether its weights can be loaded here)."""
-    from ..model.backbone import REAL_GGUF_BACKBONE, TINY_BACKBONE
-    from ..model.gguf import QWEN_CODER_05B_GGUF, default_cache_dir
+    from c2llm_lib.model.backbone import REAL_GGUF_BACKBONE, TINY_BACKBONE
+    from c2llm_lib.model.gguf import QWEN_CODER_05B_GGUF, default_cache_dir
 
     model = setup.model
     if model.backbone == TINY_BACKBONE:
@@ -415,8 +416,8 @@ def check_schedule(setup: Setup, rows: RowCount, steps: int, nproc: int) -> Chec
     03 finds merge_last checkpoints; the figure is the run's optimizer steps. A failure of the batch itself (it does
     not split, or no group holds one) is recorded as `values["batch_refused"]`: the measurements that take that batch
     are not run (`run.device_checks`)."""
-    from ..batching import local_batch_size
-    from ..train import checkpoint_schedule
+    from c2llm_lib.batching import local_batch_size
+    from c2llm_lib.train import checkpoint_schedule
 
     train = setup.train
     figure = f"{steps:,} optimizer steps of {train.global_batch_size} rows ({rows.rows:,} rows: {rows.source})"

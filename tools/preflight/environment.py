@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from ..config import ConfigError
+from c2llm_lib.config import ConfigError
+
 from ..scale import Arch, forward_flops_per_token
 from .report import Check, gib
 from .setup import Setup
@@ -21,7 +22,7 @@ FLASH_SPEEDUP = (1.5, 2.0)  # flash-attention 2's attention over PyTorch's (Dao 
 
 def device_and_dtype(setup: Setup) -> tuple[Check, torch.device | None, torch.dtype | None]:
     """The device and dtype the run resolves (`device`, `dtype: auto` probed as the run probes), as a check."""
-    from ..hardware import resolve_device, resolve_dtype
+    from c2llm_lib.hardware import resolve_device, resolve_dtype
 
     try:
         device = resolve_device(setup.model.device)
@@ -36,7 +37,7 @@ def device_and_dtype(setup: Setup) -> tuple[Check, torch.device | None, torch.dt
         values = {"gpus": [{"name": p.name, "memory_bytes": p.total_memory, "capability": f"{p.major}.{p.minor}"}
                            for p in props], "cuda": torch.version.cuda}  # fmt: skip
         return Check("environment", "device", "pass", figure, values=values), device, dtype
-    from ..hardware import cpu_info
+    from c2llm_lib.hardware import cpu_info
 
     info = cpu_info()
     figure = f"CPU {info['model']} ({', '.join(info['capabilities']) or 'no vector flags'}), {info['threads']} threads"
@@ -58,7 +59,7 @@ def check_bf16(setup: Setup, device: torch.device, dtype: torch.dtype) -> Check:
         return Check("environment", "bf16", "pass", f"{name} supported by {torch.cuda.get_device_name(0)}")
     if dtype != torch.bfloat16:
         return Check("environment", "bf16", "pass", f"{name}: bf16 not used")
-    from ..hardware import cpu_gemm_figures
+    from c2llm_lib.hardware import cpu_gemm_figures
 
     figures = cpu_gemm_figures()  # the probe `dtype: auto` uses, cached per machine
     rates = f"bf16 GEMM {figures['bfloat16']:.0f} vs fp32 {figures['float32']:.0f} GFLOP/s"
@@ -78,7 +79,7 @@ def attention_share(arch: Arch, length: int) -> float:
 def check_attention(setup: Setup, device: torch.device, dtype: torch.dtype, arch: Arch | None) -> Check:
     """The attention kernel the run gets for this device and dtype; without flash-attention 2 on a GPU in 16 bits, a
     warning with the slowdown to expect, from attention's share of the FLOPs at max_length."""
-    from ..model.backbone import flash_attention_available, resolve_attn_implementation
+    from c2llm_lib.model.backbone import flash_attention_available, resolve_attn_implementation
 
     asked = setup.model.attn_implementation
     try:
@@ -112,7 +113,7 @@ def check_attention(setup: Setup, device: torch.device, dtype: torch.dtype, arch
 
 def check_collectives(setup: Setup) -> tuple[Check, int]:
     """The backend several processes need: NCCL on GPUs, gloo on a CPU; (check, processes on this machine)."""
-    from ..launch import processes
+    from c2llm_lib.launch import processes
 
     try:
         nproc = processes(setup.launch, setup.model)

@@ -1,5 +1,6 @@
 """Preflight: before a long run, know in minutes that it will finish, fit and be fast, without writing into its run
-directory (`python -m c2llm_lib.pipeline params/<run>.yaml --preflight`, `make preflight PARAMS=...`).
+directory (`python -m tools.preflight params/<run>.yaml`, `make preflight PARAMS=...`). A tool beside the library: it
+imports c2llm_lib, and the library never imports it.
 
 It checks the recipe of the paper's section 4.1 (LoRA contrastive training of the section 3 encoder, K hard
 negatives, the global batch over every GPU, checkpoints merged) and section 4.2's evaluation as this machine would run
@@ -29,6 +30,6 @@ how the tests break each check on purpose.
 """
 
 from .report import Check, Limits, Report
-from .run import main, run_preflight
+from .run import cli, main, run_preflight
 
-__all__ = ["Check", "Limits", "Report", "main", "run_preflight"]
+__all__ = ["Check", "Limits", "Report", "cli", "main", "run_preflight"]

@@ -132,7 +132,7 @@ def data_needs(setup: Setup, source_bytes: int | None, from_hub: bool) -> list[N
     if (setup.run_dir / "data" / "train").is_dir():
         return []
     if setup.data.data_source == "offline":
-        from ..data.offline import load_snapshot
+        from c2llm_lib.data.offline import load_snapshot
 
         text = sum(len(r["query"].encode()) + len(r["positive"].encode()) for r in load_snapshot())
         how = "the offline snapshot's text"
@@ -175,7 +175,7 @@ def model_needs(setup: Setup, arch: Arch | None, checkpoints: int, measured_chec
 
 def check_disk(needs: list[Need], limits: Limits, unknown: list[str]) -> Check:
     """Every filesystem the run writes to has its share of `needs` free, with room to spare; a budget
-    (--preflight-disk-gb) caps all of them together."""
+    (--disk-gb) caps all of them together."""
     by_fs: dict[int, list[Need]] = {}
     anchors: dict[int, Path] = {}
     for need in needs:
@@ -205,7 +205,7 @@ def check_disk(needs: list[Need], limits: Limits, unknown: list[str]) -> Check:
         values["budget_bytes"] = budget
         if total > budget:
             status = "fail"
-            problems.append(f"the run needs {gib(total)}, over the disk budget of {gib(budget)} (--preflight-disk-gb)")
+            problems.append(f"the run needs {gib(total)}, over the disk budget of {gib(budget)} (--disk-gb)")
     message = "; ".join(problems)
     if problems:
         message += ": free space there, or write elsewhere (--outputs; TMPDIR for notebook 01's scratch tables)"

@@ -3,7 +3,7 @@
 `device.run_probes` runs this module in a child process, one per device, so that a peak is the recipe's own (not the
 preflight's imports or another device's) and an out-of-memory kill ends the child, never the preflight:
 
-    python -m c2llm_lib.preflight.probe SPEC.json OUT.json
+    python -m tools.preflight.probe SPEC.json OUT.json
 
 SPEC (`ProbeSpec`) holds the model and training configs as the run resolves them, the rows this process gets of a
 global batch (global batch / processes), K, the memory budget, what to measure, and where to write a checkpoint.
@@ -49,8 +49,9 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig, TrainConfig, from_dict
-from ..hardware import gemm_gflops, high_water_kib, peak_bytes, reset_peak_memory, resolve_device, resolve_dtype
+from c2llm_lib.config import ModelConfig, TrainConfig, from_dict
+from c2llm_lib.hardware import gemm_gflops, high_water_kib, peak_bytes, reset_peak_memory, resolve_device, resolve_dtype
+
 from ..scale import Arch, arch_of, step_flops, step_keywords
 
 MAX_TRIALS = 7  # settings the memory search may measure
@@ -106,14 +107,14 @@ class ProbeResult:
 def build_encoder(model: ModelConfig, arch: Arch | None):
     """The run's encoder, or (with `arch`) one on random weights of that architecture, built as `from_config` builds
     it (checkpointing, then LoRA), with the shipped Qwen2.5 tokenizer."""
-    from ..model import C2LLMEncoder
-    from ..model.backbone import TINY_BACKBONE, load_tokenizer
+    from c2llm_lib.model import C2LLMEncoder
+    from c2llm_lib.model.backbone import TINY_BACKBONE, load_tokenizer
 
     if arch is None:
         return C2LLMEncoder.from_config(model)
     from transformers import AutoModel, Qwen2Config
 
-    from ..model.backbone import (
+    from c2llm_lib.model.backbone import (
         add_lora,
         enable_gradient_checkpointing,
         resolve_attn_implementation,
@@ -152,7 +153,7 @@ def full_length_texts(tokenizer, count: int, length: int, seed: int) -> list[str
 def largest_batch(tokenizer, rows: int, negatives: int, length: int, seed: int) -> dict[str, list]:
     """One process's share of a global batch, every text of `length` tokens or more, K negatives per row."""
     texts = full_length_texts(tokenizer, rows * (2 + negatives), length, seed)
-    from ..data.sources import TABLE_1
+    from c2llm_lib.data.sources import TABLE_1
 
     return {
         "dataset": [DATASET] * rows, "language": [LANGUAGE] * rows, "instruction": [TABLE_1[DATASET]] * rows,
@@ -192,7 +193,7 @@ def is_out_of_memory(err: BaseException) -> bool:
 # the measurements ----------------------------------------------------------------------------------------------------
 def trainer_for(encoder, train: TrainConfig, negatives: int):
     """A `TrainStep` with a constant learning-rate schedule (the run's schedule needs the run's length)."""
-    from ..train import TrainStep
+    from c2llm_lib.train import TrainStep
 
     step = TrainStep(encoder, train)
     step.k = negatives
@@ -253,7 +254,7 @@ def search_memory(encoder, train: TrainConfig, batch: dict[str, list], negatives
     gradient checkpointing, then GradCache at the run's chunk, then halved chunks, then bisection up to the largest
     chunk that fits. Returns {"suggestion": the overrides or None, "target_bytes", "trials": [{settings, fits,
     peak_bytes}]}."""
-    from ..model.backbone import enable_gradient_checkpointing
+    from c2llm_lib.model.backbone import enable_gradient_checkpointing
 
     device = encoder.device
     target = None if budget is None else ROOM * budget
@@ -373,7 +374,7 @@ def round_trip(step, folder: Path) -> dict[str, Any]:
     """A checkpoint of the adapter, head and optimizer state written and read back; every tensor compared."""
     from peft import get_peft_model_state_dict
 
-    from ..train import optimizer_to_state, read_checkpoint, save_checkpoint
+    from c2llm_lib.train import optimizer_to_state, read_checkpoint, save_checkpoint
 
     encoder = step.encoder
     optimizer, tensors = optimizer_to_state(step.optimizer.state_dict())
@@ -466,7 +467,7 @@ def probe(spec: ProbeSpec) -> ProbeResult:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m c2llm_lib.preflight.probe SPEC.json OUT.json", file=sys.stderr)
+        print("usage: python -m tools.preflight.probe SPEC.json OUT.json", file=sys.stderr)
         return 2
     spec = ProbeSpec(**json.loads(Path(args[0]).read_text()))
     result = probe(spec)

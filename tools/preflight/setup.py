@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import (
+from c2llm_lib.config import (
     CompareStage,
     DataStage,
     EvalStage,
@@ -22,6 +22,7 @@ from ..config import (
     TrainConfig,
     from_dict,
 )
+
 from ..scale import PAPER_PAIRS, QWEN25_CODER_05B, Arch, arch_of, known_arch
 
 
@@ -74,7 +75,7 @@ def load_setup(params_file: str | Path, sets: dict[str, Any] | None = None, over
                outputs: str | Path = "outputs", only: list[str] | None = None) -> Setup:  # fmt: skip
     """The run's parameters as `pipeline.run_pipeline` resolves them; a bad file, key or value is the runner's own
     `ConfigError`, naming it."""
-    from ..pipeline import resolve_run
+    from c2llm_lib.pipeline import resolve_run
 
     name, given, resolved, selected = resolve_run(params_file, sets or {}, overlay, only)
     source = str(params_file)
@@ -94,7 +95,7 @@ def load_setup(params_file: str | Path, sets: dict[str, Any] | None = None, over
 def backbone_arch(model: ModelConfig) -> Arch | None:
     """The architecture of the run's backbone, without loading weights: the tiny model's, the GGUF alias's (the 0.5B),
     a local directory's config.json, or a Qwen2.5-Coder name's; None when none of these says."""
-    from ..model.backbone import REAL_GGUF_BACKBONE, TINY_BACKBONE, tiny_qwen2_config
+    from c2llm_lib.model.backbone import REAL_GGUF_BACKBONE, TINY_BACKBONE, tiny_qwen2_config
 
     if model.backbone == TINY_BACKBONE:
         return arch_of(tiny_qwen2_config(), TINY_BACKBONE)
@@ -157,7 +158,7 @@ def prepared_rows(run_dir: Path) -> RowCount | None:
 
 def offline_rows(data: DataStage) -> RowCount:
     """The offline snapshot's training rows per group, capped at `rows_per_group` (before decontamination)."""
-    from ..data.offline import load_snapshot
+    from c2llm_lib.data.offline import load_snapshot
 
     groups = Counter(f"{r['dataset']}/{r['language']}" for r in load_snapshot() if r["split"] == "train")
     if data.rows_per_group is not None:
