@@ -30,8 +30,19 @@ from typing import Any
 import torch
 
 from .config import ModelConfig, TrainConfig
+from .hardware import cpu_info, resolve_device, resolve_dtype
 from .model import C2LLMEncoder
+from .sweep import Grid, edge_sentences, rates_label, sweep_frame, sweep_markdown
+from .sweep import timings as times
 from .train import Trainer
+from .uncertainty import (
+    MEAN,
+    bootstrap_mean,
+    difference_sentences,
+    differences_markdown,
+    differences_record,
+    training_bootstrap_mean,
+)
 
 
 def variants(base: ModelConfig, dims: Sequence[int]) -> dict[str, ModelConfig]:
@@ -82,8 +93,6 @@ def pooling_frame(results: dict[str, dict[str, Any]], chosen: dict[str, Any] | N
     scores (per query the mean over seeds), and the encoding throughput (real tokens/s) of the evaluation."""
     import pandas as pd
 
-    from .sweep import rates_label
-
     rows = {}
     for label, result in results.items():
         if result["projected"]:
@@ -130,7 +139,6 @@ def mean_intervals(
     interval, {"poolers": {label: Interval}, "PMA projection": {d: Interval}, "truncation": {d: Interval}}, in
     nDCG@10 x 100: over trainings and queries when `seed_rows` (`comparison.seed_query_rows`) holds each model's
     seeds (`uncertainty.training_bootstrap_mean`), else over queries (`uncertainty.bootstrap_mean`)."""
-    from .uncertainty import MEAN, bootstrap_mean, training_bootstrap_mean
 
     def interval(row: str, per_task):
         if seed_rows is not None:
@@ -166,8 +174,6 @@ def study_sentences(
     `training_diffs` holds them (several seeds), else over queries, the dimension curves, and the encoding throughput
     of PMA against last-token pooling."""
     import pandas as pd
-
-    from .uncertainty import MEAN, difference_sentences
 
     lines = []
     if "rates" in frame.columns:
@@ -212,8 +218,6 @@ def study_record(frame, dims, diffs, results, chosen, setting: dict[str, Any], t
     selected on validation and which were scored on test)."""
     import json
 
-    from .uncertainty import differences_record
-
     tables = {
         "poolers": json.loads(frame.to_json(orient="index")),
         "dimensions": json.loads(dims.to_json(orient="index")) if dims is not None else None,
@@ -232,10 +236,6 @@ def study_setting(
     the time each training and each scoring took, the sweep's included (a reused training keeps the time it took
     when it ran, and is counted once), and which trainings were selected on validation (the sweep's, at `sweep_seed`)
     and which were scored on test (fresh ones, at `seeds`)."""
-    from .hardware import cpu_info, resolve_device, resolve_dtype
-    from .sweep import rates_label
-    from .sweep import timings as times
-
     device = resolve_device(base_model.device)
     timings = {f"{label}, seed {seed}": {**times(found), "folder": found["folder"]}
                for label, by_seed in per_seed.items() for seed, found in by_seed.items()}  # fmt: skip
@@ -280,9 +280,6 @@ def study_markdown(
     """`metrics/pooling_study.md`: the pooler table, the dimension table, the differences with their intervals (over
     trainings and queries, then over queries), the sweep and which trainings it selected, the sentences, and the
     setting in one page."""
-    from .sweep import Grid, edge_sentences, sweep_frame, sweep_markdown
-    from .uncertainty import differences_markdown
-
     cpu = setting["cpu"]
     lines = [f"### The pooling study, run {run}", "",
              f"Machine: {cpu.get('model')} ({', '.join(cpu.get('capabilities', [])) or 'no listed capability'}), "

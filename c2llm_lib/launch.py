@@ -42,6 +42,8 @@ import yaml
 from .config import ConfigError, LaunchConfig, ModelConfig, TrainConfig
 from .distributed import die_with_parent
 from .files import CorruptFile, load_json
+from .model import C2LLMEncoder
+from .train import Trainer
 
 LOGS = Path("logs") / "02_train"  # inside the run directory
 RENDEZVOUS_TIMEOUT_S = 600  # how long the machines of a multi-machine training wait for each other to start
@@ -300,9 +302,6 @@ def train_here(run_dir, model: ModelConfig, train: TrainConfig, log=print) -> Tr
     """One process, in this kernel: the encoder, the run's rows, `Trainer.resume_latest`, the loop, a final
     checkpoint."""
     import torch
-
-    from .model import C2LLMEncoder
-    from .train import Trainer
 
     torch.manual_seed(train.seed)
     encoder = C2LLMEncoder.from_config(model)

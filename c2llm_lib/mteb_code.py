@@ -42,7 +42,10 @@ from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.models.abs_encoder import AbsEncoder
 
 from .batching import length_batches
+from .data.sources import mirrored_task, mteb_tasks
 from .files import file_digest
+from .model import C2LLMEncoder
+from .model.encoder import _check_texts
 from .prompts import C2LLM_PROMPTS, OFFLINE_TASKS, prompts
 from .retrieval import RetrievalTask, Truncated, truncate
 
@@ -243,8 +246,6 @@ class EncodingCache:
     @staticmethod
     def unwrap(model) -> tuple[Any, int | None]:
         """(the C2LLMEncoder behind `model`, the width a Truncated view cuts to), or (None, None)."""
-        from .model import C2LLMEncoder
-
         if isinstance(model, Truncated) and isinstance(model.encoder, C2LLMEncoder):
             return model.encoder, model.embedding_dim
         return (model, None) if isinstance(model, C2LLMEncoder) else (None, None)
@@ -273,8 +274,6 @@ class EncodingCache:
         normalize: bool = True,
     ) -> np.ndarray:
         """What `model.encode` returns for these arguments (float32 (N, d)), computing only unseen texts."""
-        from .model.encoder import _check_texts
-
         encoder, width = self.unwrap(model)
         if encoder is None:
             return model.encode(texts, kind=kind, instruction=instruction, batch_size=batch_size,
@@ -460,8 +459,6 @@ def cached_query_scores(model: MTEBEncoder, tasks: Sequence[Any], cache_dir: str
 def mteb_code_tasks(names: Sequence[str] | None = None, mirror: str | Path | None = None):
     """MTEB(Code, v1) tasks (all 12, or the named subset); their data comes from the hub, or from a local mirror
     folder laid out as the hub datasets (`data/mirror.py`)."""
-    from .data.sources import mteb_tasks
-
     names = list(names or MTEB_CODE_V1)
     unknown = sorted(set(names) - set(MTEB_CODE_V1))
     if unknown:
@@ -516,8 +513,6 @@ def benchmark_tasks(name: str, tasks: Sequence[str] = ("all",), mirror: str | Pa
     """The mteb task objects of benchmark `name` (all of them, or those named in `tasks`), as mteb's registry
     describes them (no download); their data comes from the hub, or from a local mirror (`data/mirror.py`)."""
     import mteb
-
-    from .data.sources import mirrored_task
 
     check_benchmarks([name])
     chosen = list(mteb.get_benchmark(name).tasks)

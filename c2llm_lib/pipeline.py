@@ -79,6 +79,7 @@ from typing import Any
 import yaml
 
 from .config import PARAMS_DIR, ConfigError, LaunchConfig, from_dict, unknown_keys
+from .data.code_trees import walked_files
 from .files import CorruptFile, digest, fingerprint
 from .hardware import PeakMemory
 from .notebook import NOTEBOOK_DIR, ON_REQUEST, RUN_KEYS, STAGES, read_parameters, stage_keys
@@ -527,8 +528,6 @@ def outside_fingerprint(key: str, path: Path) -> str:
     entries and `cache-*` files aside). "missing" when absent, "unreadable (...)" when it cannot be read."""
     try:
         if key in CODE_ROOTS and path.is_dir():
-            from .data.code_trees import walked_files  # tree-sitter's grammars: only for a code root
-
             return digest(walked_files(path))
         return fingerprint(path, key)
     except (OSError, ValueError) as err:  # a DataError is a ValueError

@@ -63,8 +63,9 @@ from typing import Any
 import yaml
 
 from .config import ConfigError
-from .files import MissingInput, load_json
+from .files import MissingInput, atomic_directory, load_json
 from .files import fingerprint as files_fingerprint
+from .hardware import auto_dtype, cpu_info, resolve_device
 
 PRODUCERS = {
     "data/train": "01_data_prep",
@@ -248,7 +249,6 @@ def device_description() -> dict[str, Any]:
                             "cpu_threads": torch.get_num_threads(), "cuda": torch.cuda.is_available()}  # fmt: skip
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    from .hardware import auto_dtype, cpu_info, resolve_device
 
     info["cpu"] = cpu_info()
     dtype, why = auto_dtype(resolve_device("auto"))
@@ -569,8 +569,6 @@ class RunDir:
     def save_search_index(self, files: dict[str, bytes]) -> Path:
         """search/index/ (notebook 07, `search.index_payload`): the index's files written at once, replacing the old
         index whole, so a killed run leaves the previous or the new one, never a mix."""
-        from .files import atomic_directory
-
         with atomic_directory(self.search_index_dir) as staging:
             for name, data in files.items():
                 if not name or Path(name).name != name:

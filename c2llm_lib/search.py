@@ -74,6 +74,7 @@ from .data.offline import SNAPSHOT_DIR, TEXT_TO_CODE, load_snapshot, pair_record
 from .data.records import DataError, SkipReport
 from .files import CorruptFile, fingerprint, load_json, load_tensors
 from .prompts import prompts
+from .viz import attention_spans, stored_attention
 
 FORMAT_VERSION = 1
 INDEX_FILES = ("index.json", "tensors.safetensors")
@@ -671,8 +672,6 @@ class Searcher:
 
     def shaded(self, row: int):
         """The document's tokens with their stored PMA attention (`viz.TokenAttention`), or None without PMA."""
-        from .viz import stored_attention
-
         if self.index.attention is None:
             return None
         if row not in self._shaded:
@@ -733,7 +732,6 @@ def _hit_html(searcher: Searcher, hit: Hit, rank: int, query: KnownQuery, what: 
     item = searcher.shaded(hit.index)
     if item is None:
         return head + f"<pre style='{CODE}'>{html.escape(doc.code)}</pre>"
-    from .viz import attention_spans
 
     return head + attention_spans(item, CODE)
 

@@ -30,6 +30,7 @@ from typing import Any
 from .data.offline import CODE_TO_CODE, TEXT_TO_CODE, load_snapshot
 from .data.records import text_key
 from .eval import task_from_rows
+from .prompts import prompts
 from .retrieval import RetrievalTask
 
 SALT = "validation:"
@@ -57,8 +58,6 @@ class ValidationSplit:
         """(query instruction, document prefix) of a validation task for an encoder's ModelConfig, as training
         prompts its rows (`train.step`): the c2llm style takes the rows' own instruction and the encoder's document
         prefix, the other styles their prompt set's entry for the rows' dataset."""
-        from .prompts import prompts
-
         if config.prompt_style == "c2llm":
             return task.instruction, config.document_prefix
         return prompts(config.prompt_style, self.datasets[task.name], config.document_prefix)

@@ -38,6 +38,9 @@ import numpy as np
 import torch
 
 from .config import TrainConfig, from_dict
+from .data.grammars import GRAMMARS, parser_for
+from .data.offline import load_snapshot
+from .prompts import HELDOUT_RECIPES
 
 
 def detached(fig):
@@ -285,12 +288,9 @@ def attention_documents(heldout=None) -> list[tuple[str, str]]:
     first few examples span them. Without one, the offline snapshot's held-out Python functions (the corpus of
     the default run's figures)."""
     if heldout is None:
-        from .data.offline import load_snapshot
-
         wanted = ("test", "CodeSearchNetRetrieval", "python")
         return [(r["positive"], "python") for r in load_snapshot()
                 if (r["split"], r["dataset"], r["language"]) == wanted]  # fmt: skip
-    from .prompts import HELDOUT_RECIPES
 
     columns = ["dataset", "language", "positive"]
     rows = heldout.select_columns(columns).to_list() if hasattr(heldout, "select_columns") else list(heldout)
@@ -381,8 +381,6 @@ def grammar_char_categories(code: str, language: str) -> list[str] | None:
     (`data.grammars`, the grammars that mine your code; `_leaf_category`), "whitespace" between leaves; None for a
     language with no grammar there. A fragment (a code->code continuation) parses with error nodes, whose leaves are
     classified all the same."""
-    from .data.grammars import GRAMMARS, parser_for
-
     grammar = next((g for g in GRAMMARS if g.language == language), None)
     if grammar is None:
         return None

@@ -379,7 +379,7 @@ def test_cached_scores_are_read_back_and_a_crafted_one_is_named(tmp_path, monkey
     def no_encoding(*args, **kwargs):
         raise AssertionError("scores already kept were computed again")
 
-    monkeypatch.setattr("c2llm_lib.train.encoder_from_checkpoint", no_encoding)
+    monkeypatch.setattr("c2llm_lib.comparison.encoder_from_checkpoint", no_encoding)
     setup = comparison.Setup(run, tmp_path / "rows", run.root / "comparison", 8, 64, log=lambda *_: None)
     tasks = offline_tasks(limit=2, include_humaneval=False, max_documents=10)
     key = evaluation_key(tasks, {t.name: None for t in tasks}, [16], 8, 64, folder / "checkpoints",

@@ -76,7 +76,7 @@ import pathspec
 
 from .beir import BeirKeys
 from .grammars import BY_EXTENSION, Function, Grammar, error_line, functions, parser_for, summary_of
-from .mix import Prepared, _generate, fingerprint_of, prepare_rows
+from .mix import Prepared, _generate, features, fingerprint_of, prepare_rows
 from .offline import TEST_PERCENT, pair_records
 from .records import SAME_TEXT, DataError, RowChecker, SkipReport, normalize_text, text_key
 
@@ -496,8 +496,6 @@ def mine(
 
 def mined_features():
     from datasets import Features, Value
-
-    from .mix import features
 
     text, line = Value("string"), Value("int32")
     return Features({**features(), "split": text, "file": text, "function": text, "start_line": line, "end_line": line,

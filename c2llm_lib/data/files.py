@@ -51,6 +51,7 @@ from .beir import BeirKeys
 from .layouts import DEFAULT_LANGUAGE, BadRow, FileDefaults, Layout, PairRow, detect_layout, read_rows
 from .mix import EvalKeys, Prepared, _generate, _scratch_folder, features, fingerprint_of, prepare_rows
 from .records import DataError, RowChecker, SkipReport, text_key
+from .sources import _parse_line
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"  # where the notebooks run: relative paths start here
 FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -153,8 +154,6 @@ def _stem_group(path: Path, label: str, taken: set[str], stems: dict[str, str], 
 
 def _first_bad_line(path: Path) -> str:
     """Where a JSON-lines file first stops being JSON lines ("line 3: line with malformed JSON ..."), or ""."""
-    from .sources import _parse_line
-
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
             if raw.strip():

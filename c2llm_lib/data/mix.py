@@ -72,6 +72,7 @@ from typing import Any
 
 import numpy as np
 
+from ..retrieval import corpus_text
 from .beir import BeirKeys
 from .negatives import mine_negatives, own_negatives, top_up_negatives
 from .records import DataError, RowChecker, SkipReport, text_key
@@ -276,8 +277,6 @@ def _task_name(task: Any) -> str:
 def split_keys(split: dict[str, Any], where: str) -> tuple[set[str], set[str]]:
     """(test-query keys, relevant-document keys) of one mteb 2.x retrieval split: `queries` (id, text),
     `corpus` (id, text, optional title) and `relevant_docs` ({query id: {document id: score}})."""
-    from ..retrieval import corpus_text
-
     missing = [k for k in ("queries", "corpus", "relevant_docs") if k not in split]
     if missing:
         raise DataError(f"{where}: the split has no {missing}; a retrieval split needs queries, corpus, relevant_docs")

@@ -36,6 +36,7 @@ from transformers import (
 
 from ..config import ModelConfig
 from ..hardware import resolve_device, resolve_dtype
+from .gguf import fetch_qwen_coder_gguf
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,6 @@ def resolve_source(cfg: ModelConfig) -> ModelConfig:
     if cfg.backbone != REAL_GGUF_BACKBONE:
         return cfg
     import dataclasses
-
-    from .gguf import fetch_qwen_coder_gguf
 
     path = fetch_qwen_coder_gguf()
     return dataclasses.replace(cfg, backbone=str(path.parent), gguf_file=path.name)

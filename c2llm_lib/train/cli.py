@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..config import ConfigError, LaunchConfig, ModelConfig, TrainConfig, from_dict
-from ..distributed import all_gather_json
+from ..distributed import all_gather_json, die_with_parent, init_distributed
 from ..hardware import peak_memory, reset_peak_memory
 from ..model import C2LLMEncoder
 from .checkpoints import identity_differences, training_identity
@@ -141,8 +141,6 @@ def main(argv: list[str] | None = None) -> None:
     (`Trainer.resume_latest`). Every rank must train the same thing (configs, rows): a rank that differs from rank
     0 is an error naming it."""
     import argparse
-
-    from ..distributed import die_with_parent, init_distributed
 
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun rank: it dies with torchrun, never orphaned
         die_with_parent()
