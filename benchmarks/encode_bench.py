@@ -98,9 +98,10 @@ def main() -> None:
 
     if args.backbone == "real":
         path = fetch_qwen_coder_gguf()
-        cfg = ModelConfig(backbone=str(path.parent), gguf_file=path.name, dtype=args.dtype, max_length=args.max_length)
+        cfg = ModelConfig(backbone=str(path.parent), gguf_file=path.name, dtype=args.dtype, max_length=args.max_length,
+                          use_lora=False)  # fmt: skip
     else:
-        cfg = ModelConfig(backbone=TINY_BACKBONE, dtype=args.dtype, max_length=args.max_length)
+        cfg = ModelConfig(backbone=TINY_BACKBONE, dtype=args.dtype, max_length=args.max_length, use_lora=False)
     torch.manual_seed(0)
     enc = C2LLMEncoder.from_config(cfg).eval()
     texts = stdlib_functions(args.texts)
