@@ -23,7 +23,8 @@ def encoders():
     built = {}
     for pooling in ("pma", "last_token", "mean"):
         torch.manual_seed(0)
-        cfg = ModelConfig(backbone=TINY_BACKBONE, device="cpu", dtype="float32", pooling=pooling, pma_heads=4)
+        cfg = ModelConfig(backbone=TINY_BACKBONE, device="cpu", dtype="float32", pooling=pooling, pma_heads=4,
+                          use_lora=False)  # fmt: skip
         built[pooling] = C2LLMEncoder.from_config(cfg)
     return built
 
