@@ -306,7 +306,7 @@ class LaunchConfig:
     many machines. It does not change the training: the global batch is split over the processes."""
 
     nproc: int | Literal["auto"] = "auto"  # processes on this machine; auto: every visible GPU, 1 without one
-    nnodes: int = 1  # machines; more than 1 needs rdzv_endpoint and a launcher on each (README)
+    nnodes: int = 1  # machines; more than 1 needs rdzv_endpoint and a launcher on each (docs/training.md)
     node_rank: int = 0  # this machine's index; node 0 runs the notebook and holds global rank 0
     rdzv_endpoint: str | None = None  # host:port on node 0 where the machines meet, e.g. "node001:29500"
 
