@@ -83,7 +83,8 @@ def test_one_nccl_process_gathers_with_gradients():
     import socket
 
     import torch.distributed as dist
-    from torch.distributed._functional_collectives import all_gather_single_autograd
+
+    from c2llm_lib import distributed
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -92,7 +93,7 @@ def test_one_nccl_process_gathers_with_gradients():
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     try:
         x = torch.randn(4, 3, device="cuda", requires_grad=True)
-        gathered = all_gather_single_autograd(x, gather_dim=0, group=dist.group.WORLD)  # what training gathers
+        gathered = distributed._GATHER(x)  # what training gathers with more than one process
         gathered.sum().backward()
         total = torch.ones(1, device="cuda")
         dist.all_reduce(total)
@@ -110,7 +111,18 @@ def test_the_flop_counter_counts_cuda_attention_as_the_rule_without_the_causal_h
 
     from c2llm_lib.scale import arch_of, text_flops
 
-    enc = tiny_cuda(attn_implementation="sdpa")
+    from transformers import AutoModel
+
+    from c2llm_lib.model.backbone import add_lora, load_tokenizer, tiny_qwen2_config
+
+    # as many key/value heads as query heads: transformers passes grouped heads to SDPA (enable_gqa), which torch
+    # 2.11's counter refuses ("query/key/value shapes are incompatible"); the rule's GQA is tests/test_flops.py's
+    cfg = ModelConfig(backbone=TINY_BACKBONE, device="cuda", dtype="bfloat16", pma_heads=4, use_lora=True, lora_r=4,
+                      lora_alpha=8, max_length=32, attn_implementation="sdpa")  # fmt: skip
+    torch.manual_seed(0)
+    backbone = AutoModel.from_config(tiny_qwen2_config(num_key_value_heads=4), attn_implementation="sdpa",
+                                     dtype=torch.bfloat16).to("cuda")  # fmt: skip
+    enc = C2LLMEncoder(add_lora(backbone, cfg), load_tokenizer(cfg), cfg)
     ids = torch.randint(100, 1000, (3, 16), device="cuda")
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         enc(input_ids=ids, attention_mask=torch.ones_like(ids))
