@@ -3,8 +3,9 @@
 The paper synchronises in-batch negatives across all processes. `gather_with_grad` uses torch's
 functional all-gather, whose backward reduce-scatters gradients with a sum, so each rank's passages
 get the gradient of every rank's queries (torch 2.13 deprecates torch.distributed.nn.functional's
-all_gather; an older torch, without the functional one, gets that one: the same gradients). `gather_without_grad` reproduces accelerate.gather as the F2LLM trainer uses it: values
-only, no autograd history. `init_distributed` starts the process group torchrun describes in the
+all_gather; an older torch, without the functional one, gets that one: the same gradients).
+`gather_without_grad` reproduces accelerate.gather as the F2LLM trainer uses it: values only, no autograd
+history. `init_distributed` starts the process group torchrun describes in the
 environment (NCCL on CUDA, gloo on CPU). `all_ranks_true` and `all_gather_json` let the ranks agree on a
 check (a finite update) and collect each rank's own small state (its RNG, for the checkpoint) without pickle.
 `die_with_parent` makes a process receive SIGTERM when its parent dies (Linux), so that training processes never
