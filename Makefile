@@ -1,7 +1,7 @@
 # Two entry points: `make run` (the pipeline on params/default.yaml; PARAMS=params/x.yaml for another run,
 # ARGS="--resume" to continue one) and `make test`. Each sets up what it needs (idempotently) first.
-# `make preflight PARAMS=params/x.yaml` checks, in minutes, what that run needs (README: Preflight), running no notebook
-# (`python -m tools.preflight`; ARGS="--memory-gb 70" and the like pass its options).
+# `make preflight PARAMS=params/x.yaml` checks, in minutes, what that run needs (docs/preflight.md), running no
+# notebook (`python -m tools.preflight`; ARGS="--memory-gb 70" and the like pass its options).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -57,7 +57,7 @@ lint: setup
 	$(PY) -m ruff check c2llm_lib tests benchmarks tools
 	$(PY) -m ruff format --check c2llm_lib tests benchmarks tools
 
-# The CUDA path measured in at most 8 minutes (README: GPU check): `make gpu-check OUT=<folder>` on a GPU machine, which
+# The CUDA path measured in at most 8 minutes (docs/gpu-check.md): `make gpu-check OUT=<folder>` on a GPU machine, which
 # has no registry: it needs no setup, installs the carried wheels (WHEELS, filled here by `make gpu-wheels`) where there
 # is a GPU, and writes gpu_check.json, gpu_check.md, profile.md and gpu_check.log into OUT. On a CPU: the tiny rehearsal.
 OUT ?= outputs/gpu-check

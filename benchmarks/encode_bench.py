@@ -110,13 +110,14 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(0)
     if args.backbone == "real":
         path = fetch_qwen_coder_gguf()
-        cfg = ModelConfig(backbone=str(path.parent), gguf_file=path.name, dtype=args.dtype, max_length=args.max_length)
+        cfg = ModelConfig(backbone=str(path.parent), gguf_file=path.name, dtype=args.dtype, max_length=args.max_length,
+                          use_lora=False)  # fmt: skip
         enc = C2LLMEncoder.from_config(cfg).eval()
     elif args.backbone == "random-0.5b":  # the preflight's random weights of a known architecture (no hub)
-        cfg = ModelConfig(backbone=QWEN25_CODER_05B.name, dtype=args.dtype, max_length=args.max_length)
+        cfg = ModelConfig(backbone=QWEN25_CODER_05B.name, dtype=args.dtype, max_length=args.max_length, use_lora=False)
         enc = build_encoder(cfg, QWEN25_CODER_05B).eval()
     else:
-        cfg = ModelConfig(backbone=TINY_BACKBONE, dtype=args.dtype, max_length=args.max_length)
+        cfg = ModelConfig(backbone=TINY_BACKBONE, dtype=args.dtype, max_length=args.max_length, use_lora=False)
         enc = C2LLMEncoder.from_config(cfg).eval()
     if args.text_tokens:
         texts = full_length_texts(enc.tokenizer, args.texts, args.text_tokens, seed=0)

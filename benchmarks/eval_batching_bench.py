@@ -81,7 +81,8 @@ def main() -> None:
 
     info = cpu_info()
     dtype = getattr(torch, args.dtype)
-    config = ModelConfig(backbone=REAL_GGUF_BACKBONE, device="cpu", dtype=args.dtype, max_length=args.max_length)
+    config = ModelConfig(backbone=REAL_GGUF_BACKBONE, device="cpu", dtype=args.dtype, max_length=args.max_length,
+                         use_lora=False)  # fmt: skip
     torch.manual_seed(0)
     encoder = C2LLMEncoder.from_config(config).eval()  # a fresh PMA head: a merged model costs the same per text
     calls = evaluation_calls(encoder, args.limit, args.max_documents)

@@ -76,7 +76,7 @@ def main() -> None:
     args = parser.parse_args()
 
     backbone = REAL_GGUF_BACKBONE if args.backbone == "real" else TINY_BACKBONE
-    config = ModelConfig(backbone=backbone, device="cpu", dtype=args.dtype, max_length=args.max_length)
+    config = ModelConfig(backbone=backbone, device="cpu", dtype=args.dtype, max_length=args.max_length, use_lora=False)
     start = time.perf_counter()
     trained = C2LLMEncoder.from_config(config)  # the stand-in for the merged model (a PMA head)
     load_one = time.perf_counter() - start

@@ -40,7 +40,7 @@ from tools.scale import (  # noqa: F401 (re-exported: tests/test_paper_scale_pla
 
 
 def report(mfu: float = 0.35, mean_tokens: float | None = None) -> str:
-    """The README's table: both recipes on 8 x H100."""
+    """docs/paper-scale.md's table: both recipes on 8 x H100."""
     rows = [("0.5B", Recipe(QWEN25_CODER_05B), False), ("7B", Recipe(QWEN25_CODER_7B), True)]
     plans = [(name, plan(recipe, mfu=mfu, mean_tokens=mean_tokens, grad_cache=gc), gc) for name, recipe, gc in rows]
     length = "every text at 1024 tokens (an upper bound)" if mean_tokens is None else f"{mean_tokens:g} tokens/text"

@@ -126,7 +126,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     args = parser.parse_args()
     started = time.perf_counter()
-    enc = C2LLMEncoder.from_config(ModelConfig(backbone=REAL_GGUF_BACKBONE, device="cpu", dtype=args.dtype))
+    enc = C2LLMEncoder.from_config(ModelConfig(backbone=REAL_GGUF_BACKBONE, device="cpu", dtype=args.dtype,
+                                                 use_lora=False))  # the head trains on cached states  # fmt: skip
     batches = cached_batches(enc, args.steps, 8, 192)
     texts = held_out(enc)
     rows = [train_head(batches, texts, enc.backbone_config.hidden_size, 32, r, args.warmup) for r in args.rates]

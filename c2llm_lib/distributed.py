@@ -3,8 +3,9 @@
 The paper synchronises in-batch negatives across all processes. `gather_with_grad` uses torch's
 functional all-gather, whose backward reduce-scatters gradients with a sum, so each rank's passages
 get the gradient of every rank's queries (torch 2.13 deprecates torch.distributed.nn.functional's
-all_gather). `gather_without_grad` reproduces accelerate.gather as the F2LLM trainer uses it: values
-only, no autograd history. `init_distributed` starts the process group torchrun describes in the
+all_gather; an older torch, without the functional one, gets that one: the same gradients).
+`gather_without_grad` reproduces accelerate.gather as the F2LLM trainer uses it: values only, no autograd
+history. `init_distributed` starts the process group torchrun describes in the
 environment (NCCL on CUDA, gloo on CPU). `all_ranks_true` and `all_gather_json` let the ranks agree on a
 check (a finite update) and collect each rank's own small state (its RNG, for the checkpoint) without pickle.
 `die_with_parent` makes a process receive SIGTERM (or another signal) when its parent dies (Linux), so that training
@@ -73,9 +74,33 @@ def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
     """(b, d) on each rank -> (W*b, d), rank order; gradients flow back to every rank's slice."""
     if world()[1] == 1:
         return x
+    return _GATHER(x.contiguous())
+
+
+def functional_gather(x: torch.Tensor) -> torch.Tensor:
+    """torch's functional all-gather with autograd (torch 2.13 and later)."""
     from torch.distributed._functional_collectives import all_gather_single_autograd
 
-    return all_gather_single_autograd(x.contiguous(), gather_dim=0, group=dist.group.WORLD)
+    return all_gather_single_autograd(x, gather_dim=0, group=dist.group.WORLD)  # (W*b, d)
+
+
+def legacy_gather(x: torch.Tensor) -> torch.Tensor:
+    """torch.distributed.nn's all-gather with autograd (backward: a summed reduce-scatter, the same gradients), for
+    the torch releases before `all_gather_single_autograd` (a GPU image's torch 2.11 has none)."""
+    from torch.distributed.nn.functional import all_gather
+
+    return torch.cat(all_gather(x, group=dist.group.WORLD))  # (W*b, d)
+
+
+def _pick_gather():
+    try:
+        from torch.distributed._functional_collectives import all_gather_single_autograd  # noqa: F401
+    except ImportError:
+        return legacy_gather
+    return functional_gather
+
+
+_GATHER = _pick_gather()  # what gather_with_grad calls (a test swaps in the other to check both)
 
 
 def gather_without_grad(x: torch.Tensor) -> torch.Tensor:

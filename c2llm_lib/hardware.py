@@ -79,9 +79,12 @@ def cpu_info() -> dict[str, Any]:
 
 
 def gemm_gflops(dtype: torch.dtype, size: int = 1024, seconds: float = 0.5, device: str = "cpu") -> float:
-    """Measured GFLOP/s of a (size x size) @ (size x size) matrix product in `dtype`, after a warm-up."""
-    a = torch.randn(size, size, device=device).to(dtype)  # (n, n)
-    b = torch.randn(size, size, device=device).to(dtype)  # (n, n)
+    """Measured GFLOP/s of a (size x size) @ (size x size) matrix product in `dtype`, after a warm-up. Its operands come
+    from a generator of its own, never torch's global one: `dtype: auto` measures between a training's
+    `torch.manual_seed` and its weights' initialisation, and how often it measures depends on the machine's load."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(size, size, device=device, generator=generator).to(dtype)  # (n, n)
+    b = torch.randn(size, size, device=device, generator=generator).to(dtype)  # (n, n)
     for _ in range(2):
         a @ b
     count, start = 0, time.perf_counter()

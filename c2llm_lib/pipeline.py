@@ -1,61 +1,13 @@
-"""The pipeline runner: notebooks/01..07 in order through papermill, one run directory per params file.
+"""The pipeline runner: a params file resolved against the notebooks' parameters cells, then notebooks/01..07 run
+through papermill into one run directory, each recorded in its manifest.
 
-    python -m c2llm_lib.pipeline params/<run>.yaml [--only 02 03] [--set key=value ...]
-                                 [--resume | --overwrite] [--outputs DIR]
+    python -m c2llm_lib.pipeline params/<run>.yaml [--only 02 03] [--set key=value ...] [--resume | --overwrite]
 
-A params file holds flat overrides; the run is named after the file, and the name must be a plain
-directory name. Before anything runs, the file must hold at least one key and no key twice, every
-override must be declared by some notebook's parameters cell (papermill itself only warns), must not be a
-derived key (run, outputs_dir), and must validate in the stage dataclasses of every notebook declaring it.
-Values that must agree across notebooks are checked too (`check_ablation_dims`: notebook 04's ablation widths
-against notebook 02's heads and backbone), and the folders a run names (`check_paths`: `hub_mirror`, a local
-`backbone`) must exist as the notebooks see them: a relative path is resolved from notebooks/, their working
-directory, and the error says so. Every such error names the key and where its value came from: the params file,
-the overlay (`--overlay`, `apply_overlay`) or `--set`.
-Numbers such as `1e-3` read as floats (plain YAML 1.1 reads them as strings). Each notebook receives
-exactly the keys it declares.
-
-A plain run executes notebooks 01-06; notebook 07 (search) runs only when named, `--only 07` (`notebook.ON_REQUEST`).
-A new run refuses an existing run directory, and every run refuses a path outside the run that a notebook reads
-(`OUTSIDE_PATHS`) when it lies inside the run directory, which `--overwrite` deletes (`check_outside_paths`).
-
-`--resume` keeps a notebook that finished with the same parameters and the same inputs, and reruns the rest
-(`rerun_reason`, the one rule). Where notebook 02 ran (`LaunchConfig`'s keys, `LAUNCH_KEYS`) does not change what it
-made, so they are no parameters of that rule: a finished training is kept whatever machines a later command names, by
-node 0's `--resume` and by the other machines of a launch alike (`training_reason`, `launch.py`). A notebook's inputs
-(`input_fingerprints`) are the run files it reads (`runs.INPUTS`), the code cells of its notebook, for notebook 06 the
-recipe files it reads (`params/<recipe>.yaml`), and every path outside the run its parameters name (`outside_paths`:
-data_files, code_roots and hub_mirror for 01, a local backbone folder for 02, hub_mirror, beir_sets and a local
-eval_released for 04), fingerprinted by content (`files.digest`: names, sizes, the bytes of each file up to 4 MiB,
-larger files by their modification time; a code root by the files its mining walks, `code_trees.walked_files`, so a
-whole site-packages costs its source files' bytes: 26,000 files, 340 MB, in 3 s on 2 cores, 10 s uncached). Notebook 07
-is not fingerprinted: `--resume` always reruns it (`runs.OUTSIDE_INPUTS`; its default folder is this Python's
-standard library, and its index re-encodes only the files that changed). A finished notebook records the run files it
-made for later notebooks (`RunDir.made`); one of them deleted reruns it. A notebook that reruns first loses its
-earlier products (`RunDir.remove_products`; its caches stay). `--overwrite` deletes the old run first; with `--only`
-it deletes only the products of the chosen notebooks (`runs.PRODUCTS`) and reruns them, keeping what they read.
-
-With `--only`, a chosen notebook reads the products of notebooks that do not run; each of those must be current
-(`not_current`): `rerun_reason` finds nothing to rerun for it, nor for the notebooks upstream of it, none of which may
-be chosen to rerun. Otherwise the run is refused before anything runs, naming the notebook and the command that
-reruns it; a plain `--resume` reruns whatever is stale. At the end, a finished notebook that did not run and is no
-longer current is recorded "stale", with the reason, and `main` prints `metrics/results.md` only while notebook 04 is
-current.
-
-One runner at a time works in a run directory (an fcntl lock, released when the runner exits or dies). The first
-failing notebook stops the run, a dead kernel (killed, out of memory) included; it is saved executed, with the
-error, the error is printed, and manifest.json records per notebook whether it finished, failed, was not reached,
-or is stale (no longer current: its parameters or inputs changed after it ran, or a notebook upstream of it is
-stale), its seconds, and its kernel's peak resident memory (`peak_rss_kib`, the largest of any process the notebook
-started, `hardware.PeakMemory`).
-
-The preflight, which checks in minutes what a run needs without running a notebook, is a tool beside the library:
-`python -m tools.preflight params/<run>.yaml` with the same --only, --set and --overlay (`make preflight`). The
-runner's former `--preflight` flags are refused with one line naming that command (exit status 2).
-
-Each executed notebook, finished or failed, is also saved as HTML beside it (`notebooks/NN_*.html`, nbconvert),
-for reading a run without a kernel. The kernels' sockets are encrypted (`kernel_config`), which also keeps
-ipykernel's "running over TCP without encryption" warning out of the runner's output.
+Its rules (what is refused before anything runs, `--only`, `--resume`, `--overwrite`, staleness, the paths outside a
+run) are written once in docs/runner.md. Here `resolve` applies the validation, `rerun_reason` is the one
+`--resume` rule, `not_current` the `--only` rule and `input_fingerprints` what a notebook's inputs are. The preflight
+is a tool beside the library, `python -m tools.preflight` (docs/preflight.md): the runner's former `--preflight` flags
+exit with status 2 and name that command.
 """
 
 from __future__ import annotations

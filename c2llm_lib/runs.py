@@ -1,48 +1,9 @@
 """Run directories: `outputs/<run>/` holds everything a run produced, and only `RunDir` writes there.
 
-Layout:
-    params.yaml            the overrides as given (the params file and any --set)
-    resolved.yaml          every parameter in effect, per notebook
-    manifest.json          git SHA and dirty flag, library versions, device, start and end times
-                           and per notebook its status, seconds and peak resident memory
-    notebooks/NN_*.ipynb   the executed notebooks
-    notebooks/NN_*.html    the same as HTML pages, to read without a kernel
-    data/                  prepared datasets (Arrow): data/train, and data/heldout when the run's source holds rows
-                           out to evaluate on (data_source files or code)
-    checkpoints/step-*/    training checkpoints (adapter + head + trainer state)
-    logs/02_train/         notebook 02's launcher with several processes: trainer params, step log, each rank's output
-    merged/                the merged encoder (merge.evaluation_form): base + one LoRA adapter, or dense float32
-    export/                the merged model for sentence-transformers and transformers, with its card (export.py)
-    search/index/          notebook 07's search index of a folder's functions (search.py): JSON and safetensors
-    metrics/*.json         numbers each stage reports
-    figures/*.png          figures each stage draws
-    .lock                  held (fcntl) by the pipeline runner working in the run; released when it exits. It holds
-                           the runner's pid and a line saying what it is and not to delete it while a run is going
-
-Beside the run directory, `<outputs>/<run>.preflight.json` holds the report of the run's preflight
-(`save_preflight`, `tools/preflight/`), which never writes inside the run directory.
-
-Notebooks talk to each other only through these paths. `require` names the notebook that produces a
-missing input, so running notebook 03 before 02 says what to run instead of failing deep inside.
-`INPUTS` lists what each notebook reads and `PRODUCTS` what it writes: the runner fingerprints a
-notebook's inputs to know whether a finished notebook is still current (`upstream` names the notebook each
-input comes from), `--overwrite --only NN` replaces only notebook NN's products, and a notebook that reruns
-first loses its earlier products (`remove_products`), but for the caches it reads back (`KEPT_ON_RERUN`),
-so that no table of an earlier run stays beside the new ones. `made` lists the run files a notebook wrote for later
-ones (`PRODUCERS`), which the runner records, so that a deleted one reruns the notebook that writes it. Paths outside
-the run that notebooks read are fingerprinted by the runner (`pipeline.OUTSIDE_PATHS`), but for notebook 07's
-(`OUTSIDE_INPUTS`): `--resume` always reruns it (its search index is one of the caches kept).
-
-A deleted lock file would let a second runner in, so the manifest also names the runner working in the run (pid,
-its start time, host): a runner finding the lock free but the manifest "running" under a live runner on this host
-refuses, and the runner itself takes a new lock between notebooks when its lock file has gone (`check_lock`).
-
-A run name is a plain directory name (no `.`, `..`, path separator or empty name), and a run directory
-only ever deletes inside itself: `create(..., "overwrite")` refuses a run directory that resolves (through
-symlinks) anywhere but `<outputs>/<run>`. A folder holds a run only when it holds `manifest.json` (the runner writes
-it before the first notebook): a folder at `<outputs>/<run>` that holds anything else and no manifest (a user's own
-folder that happens to bear the run's name) is neither deleted, nor resumed into, nor overwritten, and the error
-lists what it holds.
+The layout, the manifest, the lock and which folders count as runs are written once in docs/runner.md. Here `INPUTS`
+lists what each notebook reads and `PRODUCTS` what it writes (`upstream` names the notebook each input comes from,
+`KEPT_ON_RERUN` the caches a rerun keeps), `require` names the notebook that makes a missing input, and `check_lock`
+keeps one runner in a run.
 """
 
 from __future__ import annotations

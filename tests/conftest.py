@@ -55,8 +55,9 @@ def requires_cuda(test):
 
 
 def build_tiny(seed: int = 0, **overrides) -> C2LLMEncoder:
-    """A tiny random encoder (2-layer Qwen2, real Qwen2.5 tokenizer) on the CPU, with overrides."""
-    values = {"backbone": TINY_BACKBONE, "device": "cpu", "dtype": "float32", **overrides}
+    """A tiny random encoder (2-layer Qwen2, real Qwen2.5 tokenizer) on the CPU, without LoRA unless the overrides ask
+    for it (`TINY_LORA`)."""
+    values = {"backbone": TINY_BACKBONE, "device": "cpu", "dtype": "float32", "use_lora": False, **overrides}
     torch.manual_seed(seed)  # the PMA head's and LoRA's initialisation
     return C2LLMEncoder.from_config(ModelConfig(**values))
 

@@ -68,7 +68,7 @@ def tiny_release(seed: int = 0, pma_heads: int = 4):
 
     torch.manual_seed(seed)
     enc = C2LLMEncoder.from_config(
-        ModelConfig(backbone=TINY_BACKBONE, device="cpu", dtype="float32", pma_heads=pma_heads)
+        ModelConfig(backbone=TINY_BACKBONE, device="cpu", dtype="float32", pma_heads=pma_heads, use_lora=False)
     )
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():

@@ -35,8 +35,9 @@ def test_truncation_known_answer(make_encoder):
 def test_a_variant_trains_and_gets_its_own_fingerprint(make_encoder):
     cfg = ModelConfig(backbone="tiny-random-qwen2", device="cpu", dtype="float32", pma_heads=4, lora_r=4,
                       lora_alpha=8, embedding_dim=16)  # fmt: skip
-    encoder = train_variant(cfg, TrainConfig(max_steps=2, global_batch_size=4, num_negatives=1, max_length=64),
-                            make_rows())  # fmt: skip
+    train = TrainConfig(max_steps=2, global_batch_size=4, num_negatives=1, max_length=64, warmup_steps=0,
+                        checkpoint_steps=[])  # fmt: skip
+    encoder = train_variant(cfg, train, make_rows())
     assert encoder.embedding_dim == 16 and not encoder.training
     untrained = make_encoder(pma_heads=4, use_lora=True, lora_r=4, lora_alpha=8, embedding_dim=16)
     assert fingerprint(encoder) != fingerprint(untrained)

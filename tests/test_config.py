@@ -5,10 +5,12 @@ import pytest
 from c2llm_lib.config import ConfigError, ModelConfig, from_dict
 
 
-def test_defaults_are_the_paper_recipe():
+def test_defaults_are_the_released_architecture_and_the_papers_lora():
+    """Notebook 02's defaults (tests/test_notebook_params.py): the released backbone from its PyPI GGUF, PMA with 32
+    heads, LoRA r = 64, alpha = 32 on every projection (the hub backbone is params/c2llm-0.5b.yaml's)."""
     cfg = ModelConfig()
-    assert cfg.backbone == "Qwen/Qwen2.5-Coder-0.5B-Instruct" and cfg.pooling == "pma" and cfg.pma_heads == 32
-    assert (cfg.lora_r, cfg.lora_alpha) == (64, 32)
+    assert cfg.backbone == "pypi-gguf:Qwen2.5-Coder-0.5B-Instruct" and cfg.pooling == "pma" and cfg.pma_heads == 32
+    assert cfg.use_lora and (cfg.lora_r, cfg.lora_alpha) == (64, 32)
     assert cfg.lora_targets == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     assert cfg.document_prefix == "Retrieved Answer:" and not cfg.eos_appended
     assert ModelConfig(pooling="last_token").eos_appended and not ModelConfig(pooling="mean").eos_appended

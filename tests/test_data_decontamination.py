@@ -280,7 +280,8 @@ def test_a_cap_per_group_after_decontamination_is_counted_apart(fixture_root):
     for name, counts in sources.items():
         groups = len(set(prepared.rows.filter(lambda r, n=name: r["dataset"] == n)["language"]))
         assert counts["kept"] == groups and counts["capped"] == counts["passed_checks"] - groups, name
-    uncapped, _ = build_training_data(DataStage(data_source="hub", hub_sources=NAMES, num_negatives=0), fixture_root)
+    every = DataStage(data_source="hub", hub_sources=NAMES, num_negatives=0, rows_per_group=None)
+    uncapped, _ = build_training_data(every, fixture_root)
     assert prepared.fingerprint != uncapped.fingerprint  # the cap is part of what was prepared
 
 
@@ -334,13 +335,14 @@ def test_every_source_is_decontaminated_against_the_beir_sets(tmp_path, fixture_
         corpus, queries = [{"_id": "d", "text": "an unrelated document"}], [{"_id": "q", "text": query}]
         return str(write_set(tmp_path / name, corpus, queries, "query-id\tcorpus-id\tscore\nq\td\t1\n"))
 
-    hub, _ = build_training_data(DataStage(data_source="hub", hub_sources=NAMES, num_negatives=0), fixture_root)
+    every = {"num_negatives": 0, "rows_per_group": None}  # every row: the one named below cannot be capped away
+    hub, _ = build_training_data(DataStage(data_source="hub", hub_sources=NAMES, **every), fixture_root)
     offline = next(r for r in load_snapshot() if r["split"] == "train")
     code = next(r for r in mine([FIXTURE]) if r["split"] == "train")
     stages = {
-        "hub": (DataStage(data_source="hub", hub_sources=NAMES, num_negatives=0), hub.rows[0]),
-        "offline": (DataStage(num_negatives=0), offline),
-        "code": (DataStage(data_source="code", code_roots=[str(FIXTURE)], num_negatives=0), code),
+        "hub": (DataStage(data_source="hub", hub_sources=NAMES, **every), hub.rows[0]),
+        "offline": (DataStage(**every), offline),
+        "code": (DataStage(data_source="code", code_roots=[str(FIXTURE)], **every), code),
     }
     for name, (stage, row) in stages.items():
         plain, _ = build_training_data(stage, fixture_root if name == "hub" else None)

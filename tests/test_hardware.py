@@ -153,3 +153,20 @@ def test_kernels_kept_to_avx2_choose_float32(tmp_path):
     env = {**os.environ, **limits}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.startswith("torch.float32 ") and "kernels limited by ONEDNN_MAX_CPU_ISA=AVX2" in out, out
+
+
+def test_measuring_the_dtype_leaves_torchs_random_stream_alone(tmp_path):
+    """`dtype: auto` is resolved between a training's seed and its weights' initialisation, and how often the probe
+    measures depends on the machine's load: its matrices must not come from torch's global generator, or the same seed
+    initialises other weights on a busier machine."""
+    import torch
+
+    from c2llm_lib import hardware
+
+    torch.manual_seed(1234)
+    expected = torch.rand(4)
+    torch.manual_seed(1234)
+    hardware.gemm_gflops(torch.float32, size=32, seconds=0.01)
+    hardware.cpu_dtype(tmp_path / "cpu-dtype.json")  # a fresh probe
+    hardware.cpu_dtype(tmp_path / "cpu-dtype.json")  # a cached entry, confirmed by a short measurement
+    assert torch.equal(torch.rand(4), expected)

@@ -74,7 +74,10 @@ def test_bad_arguments():
         contrastive_loss(torch.zeros(2, 3), torch.zeros(2, 3), tau=0)
 
 
-def _worker(rank, world, init_file, out, q, p, n, gather_grad):
+def _worker(rank, world, init_file, out, q, p, n, gather_grad, gather="functional"):
+    from c2llm_lib import distributed
+
+    distributed._GATHER = getattr(distributed, f"{gather}_gather")  # torch's functional gather, or the older one's
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         b = q.shape[0] // world
@@ -89,18 +92,19 @@ def _worker(rank, world, init_file, out, q, p, n, gather_grad):
         dist.destroy_process_group()
 
 
-def run_two_processes(q, p, n, gather_grad):
-    return run_processes(_worker, 2, q, p, n, gather_grad)
+def run_two_processes(q, p, n, gather_grad, gather="functional"):
+    return run_processes(_worker, 2, q, p, n, gather_grad, gather)
 
 
-def test_two_processes_equal_one_process_on_the_concatenated_batch():
+@pytest.mark.parametrize("gather", ["functional", "legacy"])  # legacy: a torch without all_gather_single_autograd
+def test_two_processes_equal_one_process_on_the_concatenated_batch(gather):
     gen = torch.Generator().manual_seed(0)
     q, p = torch.randn(6, 16, generator=gen), torch.randn(6, 16, generator=gen)
     n = torch.randn(6, 3, 16, generator=gen)
     qs, ps, ns = (t.clone().requires_grad_() for t in (q, p, n))
     single = contrastive_loss(qs, ps, ns, tau=0.05)["loss"]
     single.backward()
-    two = run_two_processes(q, p, n, gather_grad=True)
+    two = run_two_processes(q, p, n, gather_grad=True, gather=gather)
     mean_loss = (two[0]["loss"] + two[1]["loss"]) / 2
     torch.testing.assert_close(mean_loss, single.detach(), rtol=1e-5, atol=1e-6)
     for name, ref in (("q", qs.grad), ("p", ps.grad), ("n", ns.grad)):

@@ -1,5 +1,6 @@
 """The parameters cells as papermill reads them: `papermill --help-notebook` lists every parameter with its type,
-default and help, and papermill's parser warns about nothing.
+default and help, and papermill's parser warns about nothing; and one default per key: each cell's default is its
+stage dataclass field's default, and a key several notebooks declare has the same default in each.
 
 papermill does not run the cell; it reads each line with a regular expression (`PythonTranslator.inspect`), which
 is stricter than Python. A line it cannot read is either dropped with a warning (`Unable to parse line N`, for a
@@ -17,13 +18,14 @@ follows one rule, checked here on every notebook:
 """
 
 import ast
+import dataclasses
 import logging
 
 import nbformat
 import papermill
 import pytest
 
-from c2llm_lib.notebook import NOTEBOOK_DIR, read_parameters
+from c2llm_lib.notebook import NOTEBOOK_DIR, RUN_KEYS, STAGES, read_parameters
 
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "str", list: "list", dict: "dict"}
@@ -138,3 +140,41 @@ def test_a_cell_that_follows_the_rule_passes(tmp_path):
 def test_a_line_that_breaks_the_rule_is_caught(tmp_path, line, problem):
     problems = papermill_problems(_cell(tmp_path, GOOD + "\n" + line))
     assert any(p.startswith(problem) for p in problems), problems
+
+
+def field_default(field: dataclasses.Field):
+    return field.default_factory() if field.default is dataclasses.MISSING else field.default
+
+
+def default_differences() -> list[str]:
+    """'notebook: key = cell default in the cell, dataclass default in Class' for every key whose notebook cell (read
+    as the runner reads it) and stage dataclass give different defaults; a type counts (True is not 1, 1 not 1.0)."""
+    out = []
+    for name, classes in STAGES.items():
+        cell = read_parameters(NOTEBOOK_DIR / f"{name}.ipynb")
+        for cls in classes:
+            for field in dataclasses.fields(cls):
+                ours, theirs = cell.get(field.name, "(not declared)"), field_default(field)
+                if (type(ours), ours) != (type(theirs), theirs):
+                    out.append(f"{name}: {field.name} = {ours!r} in the cell, {theirs!r} in {cls.__name__}")
+    return out
+
+
+def test_every_cell_default_is_its_dataclass_default():
+    """One default per key (DESIGN.md): the cell is what a reader sees and what a run that does not set the key uses,
+    and the dataclass is what the library uses when called directly; they are the same value."""
+    assert default_differences() == []
+
+
+def test_a_key_several_notebooks_declare_has_one_default():
+    """A shared key (eval_limit in notebooks 04 and 06, eval_max_length in 03, 04 and 06, num_negatives in 01 and 02)
+    gets one value from the runner when a params file sets it, and each notebook's own default when it does not: the
+    defaults agree, so a run that leaves the key unset evaluates (or mines and trains) alike in every notebook."""
+    seen: dict[str, dict[str, object]] = {}
+    for name in STAGES:
+        for key, value in read_parameters(NOTEBOOK_DIR / f"{name}.ipynb").items():
+            if key not in RUN_KEYS:
+                seen.setdefault(key, {})[name] = value
+    shared = {key: found for key, found in seen.items() if len(found) > 1}
+    assert {"eval_limit", "eval_max_length", "num_negatives", "data_source"} <= set(shared)
+    assert {key: found for key, found in shared.items() if len({repr(v) for v in found.values()}) > 1} == {}

@@ -1,5 +1,5 @@
-"""benchmarks/paper_scale_plan.py, whose figures the README quotes: parameter counts against the published totals,
-models built from the configs, and the tiny encoder's own LoRA and PMA head; steps per epoch; the FLOP count."""
+"""benchmarks/paper_scale_plan.py, whose figures docs/paper-scale.md quotes: parameter counts against the published
+totals, models built from the configs, and the tiny encoder's own LoRA and PMA head; steps per epoch; the FLOP count."""
 
 import importlib.util
 import sys

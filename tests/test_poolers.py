@@ -34,3 +34,11 @@ def test_build_pooler_choices_and_errors():
         build_pooler("mean", 64, 32)
     with pytest.raises(ValueError, match="unknown pooling"):
         build_pooler("cls", 64)
+
+
+@pytest.mark.parametrize("pooler", [LastTokenPooler(), MeanPooler()], ids=["last_token", "mean"])
+def test_a_mask_on_another_device_than_the_hidden_states_is_moved(pooler):
+    # on a GPU the hidden states are on CUDA and a caller's mask may still be on the CPU (the encoding benchmark's
+    # was); the meta device stands in for CUDA here: no data, but the same device check
+    out = pooler(torch.zeros(2, 3, 4, device="meta"), torch.ones(2, 3, dtype=torch.long))
+    assert out.device.type == "meta" and out.shape == (2, 4)

@@ -85,10 +85,12 @@ def test_the_trainer_formats_each_prompt_style():
     from conftest import TINY_LORA, build_tiny
 
     batch = _rows("CodeSearchNetRetrieval")[:2]
+    no_checkpoints = {"checkpoint_steps": []}  # a Trainer without a checkpoint folder writes none
     texts = {}
     for style in ("c2llm", "jina", "codexembed"):
         enc = build_tiny(**TINY_LORA, prompt_style=style)
-        trainer = Trainer(enc, _rows("CodeSearchNetRetrieval"), TrainConfig(global_batch_size=4, num_negatives=1))
+        trainer = Trainer(enc, _rows("CodeSearchNetRetrieval"), TrainConfig(global_batch_size=4, num_negatives=1,
+                                                                            **no_checkpoints))  # fmt: skip
         texts[style], mask = trainer.texts(batch)
         assert mask.tolist() == [[True], [True]] and len(texts[style]) == 6  # 2 queries, 2 positives, 2 negatives
     query, positive = batch["query"][0], batch["positive"][0]
@@ -98,7 +100,8 @@ def test_the_trainer_formats_each_prompt_style():
     assert texts["codexembed"][0] == "Instruct: Given Code or Text, retrieve relevant content. Query: " + query
     assert texts["codexembed"][2] == positive  # no document prefix
     # a user's own group (data_source files): jina's text-to-code category, not an error
-    jina = Trainer(build_tiny(**TINY_LORA, prompt_style="jina"), _rows("own-pairs"), TrainConfig(global_batch_size=4))
+    jina = Trainer(build_tiny(**TINY_LORA, prompt_style="jina"), _rows("own-pairs"),
+                   TrainConfig(global_batch_size=4, **no_checkpoints))  # fmt: skip
     own, _ = jina.texts(_rows("own-pairs")[:2])
     assert own[0] == "Find the most relevant code snippet given the following query:\n" + query
     assert own[2] == "Candidate code snippet:\n" + positive
@@ -111,8 +114,8 @@ def test_the_trainer_applies_mrl_and_refuses_a_width_it_cannot_cut():
     from conftest import TINY_LORA, build_tiny
 
     rows = _rows("CodeSearchNetRetrieval")
-    cfg = TrainConfig(global_batch_size=4, num_negatives=2, max_steps=2, max_length=64, mrl_dims=[32, 16],
-                      mrl_weights=[0.5, 0.25])  # fmt: skip
+    cfg = TrainConfig(global_batch_size=4, num_negatives=2, max_steps=2, warmup_steps=0, max_length=64,
+                      mrl_dims=[32, 16], mrl_weights=[0.5, 0.25], checkpoint_steps=[])  # fmt: skip
     trainer = Trainer(build_tiny(**TINY_LORA), rows, cfg)
     metrics = trainer.train().metrics
     for m in metrics:  # the full width (64, weight 1) and each smaller width, weighted
@@ -123,7 +126,7 @@ def test_the_trainer_applies_mrl_and_refuses_a_width_it_cannot_cut():
     expected = matryoshka_loss(q, p, n, dims=(64, 32, 16), weights=(1.0, 0.5, 0.25))["loss"]
     assert out["loss"].item() == pytest.approx(expected.item(), rel=1e-6)
     with pytest.raises(ValueError, match=r"mrl_dims \[64\] are not below the embedding width 64"):
-        Trainer(build_tiny(**TINY_LORA), rows, TrainConfig(global_batch_size=4, mrl_dims=[64]))
+        Trainer(build_tiny(**TINY_LORA), rows, TrainConfig(global_batch_size=4, mrl_dims=[64], checkpoint_steps=[]))
     with pytest.raises(ConfigError, match="mrl_weights"):
         TrainConfig(mrl_dims=[32, 16], mrl_weights=[1.0])
     with pytest.raises(ConfigError, match="mrl_dims.*repeats"):

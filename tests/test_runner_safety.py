@@ -349,8 +349,8 @@ def test_only_refuses_a_notebook_whose_upstream_is_stale(fake):
 
 def test_where_an_upstream_notebook_ran_does_not_make_it_stale(fake):
     """Two machines train through `c2llm_lib.launch` and `python -m tools.launch` (notebook 02 with nnodes and
-    rdzv_endpoint set), then the pipeline merges with --only 03 and no launch keys: the training stands (README,
-    several machines)."""
+    rdzv_endpoint set), then the pipeline merges with --only 03 and no launch keys: the training stands
+    (docs/training.md, several machines)."""
     notebooks, params, outputs = fake
     run = {"outputs": outputs, "notebook_dir": notebooks, **QUIET}
     run_pipeline(params, only=["01"], **run)

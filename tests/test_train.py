@@ -20,7 +20,14 @@ def tiny(make_encoder, seed=0):
     return make_encoder(seed=seed, **TINY_LORA)
 
 
-CFG = dict(global_batch_size=4, num_negatives=2, learning_rate=5e-3, warmup_steps=2, max_length=64, seed=0)
+# all epochs of the rows (max_steps None) and no checkpoints unless a test asks for them
+CFG = dict(global_batch_size=4, num_negatives=2, learning_rate=5e-3, warmup_steps=2, max_length=64, seed=0,
+           max_steps=None, checkpoint_steps=[])  # fmt: skip
+
+
+def train_config(**values) -> TrainConfig:
+    """`CFG` with `values` over it."""
+    return TrainConfig(**{**CFG, **values})
 
 
 def trainable(encoder):
@@ -32,7 +39,7 @@ def test_grad_cache_equals_the_plain_step(make_encoder):
     grads, losses = [], []
     for grad_cache in (False, True):
         enc = tiny(make_encoder)
-        trainer = Trainer(enc, rows, TrainConfig(**CFG, grad_cache=grad_cache, grad_cache_chunk=3))
+        trainer = Trainer(enc, rows, train_config(grad_cache=grad_cache, grad_cache_chunk=3))
         batch = rows[next(iter(trainer.sampler))]
         out = trainer.forward_backward(batch)
         losses.append(out["loss"].item())
@@ -45,7 +52,7 @@ def test_grad_cache_equals_the_plain_step(make_encoder):
 
 def test_resume_after_a_kill_ends_with_the_same_weights(make_encoder, tmp_path, monkeypatch):
     rows = make_rows()
-    cfg = TrainConfig(**CFG, max_steps=6, checkpoint_steps=[3])
+    cfg = train_config(max_steps=6, checkpoint_steps=[3])
     straight = tiny(make_encoder)
     result = Trainer(straight, rows, cfg, tmp_path / "a").train()
     assert result.steps == 6 and len(result.metrics) == 6
@@ -78,7 +85,7 @@ def test_a_nan_loss_stops_and_keeps_the_last_checkpoint(make_encoder, tmp_path, 
 
     monkeypatch.setattr(train_mod, "contrastive_loss", nan_on_second_step)
     enc = tiny(make_encoder)
-    trainer = Trainer(enc, rows, TrainConfig(**CFG, max_steps=4, checkpoint_steps=[1]), tmp_path)
+    trainer = Trainer(enc, rows, train_config(max_steps=4, checkpoint_steps=[1]), tmp_path)
     with pytest.raises(NonFiniteLoss, match=r"loss is nan at step 2 \(dataset Set\d\).*Last checkpoint written, with "
                        r"finite weights \(finite, not necessarily good: check its loss\): .*step-000001"):  # fmt: skip
         trainer.train()
@@ -108,11 +115,11 @@ def test_bad_training_config():
 def test_loss_weights_must_name_a_dataset_of_the_rows(make_encoder):
     from c2llm_lib.config import ConfigError
 
-    cfg = TrainConfig(**CFG, loss_weights={"Set1": 2.0, "Sett0": 0.5})  # a typo was weighed nowhere, silently
+    cfg = train_config(loss_weights={"Set1": 2.0, "Sett0": 0.5})  # a typo was weighed nowhere, silently
     with pytest.raises(ConfigError, match=r"'loss_weights' names no dataset of the training rows: 'Sett0' \(did you "
                        r"mean 'Set0'\?\); the rows hold \['Set0', 'Set1'\]"):  # fmt: skip
         Trainer(tiny(make_encoder), make_rows(), cfg)
-    Trainer(tiny(make_encoder), make_rows(), TrainConfig(**CFG, loss_weights={"Set1": 2.0}))  # a real name trains
+    Trainer(tiny(make_encoder), make_rows(), train_config(loss_weights={"Set1": 2.0}))  # a real name trains
 
 
 def test_a_max_length_with_no_room_after_the_prompt_is_refused(make_encoder):
@@ -123,20 +130,20 @@ def test_a_max_length_with_no_room_after_the_prompt_is_refused(make_encoder):
 
     with pytest.raises(ConfigError, match=r"'max_length' \(2 tokens\) leaves no room for text: the run's longest "
                        r"prompt, '(Find the code:\\n|Retrieved Answer:)', takes 4; give at least 20"):  # fmt: skip
-        Trainer(tiny(make_encoder), make_rows(), TrainConfig(**{**CFG, "max_length": 2}))
+        Trainer(tiny(make_encoder), make_rows(), train_config(max_length=2))
     rows = make_rows().map(lambda r, i: {"instruction": TABLE_1["CodeFeedbackMT"] if i == 3 else r["instruction"]},
                            with_indices=True)  # fmt: skip
     with pytest.raises(
         ConfigError, match=r"'max_length' \(44 tokens\).*'Given a multi-turn.*takes 29; give at least 45"
     ):
-        Trainer(tiny(make_encoder), rows, TrainConfig(**{**CFG, "max_length": 44}))
-    Trainer(tiny(make_encoder), rows, TrainConfig(**{**CFG, "max_length": 45}))
+        Trainer(tiny(make_encoder), rows, train_config(max_length=44))
+    Trainer(tiny(make_encoder), rows, train_config(max_length=45))
     codex = make_encoder(**TINY_LORA, prompt_style="codexembed", pooling="last_token")  # EOS appended: one more
     named = make_rows().map(lambda r: {"dataset": "CosQA"})
     with pytest.raises(
         ConfigError, match=r"'Instruct: Given Code or Text, retrieve relevant content. Query: ', takes 16"
     ):
-        Trainer(codex, named, TrainConfig(**{**CFG, "max_length": 31}))
+        Trainer(codex, named, train_config(max_length=31))
 
 
 def _train_worker(rank, world, init_file, out):
@@ -146,7 +153,7 @@ def _train_worker(rank, world, init_file, out):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         enc = build_tiny(**TINY_LORA)
-        trainer = Trainer(enc, make_rows(), TrainConfig(**CFG, max_steps=4))
+        trainer = Trainer(enc, make_rows(), train_config(max_steps=4))
         result = trainer.train()
         out[rank] = {
             "groups": [(m["dataset"], m["language"]) for m in result.metrics],
@@ -166,7 +173,7 @@ def test_two_processes_train_like_one(make_encoder):
     peak = CFG["learning_rate"]
     assert two[0]["lrs"][:2] == pytest.approx([peak / 2, peak])  # warmup in optimizer steps, not per process
     enc = tiny(make_encoder)
-    single = Trainer(enc, make_rows(), TrainConfig(**CFG, max_steps=4)).train()
+    single = Trainer(enc, make_rows(), train_config(max_steps=4)).train()
     assert [(m["dataset"], m["language"]) for m in single.metrics] == two[0]["groups"]
     # the logged loss is the global batch's (the mean over ranks), the same on every rank and as one process's
     assert two[0]["losses"] == two[1]["losses"]
@@ -200,7 +207,7 @@ def _resume_and_stop_worker(rank, world, init_file, out, folder):
                             timeout=timedelta(seconds=30))  # fmt: skip
     result = {}
     try:
-        cfg = TrainConfig(**CFG, max_steps=2, checkpoint_steps=[2])
+        cfg = train_config(max_steps=2, checkpoint_steps=[2])
         trainer = Trainer(build_tiny(**TINY_LORA), make_rows(), cfg, folder)
         torch.manual_seed(1000 + rank)  # each rank's own random stream (e.g. its dropout masks)
         random.seed(rank)
@@ -221,7 +228,7 @@ def _resume_and_stop_worker(rank, world, init_file, out, folder):
 
         train_mod.contrastive_loss = nan_on_rank_1
         try:
-            Trainer(build_tiny(**TINY_LORA), make_rows(), TrainConfig(**CFG, max_steps=2)).train()
+            Trainer(build_tiny(**TINY_LORA), make_rows(), train_config(max_steps=2)).train()
             result["stopped"] = "no error"
         except Exception as err:  # recorded for the test to compare across ranks
             result["stopped"] = f"{type(err).__name__}: {err}"

@@ -25,7 +25,13 @@ def uneven_rows():
     return Dataset.from_list(records)
 
 
-CFG = dict(global_batch_size=8, num_negatives=2, max_length=64, seed=0, grad_cache_chunk=2)  # 128 slots
+CFG = dict(global_batch_size=8, num_negatives=2, max_length=64, seed=0, grad_cache_chunk=2,  # 128 slots
+           max_steps=None, warmup_steps=0, checkpoint_steps=[])  # fmt: skip
+
+
+def train_config(**values) -> TrainConfig:
+    """`CFG` with `values` over it."""
+    return TrainConfig(**{**CFG, **values})
 
 
 def record_forwards(encoder):
@@ -63,7 +69,7 @@ def reference_step(trainer, batch):
 @pytest.mark.parametrize("grad_cache", [False, True])
 def test_micro_batched_step_equals_one_padded_forward(make_encoder, grad_cache):
     rows = uneven_rows()
-    cfg = TrainConfig(**CFG, grad_cache=grad_cache)
+    cfg = train_config(grad_cache=grad_cache)
     results = []
     for micro in (False, True):
         enc = make_encoder(seed=0, **TINY_LORA)
@@ -112,7 +118,7 @@ def test_each_step_logs_its_padding_efficiency(make_encoder):
     rows = uneven_rows()
     enc = make_encoder(seed=0, **TINY_LORA)
     seen, handle = record_forwards(enc)
-    result = Trainer(enc, rows, TrainConfig(**CFG, max_steps=2)).train()
+    result = Trainer(enc, rows, train_config(max_steps=2)).train()
     handle.remove()
     real = sum(n for f in seen for n in f["lengths"])
     slots = sum(len(f["lengths"]) * f["width"] for f in seen)

@@ -16,6 +16,7 @@ from c2llm_lib.files import CorruptFile
 from c2llm_lib.train import (
     STATE_JSON,
     CheckpointMismatch,
+    NonFiniteGradients,
     NonFiniteWeights,
     TrainConfig,
     Trainer,
@@ -28,8 +29,15 @@ from c2llm_lib.train import (
 from conftest import TINY_LORA
 from training_rows import make_rows, train_until_killed
 
-CFG = dict(global_batch_size=4, num_negatives=2, learning_rate=5e-3, warmup_steps=2, max_length=64, seed=0)
+# all epochs of the rows (max_steps None) and no checkpoints unless a test asks for them
+CFG = dict(global_batch_size=4, num_negatives=2, learning_rate=5e-3, warmup_steps=2, max_length=64, seed=0,
+           max_steps=None, checkpoint_steps=[])  # fmt: skip
 PARAMS = Path(__file__).resolve().parent.parent / "params"
+
+
+def train_config(**values) -> TrainConfig:
+    """`CFG` with `values` over it."""
+    return TrainConfig(**{**CFG, **values})
 
 
 def tiny(make_encoder, seed=0, **overrides):
@@ -55,7 +63,7 @@ def record(trainer, path):
 
 # which steps -----------------------------------------------------------------------------------------
 def test_fractions_become_steps_of_the_run():
-    fractions = TrainConfig(checkpoint_fractions=[0.7, 0.8, 0.9, 1.0])
+    fractions = TrainConfig(checkpoint_steps=[], checkpoint_fractions=[0.7, 0.8, 0.9, 1.0])
     assert checkpoint_schedule(fractions, 10) == [7, 8, 9, 10]
     assert checkpoint_schedule(fractions, 11000) == [7700, 8800, 9900, 11000]
     assert checkpoint_schedule(fractions, 5) == [4, 5]  # 3.5 -> 4 (half up), 4, 4.5 -> 5, 5: deduplicated
@@ -70,7 +78,7 @@ def test_fractions_become_steps_of_the_run():
 def test_a_checkpoint_step_beyond_the_training_is_an_error_naming_it(make_encoder):
     # 16 rows in two groups of 8, batches of 4: 4 steps per epoch, 12 in 3 epochs; 8000 would never be written
     with pytest.raises(ConfigError, match=r"'checkpoint_steps' \[8000\] lie beyond this training's 12 optimizer steps"):
-        Trainer(tiny(make_encoder), make_rows(), TrainConfig(**CFG, checkpoint_steps=[4, 8000]), "unused")
+        Trainer(tiny(make_encoder), make_rows(), train_config(checkpoint_steps=[4, 8000]), "unused")
 
 
 def test_the_paper_params_merge_four_checkpoints_placed_by_fractions():
@@ -85,7 +93,7 @@ def test_n_steps_with_four_fractions_checkpoint_four_steps_ending_at_n_and_merge
     stale = root / "step-000012"  # an earlier, longer training's last checkpoint (an older format)
     (stale / "adapter").mkdir(parents=True)
     (stale / "trainer_state.pt").write_bytes(b"older training")
-    cfg = TrainConfig(**CFG, max_steps=10, checkpoint_fractions=[0.7, 0.8, 0.9, 1.0])
+    cfg = train_config(max_steps=10, checkpoint_fractions=[0.7, 0.8, 0.9, 1.0])
     trainer = Trainer(tiny(make_encoder), make_rows(), cfg, root)
     note = trainer.resume_latest()
     assert "nothing in it records which training wrote it" in note and "training from step 0" in note
@@ -104,9 +112,9 @@ def test_n_steps_with_four_fractions_checkpoint_four_steps_ending_at_n_and_merge
 def test_notebook_03_merges_only_the_checkpoints_of_the_recorded_training(make_encoder, tmp_path):
     """A shorter re-training in a folder that still holds a longer training's step 4 merges its own 2 and 3."""
     root = tmp_path / "checkpoints"
-    old = Trainer(tiny(make_encoder), make_rows(), TrainConfig(**CFG, max_steps=4, checkpoint_steps=[2, 3, 4]), root)
+    old = Trainer(tiny(make_encoder), make_rows(), train_config(max_steps=4, checkpoint_steps=[2, 3, 4]), root)
     old.train()
-    shorter = Trainer(tiny(make_encoder), make_rows(), TrainConfig(**CFG, max_steps=3, checkpoint_steps=[2]), root)
+    shorter = Trainer(tiny(make_encoder), make_rows(), train_config(max_steps=3, checkpoint_steps=[2]), root)
     shorter.train()
     shorter.save_final()
     assert names(root) == ["step-000002", "step-000003", "step-000004"]  # the folder mixes the two trainings
@@ -120,7 +128,7 @@ def test_notebook_03_refuses_a_checkpoint_copied_in_from_another_training(make_e
     import shutil
 
     root, other = tmp_path / "checkpoints", tmp_path / "other"
-    cfg = TrainConfig(**CFG, max_steps=3, checkpoint_steps=[2, 3])
+    cfg = train_config(max_steps=3, checkpoint_steps=[2, 3])
     ours = Trainer(tiny(make_encoder), make_rows(), cfg, root)
     ours.train()
     Trainer(tiny(make_encoder), make_rows(), dataclasses.replace(cfg, learning_rate=7e-3), other).train()
@@ -145,7 +153,7 @@ def test_notebook_03_refuses_a_checkpoint_copied_in_from_another_training(make_e
 
 # restarting notebook 02 --------------------------------------------------------------------------------
 def test_a_rerun_resumes_the_same_training_from_its_last_complete_checkpoint(make_encoder, tmp_path, monkeypatch):
-    rows, cfg = make_rows(), TrainConfig(**CFG, max_steps=5, checkpoint_steps=[2, 3])
+    rows, cfg = make_rows(), train_config(max_steps=5, checkpoint_steps=[2, 3])
     straight = tiny(make_encoder)
     expected = Trainer(straight, rows, cfg, tmp_path / "a").train()
 
@@ -169,9 +177,9 @@ def test_a_rerun_resumes_the_same_training_from_its_last_complete_checkpoint(mak
 
 def test_a_rerun_with_another_config_moves_the_old_checkpoints_aside(make_encoder, tmp_path):
     root = tmp_path / "checkpoints"
-    Trainer(tiny(make_encoder), make_rows(), TrainConfig(**CFG, max_steps=2, checkpoint_steps=[1, 2]), root).train()
+    Trainer(tiny(make_encoder), make_rows(), train_config(max_steps=2, checkpoint_steps=[1, 2]), root).train()
     before = {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()}
-    other = TrainConfig(**{**CFG, "learning_rate": 1e-3}, max_steps=2, checkpoint_steps=[1, 2])
+    other = train_config(learning_rate=1e-3, max_steps=2, checkpoint_steps=[1, 2])
     trainer = Trainer(tiny(make_encoder), make_rows(), other, root)
     note = trainer.resume_latest()
     assert "learning_rate: 0.005 in the checkpoint, 0.001 here" in note and "nothing deleted" in note
@@ -188,7 +196,7 @@ def test_a_checkpoint_older_than_a_setting_resumes_while_the_setting_keeps_its_d
     """A checkpoint written before `pma_attention_learning_rate` existed lacks the key; at the default (None) it is the
     same training and resumes, set to anything else it is another training, named by the key."""
     root = tmp_path / "checkpoints"
-    cfg = TrainConfig(**CFG, max_steps=3, checkpoint_steps=[1])
+    cfg = train_config(max_steps=3, checkpoint_steps=[1])
     Trainer(tiny(make_encoder), make_rows(), cfg, root).train()
     for state_file in root.glob("step-*/trainer_state.json"):
         state = json.loads(state_file.read_text())
@@ -219,7 +227,7 @@ def test_a_resume_where_auto_resolves_to_another_dtype_is_refused_naming_both(ma
     import c2llm_lib.hardware as hardware
 
     monkeypatch.setattr(hardware, "auto_dtype", lambda device: (torch.float32, "fp32 measured faster"))
-    cfg = TrainConfig(**CFG, max_steps=2, checkpoint_steps=[2])
+    cfg = train_config(max_steps=2, checkpoint_steps=[2])
     trainer = Trainer(tiny(make_encoder, dtype="auto"), make_rows(), cfg, tmp_path)
     trainer.train()
     saved = json.loads((tmp_path / "step-000002" / "trainer_state.json").read_text())["training"]
@@ -234,12 +242,12 @@ def test_a_resume_where_auto_resolves_to_another_dtype_is_refused_naming_both(ma
 
 def test_a_pickled_trainer_state_is_refused_unread(make_encoder, tmp_path):
     root = tmp_path / "checkpoints"
-    Trainer(tiny(make_encoder), make_rows(), TrainConfig(**CFG, max_steps=1, checkpoint_steps=[1]), root).train()
+    Trainer(tiny(make_encoder), make_rows(), train_config(max_steps=1, checkpoint_steps=[1]), root).train()
     checkpoint, marker = root / "step-000001", tmp_path / "pwned"
     for old in checkpoint.glob("trainer_state.*"):
         old.unlink()
     torch.save({"step": RunsAShellCommand(marker)}, checkpoint / "trainer_state.pt")
-    trainer = Trainer(tiny(make_encoder), make_rows(), TrainConfig(**CFG, max_steps=2), root)
+    trainer = Trainer(tiny(make_encoder), make_rows(), train_config(max_steps=2), root)
     with pytest.raises(CorruptFile, match=r"trainer_state\.pt: a trainer state in pickle format; refusing"):
         trainer.resume(checkpoint)
     assert not marker.exists()
@@ -256,7 +264,7 @@ def test_a_pickled_trainer_state_is_refused_unread(make_encoder, tmp_path):
 )
 def test_a_truncated_checkpoint_file_is_named_with_what_is_wrong(make_encoder, tmp_path, damaged, problem):
     root = tmp_path / "checkpoints"
-    cfg = TrainConfig(**CFG, max_steps=2, checkpoint_steps=[1])
+    cfg = train_config(max_steps=2, checkpoint_steps=[1])
     Trainer(tiny(make_encoder), make_rows(), cfg, root).train()
     path = root / "step-000001" / damaged
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
@@ -276,7 +284,7 @@ def test_a_pickled_adapter_or_a_non_finite_head_in_a_checkpoint_is_named(make_en
     from safetensors.torch import load_file, save_file
 
     root = tmp_path / "checkpoints"
-    cfg = TrainConfig(**CFG, max_steps=2, checkpoint_steps=[1])
+    cfg = train_config(max_steps=2, checkpoint_steps=[1])
     Trainer(tiny(make_encoder), make_rows(), cfg, root).train()
     checkpoint = root / "step-000001"
     if damage == "pickle":
@@ -293,7 +301,7 @@ def test_a_pickled_adapter_or_a_non_finite_head_in_a_checkpoint_is_named(make_en
 
 def test_resume_refuses_a_checkpoint_of_another_model_naming_the_keys(make_encoder, tmp_path):
     root = tmp_path / "checkpoints"
-    cfg = TrainConfig(**CFG, max_steps=2, checkpoint_steps=[1])
+    cfg = train_config(max_steps=2, checkpoint_steps=[1])
     Trainer(tiny(make_encoder), make_rows(), cfg, root).train()  # pma_heads 4
     eight_heads = Trainer(tiny(make_encoder, pma_heads=8), make_rows(), cfg, root)
     with pytest.raises(CheckpointMismatch, match="pma_heads: 4 in the checkpoint, 8 here"):
@@ -306,7 +314,7 @@ def test_resume_refuses_a_checkpoint_of_another_model_naming_the_keys(make_encod
 
 
 def test_an_infinite_learning_rate_never_writes_a_checkpoint(make_encoder, tmp_path):
-    cfg = TrainConfig(**CFG, max_steps=4, checkpoint_steps=[1])
+    cfg = train_config(max_steps=4, checkpoint_steps=[1])
     cfg.learning_rate = math.inf  # as `learning_rate: .inf` once reached the trainer (the config now refuses it)
     trainer = Trainer(tiny(make_encoder), make_rows(), cfg, tmp_path)
     with pytest.raises(NonFiniteWeights, match=r"update at step 1 .* non-finite.*with finite weights.*none written"):
@@ -324,10 +332,9 @@ def test_a_non_finite_update_stops_before_its_checkpoint_and_the_last_one_is_goo
         return out
 
     monkeypatch.setattr(Trainer, "forward_backward", infinite_gradient_at_step_2)
-    trainer = Trainer(
-        tiny(make_encoder), make_rows(), TrainConfig(**CFG, max_steps=4, checkpoint_steps=[1, 2]), tmp_path
-    )
-    with pytest.raises(NonFiniteWeights, match=r"update at step 2 \(dataset Set\d\)") as caught:
+    trainer = Trainer(tiny(make_encoder), make_rows(), train_config(max_steps=4, checkpoint_steps=[1, 2]), tmp_path)
+    message = r"gradients at step 2 \(dataset Set\d\) are non-finite in 1 of \d+ trainable tensors .* though the loss"
+    with pytest.raises(NonFiniteGradients, match=message + r" was finite.*stopping before the update") as caught:
         trainer.train()
     # finite is all the check knows: the message calls the checkpoint neither good nor bad (was "the last good")
     assert str(caught.value).endswith("Last checkpoint written, with finite weights (finite, not necessarily good: "
@@ -341,7 +348,7 @@ def test_a_non_finite_update_stops_before_its_checkpoint_and_the_last_one_is_goo
 def test_a_zero_head_learning_rate_freezes_the_head(make_encoder):
     encoder = tiny(make_encoder)
     before = trainable(encoder)
-    Trainer(encoder, make_rows(), TrainConfig(**CFG, max_steps=2, pma_learning_rate=0.0)).train()
+    Trainer(encoder, make_rows(), train_config(max_steps=2, pma_learning_rate=0.0)).train()
     after = {n: p.detach() for n, p in encoder.named_parameters()}
     pooler = [n for n in before if n.startswith("pooler.")]
     lora = [n for n in before if "lora_" in n]
@@ -356,7 +363,7 @@ def test_the_attention_learning_rate_moves_only_the_seed_wq_and_wk(make_encoder)
     norms by next to nothing."""
     encoder = tiny(make_encoder)
     before = trainable(encoder)
-    cfg = TrainConfig(**CFG, max_steps=2, pma_learning_rate=1e-9, pma_attention_learning_rate=1e-2)
+    cfg = train_config(max_steps=2, pma_learning_rate=1e-9, pma_attention_learning_rate=1e-2)
     trainer = Trainer(encoder, make_rows(), cfg)
     lrs = sorted(g["initial_lr"] for g in trainer.optimizer.param_groups)  # the peaks (warmup scales "lr")
     assert lrs == [1e-9, CFG["learning_rate"], 1e-2]
@@ -375,12 +382,12 @@ def test_the_attention_learning_rate_moves_only_the_seed_wq_and_wk(make_encoder)
 def test_without_an_attention_rate_the_head_is_one_group_and_a_split_run_resumes_exactly(
     make_encoder, tmp_path, monkeypatch
 ):
-    assert len(Trainer(tiny(make_encoder), make_rows(), TrainConfig(**CFG, max_steps=2)).optimizer.param_groups) == 2
-    same = TrainConfig(**CFG, max_steps=2, pma_learning_rate=1e-3, pma_attention_learning_rate=1e-3)
+    assert len(Trainer(tiny(make_encoder), make_rows(), train_config(max_steps=2)).optimizer.param_groups) == 2
+    same = train_config(max_steps=2, pma_learning_rate=1e-3, pma_attention_learning_rate=1e-3)
     assert len(Trainer(tiny(make_encoder), make_rows(), same).optimizer.param_groups) == 2
     rows = make_rows()
     rates = dict(pma_learning_rate=1e-3, pma_attention_learning_rate=3e-3)
-    cfg = TrainConfig(**CFG, max_steps=3, checkpoint_steps=[2], **rates)
+    cfg = train_config(max_steps=3, checkpoint_steps=[2], **rates)
     straight = tiny(make_encoder)
     Trainer(straight, rows, cfg, tmp_path / "a").train()
     train_until_killed(Trainer(tiny(make_encoder), rows, cfg, tmp_path / "b"), 3, monkeypatch)

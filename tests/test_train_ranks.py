@@ -15,7 +15,7 @@ from spawn import run_processes
 from training_rows import uneven_rows
 
 CFG = dict(global_batch_size=6, num_negatives=3, learning_rate=5e-3, warmup_steps=2, max_length=48, seed=0,
-           grad_cache_chunk=2, max_steps=8)  # fmt: skip
+           grad_cache_chunk=2, max_steps=8, checkpoint_steps=[])  # fmt: skip
 
 
 def trainable(encoder):

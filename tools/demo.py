@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     path = fetch_qwen_coder_gguf(args.cache_dir)
     print(f"backbone: {path}")
-    cfg = ModelConfig(backbone=str(path.parent), gguf_file=path.name, pooling=args.pooling, dtype=args.dtype)
+    cfg = ModelConfig(backbone=str(path.parent), gguf_file=path.name, pooling=args.pooling, dtype=args.dtype,
+                      use_lora=False)  # encodes only: no adapter  # fmt: skip
     encoder = C2LLMEncoder.from_config(cfg)
     pairs = [code_pair(f) for f in FUNCTIONS]
     queries = encoder.encode([q for q, _ in pairs], kind="query", instruction=INSTRUCTION)

@@ -210,7 +210,10 @@ def run_part(
 
 
 def commit() -> dict[str, Any]:
-    """The repository's commit and dirty flag (C2LLM_COMMIT where the copy has no .git, as on a device machine)."""
+    """The repository's commit and dirty flag; C2LLM_COMMIT, where set, names it (a copy sent to a GPU machine may carry
+    another checkout's .git, or none)."""
+    if os.environ.get("C2LLM_COMMIT"):
+        return {"commit": os.environ["C2LLM_COMMIT"], "dirty": None}
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
         dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, timeout=10)

@@ -1,9 +1,9 @@
 """The recipe's size in numbers (paper section 4.1): parameter counts, memory per device, optimizer steps and FLOPs.
 
 Formulas only, nothing measured: the computed plan of the paper's scale (`benchmarks/paper_scale_plan.py`, the
-README's table) and the preflight (`tools/preflight/`, which measures the same quantities on a machine: its MFU and its
-projections use these FLOPs, its disk estimate these parameter counts) both use them. For a Qwen2 decoder (`Arch`,
-the Qwen2.5-Coder configs, or `arch_of` any transformers config):
+table in docs/paper-scale.md) and the preflight (`tools/preflight/`, which measures the same quantities on a machine:
+its MFU and its projections use these FLOPs, its disk estimate these parameter counts) both use them. For a Qwen2
+decoder (`Arch`, the Qwen2.5-Coder configs, or `arch_of` any transformers config):
 
 - parameters: the backbone without LM head, LoRA's A and B on the seven projections, the PMA head at width d;
 - memory: bf16 frozen weights, LoRA + PMA in fp32 with AdamW (weights, gradients, two moments: 16 bytes each), DDP's

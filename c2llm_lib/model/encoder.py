@@ -455,6 +455,7 @@ class C2LLMEncoder(nn.Module):
             pooler_settings = {**pooler_settings, "embedding_dim": None}
         cfg = ModelConfig(
             backbone=str(root),
+            use_lora=False,  # the release's weights are whole: no adapter
             pooling=pooling,
             device=device,
             dtype=dtype,

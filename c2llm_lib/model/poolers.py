@@ -39,7 +39,7 @@ class LastTokenPooler(nn.Module):
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         B, T, _ = hidden.shape
         positions = torch.arange(T, device=hidden.device).expand(B, T)  # (B, T)
-        last = (positions * mask.bool()).argmax(dim=1)  # (B,), index of the last real token
+        last = (positions * mask.to(hidden.device).bool()).argmax(dim=1)  # (B,), index of the last real token
         return hidden[torch.arange(B, device=hidden.device), last].float()  # (B, d_LLM)
 
 

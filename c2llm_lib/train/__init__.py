@@ -44,11 +44,12 @@ from .state import (
     rng_to_json,
     set_rng_state,
 )
-from .step import NonFiniteLoss, NonFiniteWeights, TrainStep, head_groups
+from .step import NonFiniteGradients, NonFiniteLoss, NonFiniteWeights, TrainStep, head_groups
 
 __all__ = [
-    "STATE_JSON", "STATE_KEYS", "STATE_TENSORS", "Checkpoint", "CheckpointMismatch", "NonFiniteLoss",
-    "NonFiniteWeights", "TrainConfig", "TrainResult", "TrainStep", "Trainer", "TrainerState", "apply_weights",
+    "STATE_JSON", "STATE_KEYS", "STATE_TENSORS", "Checkpoint", "CheckpointMismatch", "NonFiniteGradients",
+    "NonFiniteLoss", "NonFiniteWeights", "TrainConfig", "TrainResult", "TrainStep", "Trainer", "TrainerState",
+    "apply_weights",
     "checkpoint_schedule", "checkpoints_to_merge", "config_differences", "data_fingerprint", "encoder_from_checkpoint",
     "head_groups", "identity_differences", "load_checkpoint_weights", "lr_lambda", "main", "micro_batches",
     "most_negatives", "move_aside", "optimizer_from_state", "optimizer_to_state", "read_checkpoint", "rng_from_json",

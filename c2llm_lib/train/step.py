@@ -55,6 +55,10 @@ class NonFiniteWeights(RuntimeError):
     """An update made a trainable weight NaN or infinite; the run stopped before checkpointing it."""
 
 
+class NonFiniteGradients(NonFiniteWeights):
+    """A finite loss whose backward pass gave NaN or infinite gradients; the run stopped before the update."""
+
+
 def head_groups(pooler: torch.nn.Module, lr: float, attention_lr: float) -> list[dict[str, Any]]:
     """The pooler's optimizer groups: its trainable parameters at `lr`, except, when `attention_lr` differs, a PMA
     head's attention parameters (`PMAHead.attention_parameters`) in a group of their own at `attention_lr`. Poolers
@@ -123,6 +127,8 @@ class TrainStep:
         norm = torch.nn.utils.clip_grad_norm_(
             [p for g in self.optimizer.param_groups for p in g["params"]], self.cfg.max_grad_norm
         )
+        if not torch.isfinite(norm):  # the same on every rank: DDP's all-reduce made the gradients equal
+            self.refuse_gradients(dataset)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.check_weights(dataset)
@@ -255,6 +261,20 @@ class TrainStep:
             )
         mean = every[:, :-1].mean(0)  # (L,)
         return {**{key: mean[i] for i, key in enumerate(keys)}, "short_of_k": every[:, -1].sum()}
+
+    def refuse_gradients(self, dataset: str) -> None:
+        """Non-finite gradients of a finite loss: clipping would spread them to every weight (the norm is NaN), so the
+        run stops before the update, naming the tensors whose gradients the backward pass made non-finite."""
+        bad = [n for n, p in self.trained if p.grad is not None and not torch.isfinite(p.grad).all()]
+        backbone = self.encoder.backbone_config
+        raise NonFiniteGradients(
+            f"the gradients at step {self.step + 1} (dataset {dataset}) are non-finite in {len(bad)} of "
+            f"{len(self.trained)} trainable tensors (e.g. {bad[:3]}) though the loss was finite: the backward pass "
+            f"made them (backbone dtype {next(self.encoder.base_model.parameters()).dtype}, attention "
+            f"{getattr(backbone, '_attn_implementation', 'unknown')}, device {self.encoder.device}); stopping before "
+            f"the update. Last checkpoint written, with finite weights (finite, not necessarily good: check its loss): "
+            f"{self.last_good()}"
+        )
 
     def check_weights(self, dataset: str) -> None:
         """After an update: every trainable weight finite on every rank, or the run stops before checkpointing."""
