@@ -7,7 +7,7 @@ the meta device), memory per GPU for the weights, LoRA + PMA with AdamW, activat
 without gradient checkpointing and per GradCache chunk, steps per epoch, and the wall time from the FLOP count at
 an assumed MFU (the FLOP rule of `scale.py`: LoRA's matmuls, attention's backward twice, the recomputation). Every
 figure is an estimate from the formulas of `tools/scale.py` (shared with the preflight, which measures the same
-quantities on a machine: `python -m c2llm_lib.pipeline params/<run>.yaml --preflight`, and with `make gpu-check`);
+quantities on a machine: `python -m tools.preflight params/<run>.yaml`, and with `make gpu-check`);
 no GPU was available to measure one.
 
     python benchmarks/paper_scale_plan.py [--mfu 0.35] [--mean-tokens 1024]
