@@ -49,10 +49,9 @@ from .step import NonFiniteGradients, NonFiniteLoss, NonFiniteWeights, TrainStep
 __all__ = [
     "STATE_JSON", "STATE_KEYS", "STATE_TENSORS", "Checkpoint", "CheckpointMismatch", "NonFiniteGradients",
     "NonFiniteLoss", "NonFiniteWeights", "TrainConfig", "TrainResult", "TrainStep", "Trainer", "TrainerState",
-    "apply_weights",
-    "checkpoint_schedule", "checkpoints_to_merge", "config_differences", "data_fingerprint", "encoder_from_checkpoint",
-    "head_groups", "identity_differences", "load_checkpoint_weights", "lr_lambda", "main", "micro_batches",
-    "most_negatives", "move_aside", "optimizer_from_state", "optimizer_to_state", "read_checkpoint", "rng_from_json",
-    "rng_state", "rng_to_json", "save_checkpoint", "set_rng_state",
-    "split_params", "throughput", "training_identity",
+    "apply_weights", "checkpoint_schedule", "checkpoints_to_merge", "config_differences", "data_fingerprint",
+    "encoder_from_checkpoint", "head_groups", "identity_differences", "load_checkpoint_weights", "lr_lambda", "main",
+    "micro_batches", "most_negatives", "move_aside", "optimizer_from_state", "optimizer_to_state", "read_checkpoint",
+    "rng_from_json", "rng_state", "rng_to_json", "save_checkpoint", "set_rng_state", "split_params", "throughput",
+    "training_identity",
 ]  # fmt: skip
