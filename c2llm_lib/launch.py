@@ -47,7 +47,7 @@ from .train import Trainer
 
 LOGS = Path("logs") / "02_train"  # inside the run directory
 RENDEZVOUS_TIMEOUT_S = 600  # how long the machines of a multi-machine training wait for each other to start
-# what the other machines run (README: several machines)
+# what the other machines run (docs/training.md, several machines)
 MACHINE_COMMAND = "python -m tools.launch PARAMS --nnodes N --node-rank K --rdzv-endpoint HOST:PORT [--nproc P]"
 
 
@@ -364,7 +364,7 @@ def train_stage(run_dir, model: ModelConfig, train: TrainConfig, launch: LaunchC
     if launch.node_rank != 0:
         raise ConfigError(
             f"parameter 'node_rank' = {launch.node_rank}: the notebook runs on node 0 only; start the other machines "
-            f"with `{MACHINE_COMMAND}` (README: several machines)"
+            f"with `{MACHINE_COMMAND}` (docs/training.md, several machines)"
         )
     nproc = processes(launch, model)
     if nproc == 1 and launch.nnodes == 1:
