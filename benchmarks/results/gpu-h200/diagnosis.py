@@ -64,7 +64,7 @@ except Exception:
 section("B: one training step (LoRA, PMA, checkpointing) with padding: finite?")
 try:
     from c2llm_lib.config import TrainConfig
-    from c2llm_lib.preflight.probe import trainer_for
+    from tools.preflight.probe import trainer_for  # c2llm_lib.preflight.probe when this ran (docs/layout.md)
     rows = 4
     words = ["alpha", "beta", "gamma", "delta", "def f(x): return x", "SELECT 1", "import os"]
     rng = np.random.default_rng(0)
