@@ -288,7 +288,7 @@ def _imports(source: str) -> set[str]:
 def check_modules() -> list[str]:
     """Every third-party module the check can import: the library (function-level imports too), notebooks 01-05,
     tools/gpu_*.py, the preflight and scale formulas it runs (tools/preflight/, tools/scale.py),
-    benchmarks/encode_bench.py, tests/test_gpu.py and its conftest."""
+    benchmarks/encode_bench.py, tests/test_gpu.py, its conftest and the FLOP tests it borrows from."""
     found: set[str] = set()
     files = [
         *REPO.joinpath("c2llm_lib").rglob("*.py"),
@@ -298,6 +298,7 @@ def check_modules() -> list[str]:
         REPO / "benchmarks" / "encode_bench.py",
         REPO / "tests" / "test_gpu.py",
         REPO / "tests" / "conftest.py",
+        REPO / "tests" / "test_flops.py",
     ]
     for path in files:
         found |= _imports(path.read_text())
@@ -306,7 +307,7 @@ def check_modules() -> list[str]:
             if cell["cell_type"] == "code":
                 lines = "".join(cell["source"]).splitlines()
                 found |= _imports("\n".join(x for x in lines if not x.lstrip().startswith(("%", "!"))))
-    local = {"c2llm_lib", "tools", "conftest", "gpu_parts", "gpu_check", "gpu_wheels"}
+    local = {"c2llm_lib", "tools", "conftest", "test_flops", "gpu_parts", "gpu_check", "gpu_wheels"}
     return sorted(m for m in found if m not in sys.stdlib_module_names and m not in local and not m.startswith("_"))
 
 

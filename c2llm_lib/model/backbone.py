@@ -160,11 +160,14 @@ def load_backbone(cfg: ModelConfig, device: torch.device | None = None) -> PreTr
     device = device or resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     attn = resolve_attn_implementation(cfg.attn_implementation, device, dtype)
-    if cfg.backbone == TINY_BACKBONE:  # drawn in float32, then cast: the same weights in every dtype (torch 2.11
+    if cfg.backbone == TINY_BACKBONE:  # drawn in float32, then copied: the same weights in every dtype (torch 2.11
         with torch.random.fork_rng(devices=[]):  # draws other bf16 numbers than float32's, torch 2.13 the same)
             torch.manual_seed(0)
             model = AutoModel.from_config(tiny_qwen2_config(), attn_implementation=attn, dtype=torch.float32)
-        model = model.to(dtype)
+            if dtype != torch.float32:  # a model built in `dtype` (its rotary buffers stay float32, as from_config
+                drawn = model.state_dict()  # makes them; `.to(dtype)` would round them), given the drawn weights
+                model = AutoModel.from_config(tiny_qwen2_config(), attn_implementation=attn, dtype=dtype)
+                model.load_state_dict(drawn)
     else:
         if _is_hub_id(cfg.backbone) and cfg.backbone_revision is None:
             warnings.warn(
