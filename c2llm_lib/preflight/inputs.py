@@ -357,8 +357,9 @@ def model_folder(path: Path, gguf_file: str | None, label: str) -> Found:
 
 def check_backbone(setup: Setup, hub: Hub) -> tuple[Check, bool]:
     """The backbone's weights and revision; (check, whether its weights can be loaded here)."""
+    from ..downloads import default_cache_dir
     from ..model.backbone import REAL_GGUF_BACKBONE, TINY_BACKBONE
-    from ..model.gguf import QWEN_CODER_05B_GGUF, default_cache_dir
+    from ..model.gguf import QWEN_CODER_05B_GGUF
 
     model = setup.model
     if model.backbone == TINY_BACKBONE:
