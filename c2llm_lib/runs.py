@@ -66,6 +66,7 @@ PRODUCTS = {
         "metrics/eval_intervals.json",
         "metrics/results.md",
         "metrics/beir*.json",
+        "metrics/unseen*.json",
         "figures/scores.png",
         "metrics/ablations.*",
         "metrics/ablations_intervals.json",
