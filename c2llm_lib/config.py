@@ -424,6 +424,15 @@ def check_beir_sets(folders: list[str]) -> None:
     require(len(set(folders)) == len(folders), "beir_sets", f"repeats a folder: {folders}")
 
 
+def check_unseen_packages(entries: list[str]) -> None:
+    """`unseen_packages` (notebooks 01 and 04): names of pinned packages or pins, each package once
+    (`data.unseen.package_pins`, which names a bad entry)."""
+    if entries:
+        from .data.unseen import package_pins
+
+        package_pins(entries)
+
+
 @dataclass
 class DataStage:
     """Notebook 01: which data, how much of it, and its hard negatives."""
@@ -445,11 +454,14 @@ class DataStage:
     code_test_percent: int = 20  # data_source "code": the share of files held out (by a hash of each path)
     # notebook 04's key, shared: no training row may hold a judged query or relevant document of these BEIR sets
     beir_sets: list[str] = field(default_factory=list)
+    # notebook 04's key, shared: no training row may come from these libraries (data/unseen.py); []: none
+    unseen_packages: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.file_entries()  # names the entry and key of a bad data_files entry, before the generic type check
         check_types(self)
         check_beir_sets(self.beir_sets)
+        check_unseen_packages(self.unseen_packages)
         require(bool(self.data_files) or self.data_source != "files", "data_files",
                 "must name at least one file or folder for data_source 'files', e.g. --set "
                 "data_files=[/path/to/pairs.jsonl] (a relative path resolves from notebooks/)")  # fmt: skip
@@ -529,10 +541,13 @@ class EvalStage:
     hub_mirror: str | None = None  # a local folder laid out as the hub datasets (data/mirror.py) instead of the hub
     beir_sets: list[str] = field(default_factory=list)  # local retrieval sets in the BEIR layout (data/beir.py)
     beir_instruction: str = FILES_INSTRUCTION  # the c2llm style's query instruction for beir_sets ("": none)
+    # libraries no training row came from, each a pinned name or "<name> <version> sha256:<hex>" (data/unseen.py)
+    unseen_packages: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_types(self)
         check_beir_sets(self.beir_sets)
+        check_unseen_packages(self.unseen_packages)
         require(self.eval_limit is None or self.eval_limit > 0, "eval_limit", "must be positive")
         require(self.eval_max_documents is None or self.eval_max_documents >= 200, "eval_max_documents",
                 "must be at least 200 (fewer distractors make retrieval too easy to compare) or None")  # fmt: skip

@@ -17,8 +17,12 @@ adapter), never the other way round (the pieces both need, `RetrievalTask`, `cor
   `heldout-<group>-<language>` for a user's files; a query repeated with several positives is one query with all of
   them relevant. No HumanEval beside them: it measures the offline recipe, not the user's data. `evaluation_tasks`
   picks the run's tasks (its own held-out split when it has one, else the offline ones);
+- `unseen_tasks`: two tasks per library of `unseen_packages` (`data/unseen.py`: pinned PyPI wheels no training row
+  came from), `unseen-text2code-<package>` and `unseen-code2code-<package>`, each ranking its queries against the
+  package's whole corpus (every function, documented or not, as a document);
 - `contamination_note`: the evaluated sets a run's training rows were not decontaminated against (notebook 01 checks
-  the held-out tasks always, MTEB(Code, v1) only with `decontaminate_mteb`, never a BEIR set), said beside the scores;
+  the held-out tasks always, the unseen libraries it records, MTEB(Code, v1) only with `decontaminate_mteb`, never a
+  BEIR set), said beside the scores;
 - `instruction_overrides`: in the c2llm prompt style, a task whose instruction is its own (a user's files' groups,
   a local BEIR set, `data/beir.py`) is evaluated with that instruction, as its rows trained;
 - `chunked_topk`: exact top-k by cosine over a corpus scored in chunks. Memory is bounded by
@@ -33,7 +37,9 @@ adapter), never the other way round (the pieces both need, `RetrievalTask`, `cor
   (`uncertainty.py`): `query_scores` reads those of `evaluate_all`'s models from mteb's cache (no second encoding)
   and scores BM25's; `bm25_query_scores`, `embedding_query_scores` and `truncation_query_scores` give the others.
   `baselines` builds the untrained-pooler baselines on the evaluated model's own backbone (a released
-  checkpoint's through `C2LLMEncoder.from_released`), loaded once and shared by the poolers.
+  checkpoint's through `C2LLMEncoder.from_released`), loaded once and shared by the poolers. `scored_table` is one
+  table of notebook 04 in one call: scores, sizes, per-query scores, the trained model's differences to the others
+  with their intervals, and the markdown (the BEIR sets' and the unseen libraries' tables).
   Documents are prepared as mteb prepares a corpus (`corpus_text`: stripped), so our scores equal
   `mteb.evaluate`'s on the same task (tested in tests/test_mteb_code.py).
 """
@@ -46,6 +52,7 @@ import math
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +63,12 @@ from .data.negatives import bm25_scores_topk
 from .data.offline import TEXT_TO_CODE, humaneval_records, load_snapshot
 from .data.records import DataError
 from .data.sources import TABLE_1
+from .data.unseen import mine_packages, package_pins
 from .model import C2LLMEncoder
 from .model.released import is_released_checkpoint
 from .prompts import HELDOUT_RECIPES, prompts, recipe_task
 from .retrieval import RetrievalTask, corpus_text, file_safe, truncate
+from .uncertainty import differences, differences_markdown
 
 
 def limit_task(
@@ -115,15 +124,17 @@ def task_from_rows(
     max_documents: int | None = None,
     seed: int = 0,
     distinct_queries: bool = False,
+    documents: Sequence[str] = (),
 ) -> RetrievalTask:
     """A task of the rows' queries, `limit` of them drawn with `seed` (all when None; `limit_task`); the corpus holds
-    every row's positive, so a limit shortens the query list and never the corpus. Identical documents share an id.
-    With `distinct_queries`, rows sharing a query text are one query, relevant to each of their positives (a query's
-    other correct answers are not counted as misses). `max_documents` as in `limit_task`."""
+    every row's positive and every text of `documents` (a whole corpus: the answers of no query too), so a limit
+    shortens the query list and never the corpus. Identical documents share an id. With `distinct_queries`, rows
+    sharing a query text are one query, relevant to each of their positives (a query's other correct answers are not
+    counted as misses). `max_documents` as in `limit_task`."""
     corpus, ids, queries, qrels, query_ids = {}, {}, {}, {}, {}
-    for row in rows:
-        doc_id = ids.setdefault(row["positive"], f"d{len(ids)}")
-        corpus[doc_id] = row["positive"]
+    for text in [*(row["positive"] for row in rows), *documents]:
+        doc_id = ids.setdefault(text, f"d{len(ids)}")
+        corpus[doc_id] = text
     for i, row in enumerate(rows):
         query_id = query_ids.setdefault(row["query"], f"q{len(query_ids)}") if distinct_queries else f"q{i}"
         queries[query_id] = row["query"]
@@ -213,6 +224,33 @@ def evaluation_tasks(
     return offline_tasks(limit, max_documents=max_documents, seed=seed)
 
 
+def unseen_task_names(entries: Sequence[str]) -> dict[str, str]:
+    """{task name: its package's pin} of the tasks `unseen_tasks` makes of `unseen_packages` (no fetching): what
+    `contamination_note` compares with the pins notebook 01 recorded."""
+    return {f"unseen-{short}-{file_safe(pin.name)}": str(pin) for pin in package_pins(entries)
+            for short in HELDOUT_RECIPES}  # fmt: skip
+
+
+def unseen_tasks(
+    entries: Sequence[str],
+    limit: int | None = None,
+    max_documents: int | None = None,
+    seed: int = 0,
+    cache_dir: str | Path | None = None,
+) -> list[RetrievalTask]:
+    """Two tasks per library of `unseen_packages` (`data.unseen.mine_packages`: the pinned wheel, fetched once into
+    the cache and hash-checked, mined): `unseen-text2code-<package>` and `unseen-code2code-<package>`, each query once
+    with all its positives relevant, against the package's whole corpus (every function as a document, its queries'
+    answers or not); `limit` and `max_documents` as in `limit_task`. No packages: no tasks."""
+    tasks = []
+    for mined in mine_packages(entries, cache_dir) if entries else []:
+        for short, recipe in HELDOUT_RECIPES.items():
+            tasks.append(task_from_rows(f"unseen-{short}-{file_safe(mined.pin.name)}", mined.rows[recipe],
+                                        TABLE_1[recipe], limit, max_documents, seed, distinct_queries=True,
+                                        documents=mined.corpus[recipe]))  # fmt: skip
+    return tasks
+
+
 def instruction_overrides(config, tasks: Sequence[RetrievalTask]) -> dict[str, str]:
     """{task: its own query instruction} for the tasks whose instruction the c2llm prompt set does not give: a
     user's files' groups and local BEIR sets (the offline and code held-out tasks' instructions are table 1's, the
@@ -234,23 +272,30 @@ def instruction_overrides(config, tasks: Sequence[RetrievalTask]) -> dict[str, s
 CHECKED_KEY = "decontaminated_mteb_tasks"  # notebook 01's record in metrics/data.json (data/build.py)
 
 
-def contamination_note(evaluated: Sequence[str], data_record: dict | None, model: str) -> str:
+def contamination_note(
+    evaluated: Sequence[str], data_record: dict | None, model: str, unseen: dict[str, str] | None = None
+) -> str:
     """A paragraph naming the evaluated sets (task names, in order) that `model`'s training rows were not checked
     against, "" when there is none. `data_record` is the run's `metrics/data.json`: notebook 01 removes every text of
-    the offline held-out split, HumanEval and the run's own held-out split from the rows, and the test texts of the
-    MTEB tasks it records (`CHECKED_KEY`; none unless `decontaminate_mteb`), never a local BEIR set's or another
-    benchmark's; so any other set is named. None (a released checkpoint, whose training data this repository did not
-    prepare) names every evaluated set, as does a record that predates the key."""
+    the offline held-out split, HumanEval and the run's own held-out split from the rows, the texts of the unseen
+    libraries whose pins it records (`unseen_packages`; `unseen` gives each unseen task's pin, `unseen_task_names`),
+    and the test texts of the MTEB tasks it records (`CHECKED_KEY`; none unless `decontaminate_mteb`), never a local
+    BEIR set's or another benchmark's; so any other set is named. None (a released checkpoint, whose training data this
+    repository did not prepare) names every evaluated set, as does a record that predates the key."""
     evaluated = list(dict.fromkeys(evaluated))  # a task of two benchmarks, once
+    unseen, recorded = unseen or {}, set((data_record or {}).get("unseen_packages", []))
+    checked = [s for s in evaluated if _always_checked(s) or (s in unseen and unseen[s] in recorded)]
     if data_record is None:
         unchecked, why = list(evaluated), "its training data was not prepared here, so nothing was checked against it"
     elif not isinstance(data_record.get(CHECKED_KEY), list):
-        unchecked = [s for s in evaluated if not _always_checked(s)]
+        unchecked = [s for s in evaluated if s not in checked]
         why = "metrics/data.json does not record which MTEB tasks notebook 01 decontaminated against (rerun 01)"
     else:
-        unchecked = [s for s in evaluated if not _always_checked(s) and s not in data_record[CHECKED_KEY]]
+        unchecked = [s for s in evaluated if s not in checked and s not in data_record[CHECKED_KEY]]
         why = ("notebook 01 decontaminates only against MTEB(Code, v1)'s test sets, and only with decontaminate_mteb: "
                f"it checked {len(data_record[CHECKED_KEY])} MTEB tasks")  # fmt: skip
+        if any(s in unseen for s in unchecked):
+            why += ", and against the unseen libraries whose pins it records (unseen_packages)"
     if not unchecked:
         return ""
     return (f"**Not checked for contamination**: the training rows of {model} were not decontaminated against "
@@ -578,3 +623,42 @@ def _count_cell(task: dict[str, int], count: str) -> str:
     if count == "queries" and "queries in the split" in task:
         return f"{task['queries']} of {task['queries in the split']}"
     return str(task[count])
+
+
+@dataclass
+class ScoredTable:
+    """One table of notebook 04 (`scored_table`): {model: {task: nDCG@10}}, each task's size (`task_sizes`), every
+    query's nDCG@10 per model, the trained model's differences to the others with their intervals, and the markdown
+    of both; all empty where there were no tasks."""
+
+    scores: dict[str, dict[str, float]] = field(default_factory=dict)
+    sizes: dict[str, dict[str, int]] = field(default_factory=dict)
+    queries: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    differences: dict = field(default_factory=dict)
+    markdown: str = ""
+
+
+def scored_table(
+    models: dict[str, Any],
+    tasks: Sequence[RetrievalTask],
+    cache_dir: str | Path,
+    label: str,
+    title: str,
+    bm25: bool = True,
+    batch_size: int = 16,
+    max_length: int = 2048,
+) -> ScoredTable:
+    """`models` (the trained one named `label`, and its baselines) and BM25 scored on `tasks` (`evaluate_all`, then the
+    per-query scores from the same cache, `query_scores`), with each task's size at `max_length` and the difference
+    of `label` to every other model with its 95 % interval over queries (`uncertainty.differences`); the markdown is
+    the table ("### <title>, nDCG@10 x 100", with its counts and length) followed by the differences."""
+    if not tasks:
+        return ScoredTable()
+    options = {"bm25": bm25, "batch_size": batch_size, "max_length": max_length}
+    scores = evaluate_all(models, tasks, cache_dir, **options)
+    sizes = task_sizes(tasks, models[label], max_length)
+    queries = query_scores(models, tasks, cache_dir, **options)
+    diffs = differences(queries, [(label, other) for other in scores if other != label])
+    markdown = results_markdown(results_frame(scores), f"{title}, nDCG@10 x 100", sizes, max_length=max_length)
+    markdown += "\n" + differences_markdown(diffs, f"{label} against each other model, {title}")
+    return ScoredTable(scores, sizes, queries, diffs, markdown)

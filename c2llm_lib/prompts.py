@@ -15,8 +15,8 @@
 our offline tasks, a run's held-out task, or a training dataset of the same name). Training (`train.Trainer`) and
 evaluation (`mteb_code.MTEBEncoder`) both call it with the encoder's `prompt_style`, so a model is evaluated with the
 prompts it was trained with. A held-out task of a `code` run (`heldout-text2code-<language>`,
-`heldout-code2code-<language>`, `eval.heldout_tasks`) takes the prompts of the recipe that mined it
-(`recipe_task`).
+`heldout-code2code-<language>`, `eval.heldout_tasks`) and a task of an unseen library (`unseen-text2code-<package>`,
+`unseen-code2code-<package>`, `eval.unseen_tasks`) take the prompts of the recipe that mined them (`recipe_task`).
 
 Names no prompt set lists (a user's own group in a `files` run, its held-out tasks, a local BEIR set, a task of
 another mteb benchmark): the jina style gives them its text-to-code category, NL2Code (`USER_CATEGORY`): a user's
@@ -54,7 +54,7 @@ OFFLINE_TASKS = {  # our offline tasks -> the MTEB(Code) task whose recipe made 
     "offline-code2code-python": "CodeSearchNetCCRetrieval", "offline-code2code-javascript": "CodeSearchNetCCRetrieval",
     "HumanEval": "CodeSearchNetRetrieval",
 }  # fmt: skip
-HELDOUT_RECIPES = {"text2code": "CodeSearchNetRetrieval", "code2code": "CodeSearchNetCCRetrieval"}  # code runs
+HELDOUT_RECIPES = {"text2code": "CodeSearchNetRetrieval", "code2code": "CodeSearchNetCCRetrieval"}  # mined code
 USER_CATEGORY = "NL2Code"  # jina's category for a name its table does not list (a user's group, a BEIR set)
 CODEXEMBED_INSTRUCTION = "Instruct: Given Code or Text, retrieve relevant content. Query:"
 STYLES = ("c2llm", "jina", "codexembed")
@@ -63,11 +63,14 @@ STYLES = ("c2llm", "jina", "codexembed")
 def recipe_task(task: str) -> str:
     """The task or dataset whose prompts `task` takes: an offline task's recipe (`OFFLINE_TASKS`), a code run's
     held-out task's recipe (`heldout-text2code-<language>` -> CodeSearchNetRetrieval, `heldout-code2code-<language>`
-    -> CodeSearchNetCCRetrieval), else `task` itself."""
+    -> CodeSearchNetCCRetrieval), an unseen library's task's (`unseen-text2code-<package>`,
+    `unseen-code2code-<package>`), else `task` itself."""
     if task in OFFLINE_TASKS:
         return OFFLINE_TASKS[task]
     for short, recipe in HELDOUT_RECIPES.items():
         if task.startswith(f"heldout-{short}-") and task.removeprefix(f"heldout-{short}-") in LANGUAGES:
+            return recipe
+        if task.startswith(f"unseen-{short}-") and task.removeprefix(f"unseen-{short}-"):
             return recipe
     return task
 
@@ -87,7 +90,7 @@ def prompts(style: str, task: str, document_prefix: str = DOCUMENT_PREFIX) -> tu
     if name not in C2LLM_PROMPTS:
         raise ValueError(
             f"no {style} prompts for task {task!r} (the c2llm style takes a user's task's instruction from its rows "
-            f"or an override); known: {sorted(C2LLM_PROMPTS) + sorted(OFFLINE_TASKS)} and heldout-text2code-<language>"
-            ", heldout-code2code-<language>"
+            f"or an override); known: {sorted(C2LLM_PROMPTS) + sorted(OFFLINE_TASKS)}, heldout-text2code-<language>"
+            ", heldout-code2code-<language>, unseen-text2code-<package> and unseen-code2code-<package>"
         )
     return C2LLM_PROMPTS[name], document_prefix

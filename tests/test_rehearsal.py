@@ -6,7 +6,9 @@ scales the sizes down; the hub datasets come from a local mirror laid out as the
 shipped: bf16 where the file says so, decontamination against the MTEB(Code) test data as mteb loads it, the
 checkpoints the file selects and their merge, the prompts, the evaluation settings. The params files for a user's own
 data (own-code, own-pairs) get what a user names with --set from the repository's fixtures: a multi-language source
-tree and a FlagEmbedding JSONL (with a BEIR set beside it), which must come out unchanged. A params file that no
+tree and a FlagEmbedding JSONL (with a BEIR set beside it), which must come out unchanged. A file that evaluates
+unseen libraries (`unseen_packages`, fetched from PyPI) gets a tiny wheel written here and laid in a cache of the
+test's own instead (tests/test_unseen.py), so nothing reaches the index. A params file that no
 rehearsal covers fails `test_every_params_file_is_rehearsed`. metrics/train.json records the dtype `auto` resolved
 to on this CPU, so a file shipping `auto` is checked for bfloat16 or float32.
 """
@@ -87,9 +89,15 @@ def shipped(stem: str) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stem", [s for s, only in MEANT_FOR.items() if only], ids=str)
-def test_rehearsal(stem, mirror, release, tmp_path):
+def test_rehearsal(stem, mirror, release, tmp_path, monkeypatch):
     only = MEANT_FOR[stem]
     sets = {"hub_mirror": str(mirror), **USER_DATA.get(stem, {}), **SIZES.get(stem, {})}
+    if shipped(stem).get("unseen_packages"):  # PyPI's wheels cannot be had here: a tiny library's, pinned the same way
+        from test_unseen import TINYLIB, pin_of, write_wheel
+
+        monkeypatch.setenv("C2LLM_CACHE", str(tmp_path / "cache"))
+        wheel = write_wheel(tmp_path / "cache" / "wheels", "tinylib", "1.0", TINYLIB)
+        sets["unseen_packages"] = [pin_of("tinylib", "1.0", wheel)]
     if stem == "own-pairs":  # and a local retrieval set in the BEIR layout beside the held-out split
         from test_beir import write_set
 
@@ -125,6 +133,8 @@ def test_rehearsal(stem, mirror, release, tmp_path):
         check_own_data(run.root, params["eval_limit"])
     if sets.get("beir_sets"):
         check_beir(run.root)
+    if "04" in only and sets.get("unseen_packages"):
+        check_unseen(run.root, sets["unseen_packages"])
     if params.get("compare_poolings"):
         check_study(run.root, resolved["06_recipe_comparison"])
 
@@ -146,6 +156,16 @@ def check_beir(root: Path) -> None:
     assert "| model | beir-my-set | mean |" in table and "| *queries per task* | 3 |" in table
     assert "| *documents per task* | 4 |" in table
     assert "the training rows of C2LLM recipe (merged) were not decontaminated against beir-my-set (" in table
+
+
+def check_unseen(root: Path, pins: list[str]) -> None:
+    """The unseen library was kept out of training (notebook 01 records its pin) and scored by every model beside the
+    held-out tasks, in a table of its own."""
+    assert json.loads((root / "metrics" / "data.json").read_text())["unseen_packages"] == pins
+    scores = json.loads((root / "metrics" / "unseen.json").read_text())
+    assert set(scores) == set(json.loads((root / "metrics" / "eval.json").read_text()))  # the same models
+    assert all(set(s) == {"unseen-text2code-tinylib", "unseen-code2code-tinylib"} for s in scores.values())
+    assert "### Unseen libraries, nDCG@10 x 100" in (root / "metrics" / "results.md").read_text()
 
 
 def check_own_data(root: Path, eval_limit: int) -> None:

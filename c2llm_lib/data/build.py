@@ -14,7 +14,9 @@ user's code (`data_source: code`, `code_trees.py`), the rows are the train split
 from `code_roots`, decontaminated against the held-out split's texts and function bodies too, and the held-out split
 comes back as `Prepared.heldout`; capping and negatives as for the others. Whatever the source, the training rows
 are also decontaminated against the BEIR sets the run scores in notebook 04 (`beir_sets`, `beir.beir_keys`: their
-judged queries and relevant documents, `mix.BEIR_TEXT`).
+judged queries and relevant documents, `mix.BEIR_TEXT`) and against the libraries it evaluates as unseen
+(`unseen_packages`, `unseen.unseen_keys`: every query and document of their tasks, `mix.UNSEEN_TEXT`); a run whose
+offline snapshot or code roots hold files of such a library is refused (`unseen.source_overlap`).
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ from typing import Any
 
 from ..config import DataStage
 from .beir import BeirKeys, beir_keys
-from .code_trees import prepare_code
+from .code_trees import code_roots, prepare_code, walked_files
 from .files import prepare_files
 from .mirror import relative_note
 from .mix import (
     MTEB_CODE_TASKS,
     Prepared,
+    UnseenKeys,
     add_hard_negatives,
     fingerprint_of,
     group_indices,
@@ -42,6 +45,7 @@ from .mix import (
 from .offline import humaneval_records, load_snapshot
 from .records import DataError, RowChecker
 from .sources import mteb_tasks as mirrored_mteb_tasks
+from .unseen import mine_packages, unseen_keys
 
 
 def offline_eval_texts() -> list[str]:
@@ -81,16 +85,18 @@ def own_rows(
     eval_texts: Sequence[str],
     mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
     beir: BeirKeys | None = None,
+    unseen: UnseenKeys | None = None,
 ) -> Prepared:
     """A user's rows (`data_source` files or code) as notebook 01 reads them: every file or folder opened, every row
     checked, the held-out share set apart (`Prepared.heldout`) and the rest decontaminated (against `beir`, the BEIR
-    sets the run scores, too), before the cap per group and the negatives; a `DataError` names the file, folder or
-    row that cannot be used. The preflight reads them through here too."""
+    sets the run scores, and `unseen`, the libraries it evaluates as unseen, too), before the cap per group and the
+    negatives; a `DataError` names the file, folder or row that cannot be used. The preflight reads them through here
+    too."""
     if stage.data_source == "files":
         return prepare_files(stage.file_entries(), stage.files_instruction, stage.files_heldout_fraction, eval_texts,
-                             mteb_keys, beir=beir)  # fmt: skip
+                             mteb_keys, beir=beir, unseen=unseen)  # fmt: skip
     if stage.data_source == "code":
-        return prepare_code(stage.code_roots, stage.code_test_percent, eval_texts, mteb_keys, beir)
+        return prepare_code(stage.code_roots, stage.code_test_percent, eval_texts, mteb_keys, beir, unseen)
     raise ValueError(f"data_source {stage.data_source!r} holds no user data (files or code)")
 
 
@@ -99,6 +105,19 @@ def decontaminated_mteb_tasks(stage: DataStage) -> list[str]:
     MTEB(Code, v1)'s with `decontaminate_mteb`, else none. Notebook 01 records them in `metrics/data.json`, so that
     notebook 04 says which of the sets it evaluates the training was not checked against (`eval.contamination_note`)."""
     return list(MTEB_CODE_TASKS) if stage.decontaminate_mteb else []
+
+
+def training_files(stage: DataStage) -> dict[str, Iterable[str]]:
+    """{training source: the ids of its files} where the rows record the file they came from, for the unseen-library
+    check (`unseen.unseen_keys`): the offline snapshot's train split (`python/<path in the standard library>`,
+    `javascript/lodash/<file>`) and each code root's files as mining walks them; hub and files rows record none."""
+    if stage.data_source == "offline":
+        snapshot = "the offline snapshot (CPython standard library, lodash)"
+        return {snapshot: sorted({row["file"] for row in load_snapshot() if row["split"] == "train"})}
+    if stage.data_source == "code":  # code_roots names a bad root, as mining would
+        roots = code_roots(stage.code_roots)
+        return {f"code root {root}": [file for file, _ in walked_files(root)] for _, root in roots}
+    return {}
 
 
 def build_training_data(
@@ -123,6 +142,7 @@ def build_training_data(
         raise DataError("mteb_tasks were given to decontaminate against, but decontaminate_mteb is false")
     eval_texts = offline_eval_texts()
     beir = beir_keys(stage.beir_sets)
+    unseen = unseen_keys(mine_packages(stage.unseen_packages), training_files(stage)) if stage.unseen_packages else None
     mteb_keys = (
         mteb_test_keys(MTEB_CODE_TASKS if mteb_tasks is None else mteb_tasks) if stage.decontaminate_mteb else ((), ())
     )
@@ -138,11 +158,12 @@ def build_training_data(
 
         # prepare_rows adds the hash of every decontamination key to this fingerprint
         fingerprint = fingerprint_of("offline", stage.rows_per_group, stage.seed)
-        prepared = prepare_rows(rows, fingerprint, eval_texts, mteb_keys=mteb_keys, beir=beir)
+        prepared = prepare_rows(rows, fingerprint, eval_texts, mteb_keys=mteb_keys, beir=beir, unseen=unseen)
     elif stage.data_source in ("files", "code"):
-        prepared = _capped_table(own_rows(stage, eval_texts, mteb_keys, beir), stage)
+        prepared = _capped_table(own_rows(stage, eval_texts, mteb_keys, beir, unseen), stage)
     else:
-        prepared = prepare_sources(stage.hub_sources, local_root, eval_texts, mteb_keys=mteb_keys, beir=beir)
+        prepared = prepare_sources(stage.hub_sources, local_root, eval_texts, mteb_keys=mteb_keys, beir=beir,
+                                   unseen=unseen)  # fmt: skip
         prepared = _capped_table(prepared, stage)
     keep_given = stage.data_source == "files"  # a user's own negatives stay; the hub's and snapshot's are mined
     return add_hard_negatives(prepared, k=stage.num_negatives, method=stage.mining, keep_given=keep_given)

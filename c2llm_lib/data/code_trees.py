@@ -76,7 +76,7 @@ import pathspec
 
 from .beir import BeirKeys
 from .grammars import BY_EXTENSION, Function, Grammar, error_line, functions, parser_for, summary_of
-from .mix import Prepared, _generate, features, fingerprint_of, prepare_rows
+from .mix import Prepared, UnseenKeys, _generate, features, fingerprint_of, prepare_rows
 from .offline import TEST_PERCENT, pair_records
 from .records import SAME_TEXT, DataError, RowChecker, SkipReport, normalize_text, text_key
 
@@ -514,11 +514,13 @@ def prepare_code(
     eval_texts: Iterable[str] = (),
     mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
     beir: BeirKeys | None = None,
+    unseen: UnseenKeys | None = None,
 ) -> Prepared:
     """The train split of the mined roots through `prepare_rows` (checked, deduplicated, and decontaminated against
-    `eval_texts`, `mteb_keys`, the BEIR sets of `beir` and every held-out query, document and function body), with
-    the test split as `heldout` (without `body_key`, and without its pairs whose query equals their positive) and the
-    mining's file counts in the report. The mined records pass through an Arrow table on disk, not memory."""
+    `eval_texts`, `mteb_keys`, the BEIR sets of `beir`, the unseen libraries of `unseen` and every held-out query,
+    document and function body), with the test split as `heldout` (without `body_key`, and without its pairs whose
+    query equals their positive) and the mining's file counts in the report. The mined records pass through an Arrow
+    table on disk, not memory."""
     import numpy as np
 
     mining = MiningReport()
@@ -555,7 +557,8 @@ def prepare_code(
 
     fingerprint = fingerprint_of("code", mining.digest.hexdigest(), test_percent)
     heldout_keys = chain(map(text_key, _texts(heldout)), bodies)
-    prepared = prepare_rows(rows, fingerprint, eval_texts, mteb_keys=mteb_keys, heldout_keys=heldout_keys, beir=beir)
+    prepared = prepare_rows(rows, fingerprint, eval_texts, mteb_keys=mteb_keys, heldout_keys=heldout_keys, beir=beir,
+                            unseen=unseen)  # fmt: skip
     prepared.heldout = heldout
     return prepared
 

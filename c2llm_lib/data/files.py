@@ -49,7 +49,7 @@ from ..config import FileEntry
 from ..files import file_digest
 from .beir import BeirKeys
 from .layouts import DEFAULT_LANGUAGE, BadRow, FileDefaults, Layout, PairRow, detect_layout, read_rows
-from .mix import EvalKeys, Prepared, _generate, _scratch_folder, features, fingerprint_of, prepare_rows
+from .mix import EvalKeys, Prepared, UnseenKeys, _generate, _scratch_folder, features, fingerprint_of, prepare_rows
 from .records import DataError, RowChecker, SkipReport, text_key
 from .sources import _parse_line
 
@@ -332,10 +332,11 @@ def prepare_files(
     mteb_keys: tuple[Sequence[str], Sequence[str]] = ((), ()),
     base_dir: Path = NOTEBOOK_DIR,
     beir: BeirKeys | None = None,
+    unseen: UnseenKeys | None = None,
 ) -> Prepared:
     """The training rows of a user's files, checked and decontaminated (`mix.prepare_rows`) against the offline
-    evaluation texts, `mteb_keys`, the BEIR sets of `beir` and the held-out rows, which come back as
-    `Prepared.heldout`."""
+    evaluation texts, `mteb_keys`, the BEIR sets of `beir`, the unseen libraries of `unseen` and the held-out rows,
+    which come back as `Prepared.heldout`."""
     if not entries:
         raise DataError("data_source 'files' needs at least one data_files entry")
     if not 0 <= heldout_fraction < 1:
@@ -348,14 +349,15 @@ def prepare_files(
     heldout, heldout_keys, heldout_report = _heldout(opened, default_instruction, heldout_fraction, fingerprint)
 
     beir = BeirKeys() if beir is None else beir
-    evaluated = EvalKeys.of(eval_texts, mteb_keys, heldout_keys, beir.keys)
+    unseen = UnseenKeys() if unseen is None else unseen
+    evaluated = EvalKeys.of(eval_texts, mteb_keys, heldout_keys, beir.keys, unseen.keys)
 
     def rows(checker: RowChecker) -> Iterator[dict]:
         for item in opened:
             yield from _training_rows(item, checker, default_instruction, heldout_fraction, evaluated)
 
     try:
-        prepared = prepare_rows(rows, fingerprint, eval_texts, None, mteb_keys, heldout_keys, beir)
+        prepared = prepare_rows(rows, fingerprint, eval_texts, None, mteb_keys, heldout_keys, beir, unseen)
     except DataError as err:
         if heldout is None or not len(heldout):
             raise
@@ -371,15 +373,16 @@ def prepare_files(
 
 def _evaluated(keys: EvalKeys, text: str) -> bool:
     key = text_key(text)
-    return any(key in s for s in (keys.test_queries, keys.relevant_documents, keys.offline, keys.heldout, keys.beir))
+    return any(key in s for s in (keys.test_queries, keys.relevant_documents, keys.offline, keys.heldout, keys.beir,
+                                  keys.unseen))  # fmt: skip
 
 
 def _training_rows(
     item: OpenFile, checker: RowChecker, instruction: str, fraction: float, evaluated: EvalKeys
 ) -> Iterator[dict]:
     """The file's training records; a row's own negative that is an evaluated text (held out, offline, an MTEB test
-    query or relevant document, a BEIR set's) is dropped and counted: training on it would show the model a test
-    text."""
+    query or relevant document, a BEIR set's, an unseen library's) is dropped and counted: training on it would show
+    the model a test text."""
     stats = item.stats
     for row in item.rows(instruction):
         stats.rows += 1

@@ -20,7 +20,10 @@ Decontamination compares `records.text_key`s (normalised text) and drops a train
   (e) its query or positive is a judged query or a relevant document (score > 0, as the model sees it and bare) of
       a BEIR set the run scores in notebook 04 ("BEIR set text", `beir_sets`, `beir.beir_keys`; listed only where
       the run names BEIR sets): either text in either place, so a set built from the run's own pairs trains on
-      none of them,
+      none of them, or
+  (f) its query or positive is a query or a document of the tasks mined from the libraries the run evaluates as
+      unseen ("unseen-library text", `unseen_packages`, `unseen.unseen_keys`; listed only where the run names such
+      packages): every document of their corpora counts, not only the relevant ones, since each is the library's code,
 counting each dropped row once, under the first rule that hits, per source (`Prepared.summary()`).
 Why both directions: CoIR's CodeSearchNet pairs train both ways (code -> docstring, and docstring -> code
 through `swap=True` in `sources.py`), and mteb evaluates both (COIRCodeSearchNetRetrieval asks with the code,
@@ -117,7 +120,17 @@ OFFLINE_EVAL_TEXT = "offline evaluation text"
 # checked in this order
 RULES = (QUERY_IS_TEST_QUERY, POSITIVE_IS_RELEVANT, QUERY_IS_RELEVANT, POSITIVE_IS_TEST_QUERY, OFFLINE_EVAL_TEXT)
 HELDOUT_TEXT = "held-out text"  # checked after RULES, only where a run holds rows out (data_source: files, code)
-BEIR_TEXT = "BEIR set text"  # checked last, only where a run scores BEIR sets (beir_sets)
+BEIR_TEXT = "BEIR set text"  # checked after the held-out rule, only where a run scores BEIR sets (beir_sets)
+UNSEEN_TEXT = "unseen-library text"  # checked last, only where a run evaluates unseen libraries (unseen_packages)
+
+
+@dataclass(frozen=True)
+class UnseenKeys:
+    """The unseen libraries a run evaluates (`unseen.PackagePin`s as text: name, version and the wheel's sha256) and
+    the `text_key`s of their tasks' queries and documents, which notebook 01 keeps out of training (`UNSEEN_TEXT`)."""
+
+    packages: tuple[str, ...] = ()
+    keys: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -129,6 +142,7 @@ class EvalKeys:
     offline: frozenset[str] = frozenset()
     heldout: frozenset[str] = frozenset()  # keys of the queries, positives (and code bodies) a run holds out
     beir: frozenset[str] = frozenset()  # keys of the judged queries and relevant documents of the run's BEIR sets
+    unseen: frozenset[str] = frozenset()  # keys of the queries and documents of the unseen libraries' tasks
 
     @classmethod
     def of(
@@ -137,13 +151,15 @@ class EvalKeys:
         mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
         heldout_keys: Iterable[str] = (),
         beir_keys: Iterable[str] = (),
+        unseen_keys: Iterable[str] = (),
     ) -> EvalKeys:
         """From offline evaluation texts, `mteb_test_keys`' (test-query keys, relevant-document keys), the keys of
-        the held-out rows' texts (and, in a code run, of their functions' bodies) and those of the BEIR sets."""
+        the held-out rows' texts (and, in a code run, of their functions' bodies), those of the BEIR sets and those of
+        the unseen libraries' tasks."""
         test_queries, relevant_documents = mteb_keys
         offline = frozenset(map(text_key, offline_texts))
         return cls(frozenset(test_queries), frozenset(relevant_documents), offline, frozenset(heldout_keys),
-                   frozenset(beir_keys))  # fmt: skip
+                   frozenset(beir_keys), frozenset(unseen_keys))  # fmt: skip
 
     def rule(self, query: str, positive: str, body_key: str = "") -> str | None:
         """The first rule a (query, positive) row breaks, or None if it is clean; `body_key` is the key of its
@@ -163,15 +179,18 @@ class EvalKeys:
             return HELDOUT_TEXT
         if q in self.beir or p in self.beir:
             return BEIR_TEXT
+        if q in self.unseen or p in self.unseen:
+            return UNSEEN_TEXT
         return None
 
     def fingerprint(self) -> str:
-        """A hash of the rules and of every key of every set (not their sizes: equal sizes, other keys); the held-out
-        and BEIR rules enter only when they have keys, so a run without them keeps its earlier fingerprint."""
+        """A hash of the rules and of every key of every set (not their sizes: equal sizes, other keys); the held-out,
+        BEIR and unseen-library rules enter only when they have keys, so a run without them keeps its earlier
+        fingerprint."""
         h = hashlib.sha256(json.dumps(RULES).encode())
         for keys in (self.test_queries, self.relevant_documents, self.offline):
             h.update(b"\x00" + "\n".join(sorted(keys)).encode())
-        for rule, keys in ((HELDOUT_TEXT, self.heldout), (BEIR_TEXT, self.beir)):
+        for rule, keys in ((HELDOUT_TEXT, self.heldout), (BEIR_TEXT, self.beir), (UNSEEN_TEXT, self.unseen)):
             if keys:
                 h.update(b"\x00" + rule.encode() + b"\x00" + "\n".join(sorted(keys)).encode())
         return h.hexdigest()
@@ -201,6 +220,7 @@ class Prepared:
     kept: Counter = field(default_factory=Counter)  # source -> rows in `rows`: the rows that train
     capped: Counter = field(default_factory=Counter)  # source -> rows left out by `selected` (a cap per group)
     beir_sets: list[str] = field(default_factory=list)  # the BEIR sets decontaminated against (`BEIR_TEXT`)
+    unseen_packages: list[str] = field(default_factory=list)  # the unseen libraries' pins, the same (`UNSEEN_TEXT`)
 
     def selected(self, indices: Sequence[int], why: str) -> Prepared:
         """These rows only (e.g. a cap per group, `why` saying which); the fingerprint and the counts follow."""
@@ -214,9 +234,10 @@ class Prepared:
         return sorted(set(self.report.sources()) | set(self.decontaminated) | set(self.kept))
 
     def rules(self) -> tuple[str, ...]:
-        """The decontamination rules of this table: `RULES`, the held-out rule where rows are held out, and the BEIR
-        rule where the run scores BEIR sets."""
-        return RULES + ((HELDOUT_TEXT,) if self.heldout is not None else ()) + ((BEIR_TEXT,) if self.beir_sets else ())
+        """The decontamination rules of this table: `RULES`, the held-out rule where rows are held out, the BEIR rule
+        where the run scores BEIR sets and the unseen-library rule where it evaluates unseen libraries."""
+        return (RULES + ((HELDOUT_TEXT,) if self.heldout is not None else ()) + ((BEIR_TEXT,) if self.beir_sets else ())
+                + ((UNSEEN_TEXT,) if self.unseen_packages else ()))  # fmt: skip
 
     def decontamination(self) -> dict[str, dict[str, int]]:
         """Rows dropped per source and rule, every rule listed (0 included) for every source seen."""
@@ -240,6 +261,8 @@ class Prepared:
             summary["heldout_rows"] = len(self.heldout)
         if self.beir_sets:
             summary["beir_sets"] = list(self.beir_sets)
+        if self.unseen_packages:
+            summary["unseen_packages"] = list(self.unseen_packages)
         if self.origin:
             summary["origin"] = self.origin
         if self.report.notes:
@@ -351,8 +374,9 @@ def _cached(cache_dir: Path | None, fingerprint: str) -> Prepared | None:
     for source, by_rule in summary["decontaminated"].items():
         decontaminated[source].update({rule: n for rule, n in by_rule.items() if n})
     rows = load_from_disk(str(cache_dir / fingerprint / "rows"))
-    beir_sets = summary.get("beir_sets", [])
-    return Prepared(rows, fingerprint, report, decontaminated, summary["unreachable"], kept=kept, beir_sets=beir_sets)
+    beir_sets, unseen = summary.get("beir_sets", []), summary.get("unseen_packages", [])
+    return Prepared(rows, fingerprint, report, decontaminated, summary["unreachable"], kept=kept, beir_sets=beir_sets,
+                    unseen_packages=unseen)  # fmt: skip
 
 
 def _store(prepared: Prepared, cache_dir: Path | None) -> Prepared:
@@ -397,24 +421,28 @@ def prepare_rows(
     mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
     heldout_keys: Iterable[str] = (),
     beir: BeirKeys | None = None,
+    unseen: UnseenKeys | None = None,
 ) -> Prepared:
     """Checks, deduplicates and decontaminates the rows that `rows(checker)` yields into an Arrow table.
 
     `eval_texts` are offline evaluation texts (rule c), `mteb_keys` is `mteb_test_keys`' (test-query
     keys, relevant-document keys) (rules a and b), `heldout_keys` the `text_key`s of the queries and positives a
     run holds out to evaluate on, and of their functions' bodies in a code run, which a row's `body_key` is compared
-    with (`HELDOUT_TEXT`), `beir` the BEIR sets the run scores (`BEIR_TEXT`). The table's fingerprint is
+    with (`HELDOUT_TEXT`), `beir` the BEIR sets the run scores (`BEIR_TEXT`), `unseen` the unseen libraries it
+    evaluates (`UNSEEN_TEXT`). The table's fingerprint is
     `fingerprint` (the rows' origin and options) combined with the hash of every decontamination key, so other keys
     never read back a cached table."""
 
     beir = BeirKeys() if beir is None else beir
-    keys = EvalKeys.of(eval_texts, mteb_keys, heldout_keys, beir.keys)
+    unseen = UnseenKeys() if unseen is None else unseen
+    keys = EvalKeys.of(eval_texts, mteb_keys, heldout_keys, beir.keys, unseen.keys)
     fingerprint = fingerprint_of(fingerprint, keys.fingerprint())
     cache = Path(cache_dir) if cache_dir is not None else None
     hit = _cached(cache, fingerprint)
     if hit is not None:
         return hit
-    prepared = Prepared(rows=None, fingerprint=fingerprint, beir_sets=list(beir.folders))
+    prepared = Prepared(rows=None, fingerprint=fingerprint, beir_sets=list(beir.folders),
+                        unseen_packages=list(unseen.packages))  # fmt: skip
     checker = RowChecker(prepared.report)
 
     produced = Counter()
@@ -450,6 +478,7 @@ def prepare_sources(
     cache_dir: str | Path | None = None,
     mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
     beir: BeirKeys | None = None,
+    unseen: UnseenKeys | None = None,
 ) -> Prepared:
     """The training rows of the named registry sources, checked and decontaminated (see `prepare_rows`)."""
     unknown = [n for n in names if n not in SOURCES]
@@ -469,7 +498,7 @@ def prepare_sources(
                     raise
                 unreachable[name] = str(err)
 
-    prepared = prepare_rows(rows, fp, eval_texts, cache_dir, mteb_keys, beir=beir)
+    prepared = prepare_rows(rows, fp, eval_texts, cache_dir, mteb_keys, beir=beir, unseen=unseen)
     prepared.unreachable.update(unreachable)
     return prepared
 

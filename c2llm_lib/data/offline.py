@@ -33,6 +33,9 @@ SNAPSHOT_DIR = Path(__file__).resolve().parent.parent / "assets" / "offline"
 SNAPSHOT = SNAPSHOT_DIR / "offline-code.jsonl.gz"
 TEXT_TO_CODE, CODE_TO_CODE = "CodeSearchNetRetrieval", "CodeSearchNetCCRetrieval"
 TEST_PERCENT = 20
+# The recipes' length filters (`pair_records`): a text -> code pair needs a summary of 3 to 120 words and a function of
+# 2 to 150 lines, a code -> code pair a function of 6 to 150 lines (split in half).
+SUMMARY_WORDS, CODE_LINES, SPLIT_LINES = (3, 120), (2, 150), (6, 150)
 
 
 def split_of(path: str, test_percent: int = TEST_PERCENT) -> str:
@@ -53,9 +56,9 @@ def pair_records(
     lines = code.rstrip().splitlines()
     rows = []
     words = summary.split()
-    if 3 <= len(words) <= 120 and 2 <= len(lines) <= 150:
+    if SUMMARY_WORDS[0] <= len(words) <= SUMMARY_WORDS[1] and CODE_LINES[0] <= len(lines) <= CODE_LINES[1]:
         rows.append({"dataset": TEXT_TO_CODE, "query": summary, "positive": code.rstrip()})
-    if 6 <= len(lines) <= 150:
+    if SPLIT_LINES[0] <= len(lines) <= SPLIT_LINES[1]:
         half = len(lines) // 2
         rows.append({"dataset": CODE_TO_CODE, "query": "\n".join(lines[:half]), "positive": "\n".join(lines[half:])})
     for row in rows:

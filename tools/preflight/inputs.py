@@ -358,8 +358,9 @@ def model_folder(path: Path, gguf_file: str | None, label: str) -> Found:
 
 def check_backbone(setup: Setup, hub: Hub) -> tuple[Check, bool]:
     """The backbone's weights and revision; (check, whether its weights can be loaded here)."""
+    from c2llm_lib.downloads import default_cache_dir
     from c2llm_lib.model.backbone import REAL_GGUF_BACKBONE, TINY_BACKBONE
-    from c2llm_lib.model.gguf import QWEN_CODER_05B_GGUF, default_cache_dir
+    from c2llm_lib.model.gguf import QWEN_CODER_05B_GGUF
 
     model = setup.model
     if model.backbone == TINY_BACKBONE:
