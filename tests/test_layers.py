@@ -24,7 +24,7 @@ LAYERS = {
     "c2llm_lib.batching": 0,
     # 1 the pieces: losses, prompts, the encoder, the data, the retrieval task shared by data and evaluation
     FACE: 1, "c2llm_lib.losses": 1, "c2llm_lib.prompts": 1, "c2llm_lib.model": 1, "c2llm_lib.data": 1,
-    "c2llm_lib.retrieval": 1,
+    "c2llm_lib.retrieval": 1, "c2llm_lib.downloads": 1,
     # 2 training, merging, export, evaluation
     "c2llm_lib.train": 2, "c2llm_lib.merge": 2, "c2llm_lib.export": 2, "c2llm_lib.eval": 2, "c2llm_lib.mteb_code": 2,
     "c2llm_lib.uncertainty": 2,
