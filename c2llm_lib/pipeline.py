@@ -30,7 +30,8 @@ from typing import Any
 
 import yaml
 
-from .config import PARAMS_DIR, ConfigError, LaunchConfig, from_dict, unknown_keys
+from .checks import ConfigError, unknown_keys
+from .config import PARAMS_DIR, LaunchConfig, from_dict
 from .data.code_trees import walked_files
 from .files import CorruptFile, digest, fingerprint
 from .hardware import PeakMemory

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from c2llm_lib.config import ConfigError, DataStage
+from c2llm_lib.checks import ConfigError
+from c2llm_lib.config import DataStage
 from c2llm_lib.data import code_trees
 from c2llm_lib.data.build import build_training_data
 from c2llm_lib.data.code_trees import MiningReport, code_roots, every_function, mine, prepare_code, source_files

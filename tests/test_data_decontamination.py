@@ -8,7 +8,8 @@ from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.abstasks.task_metadata import TaskMetadata
 from mteb.mocks.mock_tasks.retrieval import MockRetrievalTask, general_args
 
-from c2llm_lib.config import ConfigError, DataStage
+from c2llm_lib.checks import ConfigError
+from c2llm_lib.config import DataStage
 from c2llm_lib.data import DataError, prepare_rows
 from c2llm_lib.data.build import build_training_data
 from c2llm_lib.data.code_trees import mine

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from c2llm_lib.config import ConfigError, SearchStage
+from c2llm_lib.checks import ConfigError
+from c2llm_lib.config import SearchStage
 from c2llm_lib.data.offline import split_of
 from c2llm_lib.data.records import DataError
 from c2llm_lib.files import CorruptFile

@@ -1,6 +1,6 @@
 """Training pairs a user already has (`data_source: files`), read into the record shape of paper section 4.1.
 
-Each `data_files` entry is a path, or a mapping `{path, instruction, group, language}` (`config.FileEntry`): a file, a
+Each `data_files` entry is a path, or a mapping `{path, instruction, group, language}` (`entries.FileEntry`): a file, a
 `datasets.save_to_disk` folder, or a folder of data files (each file in it, not its subfolders). `datasets` reads
 every format, chosen by what the path is: `.jsonl`/`.json` through its json builder, `.csv` (every cell a text: no
 number or "NA" guessing; a line with too many fields is an error), `.parquet`, and a `save_to_disk` folder through
@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import FileEntry
+from ..entries import FileEntry
 from ..files import file_digest
 from .beir import BeirKeys
 from .layouts import DEFAULT_LANGUAGE, BadRow, FileDefaults, Layout, PairRow, detect_layout, read_rows

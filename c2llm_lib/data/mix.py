@@ -126,7 +126,7 @@ UNSEEN_TEXT = "unseen-library text"  # checked last, only where a run evaluates 
 
 @dataclass(frozen=True)
 class UnseenKeys:
-    """The unseen libraries a run evaluates (`unseen.PackagePin`s as text: name, version and the wheel's sha256) and
+    """The unseen libraries a run evaluates (`pins.PackagePin`s as text: name, version and the wheel's sha256) and
     the `text_key`s of their tasks' queries and documents, which notebook 01 keeps out of training (`UNSEEN_TEXT`)."""
 
     packages: tuple[str, ...] = ()

@@ -13,7 +13,7 @@ not only the positives of its queries (a text -> code query ranks every function
 the second halves of every function of 6-150 lines). `eval.unseen_tasks` makes two tasks of each package,
 `unseen-text2code-<package>` and `unseen-code2code-<package>`.
 
-The packages (`unseen_packages`, a key of notebooks 01 and 04, `package_pins`): a name from `PINNED`, or a pin
+The packages (`unseen_packages`, a key of notebooks 01 and 04, `pins.package_pins`): a name from `pins.PINNED`, or a pin
 "<name> <version> sha256:<hex>" of any other pure-Python wheel on the index. The wheel is fetched once with pip into
 the cache (`downloads.pinned_wheel`) and refused when its sha256 is not the pinned one; its `.py` files are unpacked
 into a temporary folder, mined and the folder removed. Nothing else is cached: everything derives from the pinned
@@ -43,8 +43,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from ..config import PINNED, PackagePin, canonical, package_pins  # noqa: F401 (the key's pins: config parses them)
 from ..downloads import default_cache_dir, pinned_wheel
+from ..pins import PackagePin, canonical, package_pins
 from .code_trees import code_roots, every_function, source_files
 from .grammars import summary_of
 from .mix import UnseenKeys

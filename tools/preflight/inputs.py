@@ -24,7 +24,8 @@ import datasets
 import pyarrow.compute as pc
 import yaml
 
-from c2llm_lib.config import ConfigError, DataStage
+from c2llm_lib.checks import ConfigError
+from c2llm_lib.config import DataStage
 from c2llm_lib.data.files import NOTEBOOK_DIR
 from c2llm_lib.data.mirror import repo_dir
 from c2llm_lib.data.records import DataError
