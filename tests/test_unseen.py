@@ -16,7 +16,7 @@ from c2llm_lib import downloads
 from c2llm_lib.checks import ConfigError
 from c2llm_lib.config import DataStage, EvalStage
 from c2llm_lib.data.build import build_training_data
-from c2llm_lib.data.mix import RULES, UNSEEN_TEXT
+from c2llm_lib.data.decontamination import RULES, UNSEEN_TEXT
 from c2llm_lib.data.offline import CODE_TO_CODE, TEXT_TO_CODE
 from c2llm_lib.data.records import DataError
 from c2llm_lib.data.sources import TABLE_1

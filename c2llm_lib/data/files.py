@@ -19,10 +19,10 @@ becomes one record per positive, sharing its negatives.
 - Held out: with `heldout_fraction` f > 0, a row goes to `Prepared.heldout` when the hash of its query's
   normalised text (`records.text_key`) falls in the first f of the hash range, so one query (whitespace variants
   included) never lands on both sides and the split is the same on every run and machine. The training rows are
-  decontaminated against every held-out query and positive (`mix.HELDOUT_TEXT`) as against MTEB's test keys, the
-  offline evaluation texts and the run's BEIR sets (`mix.BEIR_TEXT`), and a row's own negative that is one of those
-  texts is dropped and counted (training on it would show the model a test text). A row whose query equals its
-  positive is skipped and counted, held out or not (`records.SAME_TEXT`). Own negatives are kept by
+  decontaminated against every held-out query and positive (`decontamination.HELDOUT_TEXT`) as against MTEB's test
+  keys, the offline evaluation texts and the run's BEIR sets (`decontamination.BEIR_TEXT`), and a row's own negative
+  that is one of those texts is dropped and counted (training on it would show the model a test text). A row whose
+  query equals its positive is skipped and counted, held out or not (`records.SAME_TEXT`). Own negatives are kept by
   `mix.add_hard_negatives(keep_given=True)`.
 - Nothing is written into a user's folders, and nothing is served from a stale cache: `datasets` keys a local file
   by its path and modification time only, so each file is converted into a fresh scratch folder of its own
@@ -48,8 +48,9 @@ from typing import Any
 from ..entries import FileEntry
 from ..files import file_digest
 from .beir import BeirKeys
+from .decontamination import EvalKeys, UnseenKeys
 from .layouts import DEFAULT_LANGUAGE, BadRow, FileDefaults, Layout, PairRow, detect_layout, read_rows
-from .mix import EvalKeys, Prepared, UnseenKeys, _generate, _scratch_folder, features, fingerprint_of, prepare_rows
+from .mix import Prepared, _generate, _scratch_folder, features, fingerprint_of, prepare_rows
 from .records import DataError, RowChecker, SkipReport, text_key
 from .sources import _parse_line
 
