@@ -243,6 +243,7 @@ class LaunchConfig:
         return dataclasses.asdict(self)
 
 
+# the 12 tasks of MTEB(Code, v1), whose train splits are the hub sources, in the registry's order (data/sources.py)
 SOURCE_NAMES = [
     "CodeSearchNetRetrieval", "COIRCodeSearchNetRetrieval", "CodeSearchNetCCRetrieval", "AppsRetrieval",
     "CodeFeedbackST", "CodeFeedbackMT", "CodeEditSearchRetrieval", "CosQA", "StackOverflowQA", "SyntheticText2SQL",
