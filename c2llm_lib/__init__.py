@@ -3,7 +3,8 @@
 The encoder is `C2LLMEncoder`: a Qwen2.5-Coder backbone and a PMA head (paper section 3).
 """
 
-from .config import ConfigError, ModelConfig
+from .checks import ConfigError
+from .config import ModelConfig
 from .model import C2LLMEncoder
 
 __version__ = "0.1.0"

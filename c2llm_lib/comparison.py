@@ -57,7 +57,8 @@ from typing import Any
 
 import yaml
 
-from .config import PARAMS_DIR, CompareStage, ConfigError, ModelConfig, TrainConfig, from_dict
+from .checks import ConfigError
+from .config import PARAMS_DIR, CompareStage, ModelConfig, TrainConfig, from_dict
 from .distributed import die_with_parent
 from .eval import RetrievalTask, task_embeddings, truncation_query_scores
 from .files import CorruptFile, MissingInput, load_json

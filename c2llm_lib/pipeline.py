@@ -30,8 +30,9 @@ from typing import Any
 
 import yaml
 
-from .config import PARAMS_DIR, ConfigError, LaunchConfig, from_dict, unknown_keys
-from .data.code_trees import walked_files
+from .checks import ConfigError, unknown_keys
+from .config import PARAMS_DIR, LaunchConfig, from_dict
+from .data.tree_walk import walked_files
 from .files import CorruptFile, digest, fingerprint
 from .hardware import PeakMemory
 from .notebook import NOTEBOOK_DIR, ON_REQUEST, RUN_KEYS, STAGES, read_parameters, stage_keys
@@ -451,7 +452,7 @@ OUTSIDE_PATHS = {
     "04_eval_mteb_code": ("hub_mirror", "beir_sets", "eval_released"),
     "07_search_code": ("search_roots", "code_roots"),
 }
-CODE_ROOTS = ("code_roots", "search_roots")  # walked by the mining rules (`code_trees.walked_files`)
+CODE_ROOTS = ("code_roots", "search_roots")  # walked by the mining rules (`tree_walk.walked_files`)
 
 
 def outside_paths(name: str, values: dict[str, Any], notebook_dir: Path = NOTEBOOK_DIR) -> list[tuple[str, str, Path]]:
@@ -475,7 +476,7 @@ def outside_paths(name: str, values: dict[str, Any], notebook_dir: Path = NOTEBO
 def outside_fingerprint(key: str, path: Path) -> str:
     """The fingerprint of an input outside the run, by the one rule (`files.digest`: names, sizes, the bytes of every
     file up to 4 MiB, larger ones by their modification time). A code root covers the files its mining walks
-    (`code_trees.walked_files`: source files the path and .gitignore rules keep, so a whole site-packages hashes its
+    (`tree_walk.walked_files`: source files the path and .gitignore rules keep, so a whole site-packages hashes its
     source files only, as mining reads them); any other folder every file under it (`files.fingerprint`, hidden
     entries and `cache-*` files aside). "missing" when absent, "unreadable (...)" when it cannot be read."""
     try:

@@ -28,8 +28,8 @@ instruction (`mteb_code.task_prompts` with the task's override, `eval.instructio
 
 from __future__ import annotations
 
-from .config import LANGUAGES
 from .data.sources import TABLE_1
+from .entries import LANGUAGES
 
 DOCUMENT_PREFIX = "Retrieved Answer:"
 C2LLM_PROMPTS = {**TABLE_1, "CodeTransOceanDL": TABLE_1["CodeTransOceanContest"]}

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from .config import ConfigError
+from .checks import ConfigError
 from .files import MissingInput, atomic_directory, load_json
 from .files import fingerprint as files_fingerprint
 from .hardware import auto_dtype, cpu_info, resolve_device

@@ -2,7 +2,7 @@
 
 C2LLM's embeddings exist for retrieval (paper section 1; section 4.2 scores them by nDCG@10 on code search). This
 module turns a run's merged model into a code search over a folder and shows why each hit came back:
-- **Documents** are the functions of the folder, documented or not (`code_trees.source_files` and `every_function`:
+- **Documents** are the functions of the folder, documented or not (`tree_walk.source_files`, `every_function`:
   the mining's walk, skip rules, .gitignore and languages), each with its file, 1-based first and last line and
   language. A document is the function's code without its documentation (Python docstring, the comment above it),
   as CodeSearchNet's documents and this model's training documents are, so that a query written from the
@@ -68,10 +68,11 @@ import torch.nn.functional as F
 
 from .batching import length_batches
 from .config import MAX_TOKENS, SearchStage
-from .data.code_trees import SourceFile, code_roots, every_function, source_files
+from .data.code_trees import every_function
 from .data.grammars import summary_of
 from .data.offline import SNAPSHOT_DIR, TEXT_TO_CODE, load_snapshot, pair_records, split_of
 from .data.records import DataError, SkipReport
+from .data.tree_walk import SourceFile, code_roots, source_files
 from .files import CorruptFile, fingerprint, load_json, load_tensors
 from .prompts import prompts
 from .viz import attention_spans, stored_attention

@@ -153,7 +153,8 @@ def test_a_missing_folder_or_a_file_is_named(tmp_path):
 
 
 def test_the_beir_keys_of_notebook_04_are_validated_by_name():
-    from c2llm_lib.config import ConfigError, EvalStage
+    from c2llm_lib.checks import ConfigError
+    from c2llm_lib.config import EvalStage
 
     assert EvalStage(beir_sets=["a", "b"]).beir_instruction.startswith("Given a query")
     with pytest.raises(ConfigError, match="'beir_sets' must be folder paths"):

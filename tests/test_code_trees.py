@@ -1,4 +1,4 @@
-"""Pairs mined from local source trees (`data_source: code`, c2llm_lib/data/code_trees.py and grammars.py).
+"""Pairs mined from local source trees (`data_source: code`, data/code_trees.py, tree_walk.py and grammars.py).
 
 Known answers on the hand-written multi-language tree in tests/fixtures/own-code/ (which function becomes which
 pair, the query after comment cleaning, the lines), the split by file, every skip rule with its count and
@@ -14,15 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from c2llm_lib.config import ConfigError, DataStage
-from c2llm_lib.data import code_trees
+from c2llm_lib.checks import ConfigError
+from c2llm_lib.config import DataStage
+from c2llm_lib.data import code_trees, tree_walk
 from c2llm_lib.data.build import build_training_data
-from c2llm_lib.data.code_trees import MiningReport, code_roots, every_function, mine, prepare_code, source_files
+from c2llm_lib.data.code_trees import MiningReport, every_function, mine, prepare_code
+from c2llm_lib.data.decontamination import HELDOUT_TEXT, OFFLINE_EVAL_TEXT
 from c2llm_lib.data.grammars import summary_of
-from c2llm_lib.data.mix import HELDOUT_TEXT, OFFLINE_EVAL_TEXT
 from c2llm_lib.data.offline import split_of
 from c2llm_lib.data.records import DataError, SkipReport, normalize_text, text_key
 from c2llm_lib.data.sources import TABLE_1
+from c2llm_lib.data.tree_walk import code_roots, source_files
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "own-code"
 ROOT = "code root own-code"
@@ -187,24 +189,24 @@ def test_source_files_selects_files_and_names_a_root_left_empty(tmp_path):
 def test_every_skip_rule_is_counted_with_examples(mined):
     _, report = mined
     assert report.files.skipped[ROOT] == Counter({
-        code_trees.TEST: 6, code_trees.FOLDER: 3, code_trees.GITIGNORED: 3, code_trees.GENERATED: 2,
-        code_trees.MINIFIED: 2, code_trees.NOT_PARSED: 2, code_trees.HIDDEN: 1, code_trees.UNSUPPORTED: 1,
-        code_trees.EMPTY: 1, code_trees.NOT_UTF8: 1,
+        tree_walk.TEST: 6, tree_walk.FOLDER: 3, tree_walk.GITIGNORED: 3, tree_walk.GENERATED: 2,
+        tree_walk.MINIFIED: 2, code_trees.NOT_PARSED: 2, tree_walk.HIDDEN: 1, tree_walk.UNSUPPORTED: 1,
+        tree_walk.EMPTY: 1, tree_walk.NOT_UTF8: 1,
     })  # fmt: skip
     examples = {reason: report.files.examples[ROOT, reason] for reason in report.files.skipped[ROOT]}
-    assert examples[code_trees.FOLDER] == ["own-code/go/vendor/", "own-code/javascript/dist/",
+    assert examples[tree_walk.FOLDER] == ["own-code/go/vendor/", "own-code/javascript/dist/",
                                            "own-code/javascript/node_modules/"]  # fmt: skip
-    assert examples[code_trees.GITIGNORED] == [
+    assert examples[tree_walk.GITIGNORED] == [
         "own-code/javascript/experiments/", "own-code/javascript/settings.local.js", "own-code/scratch/"]  # fmt: skip
-    assert examples[code_trees.GENERATED] == ["own-code/go/zz_generated_color.go",
+    assert examples[tree_walk.GENERATED] == ["own-code/go/zz_generated_color.go",
                                               "own-code/python/textkit/messages_pb2.py"]  # fmt: skip
-    assert examples[code_trees.MINIFIED] == ["own-code/javascript/app.min.js", "own-code/javascript/widgets.bundle.js"]
-    assert examples[code_trees.HIDDEN] == ["own-code/.github/"]
-    assert examples[code_trees.EMPTY] == ["own-code/python/textkit/__init__.py"]
-    assert examples[code_trees.NOT_UTF8] == ["own-code/python/textkit/legacy_latin1.py"]
-    assert examples[code_trees.UNSUPPORTED] == ["own-code/README.md"]
+    assert examples[tree_walk.MINIFIED] == ["own-code/javascript/app.min.js", "own-code/javascript/widgets.bundle.js"]
+    assert examples[tree_walk.HIDDEN] == ["own-code/.github/"]
+    assert examples[tree_walk.EMPTY] == ["own-code/python/textkit/__init__.py"]
+    assert examples[tree_walk.NOT_UTF8] == ["own-code/python/textkit/legacy_latin1.py"]
+    assert examples[tree_walk.UNSUPPORTED] == ["own-code/README.md"]
     # the sixth test file, typescript/queue.spec.ts, comes after the five examples kept
-    assert examples[code_trees.TEST] == [
+    assert examples[tree_walk.TEST] == [
         "own-code/go/mathutil_test.go", "own-code/java/src/test/", "own-code/javascript/strings.test.js",
         "own-code/python/tests/", "own-code/python/textkit/test_stats.py",
     ]  # fmt: skip
@@ -266,8 +268,8 @@ def test_mining_never_changes_the_users_tree(tmp_path):
 
 def test_mining_streams_file_by_file(monkeypatch):
     reads = []
-    real = code_trees._read
-    monkeypatch.setattr(code_trees, "_read", lambda path, limit: reads.append(path) or real(path, limit))
+    real = tree_walk._read
+    monkeypatch.setattr(tree_walk, "_read", lambda path, limit: reads.append(path) or real(path, limit))
     records = mine([FIXTURE])
     assert reads == []  # nothing is read before the first record is asked for
     next(records)
@@ -329,9 +331,9 @@ def test_links_binary_large_special_and_virtualenv_files_are_skipped_and_counted
     rows = list(mine([root], report=report, max_file_bytes=len(DOCUMENTED) + 100))
     server.close()
     skipped = report.files.skipped["code root proj"]
-    assert skipped[code_trees.SYMLINK] == 2 and skipped[code_trees.SPECIAL] == 2
-    assert skipped[code_trees.BINARY] == 1 and skipped[code_trees.TOO_LARGE] == 1
-    assert skipped[code_trees.VIRTUALENV] == 1 and skipped["file name not UTF-8"] == 1
+    assert skipped[tree_walk.SYMLINK] == 2 and skipped[tree_walk.SPECIAL] == 2
+    assert skipped[tree_walk.BINARY] == 1 and skipped[tree_walk.TOO_LARGE] == 1
+    assert skipped[tree_walk.VIRTUALENV] == 1 and skipped["file name not UTF-8"] == 1
     assert report.files.examples["code root proj", "file name not UTF-8"] == ["proj/b\\xffd.py"]
     assert {r["function"] for r in rows} == {"mean", "crlf_mean", "bom_mean"}
     crlf = next(r for r in rows if r["function"] == "crlf_mean" and r["dataset"] == T2C)
@@ -355,7 +357,7 @@ def test_nested_gitignore_rules(tmp_path):
     report = MiningReport()
     functions = {r["function"] for r in mine([root], report=report)}
     assert functions == {"mean", "keep", "other_local"}
-    assert report.files.examples["code root proj", code_trees.GITIGNORED] == [
+    assert report.files.examples["code root proj", tree_walk.GITIGNORED] == [
         "proj/b.gen.py", "proj/build_out/", "proj/sub/drop.gen.py", "proj/sub/local_x.py"]  # fmt: skip
 
 
@@ -376,8 +378,8 @@ def test_crafted_names_and_gitignore_lines_are_counted_not_fatal(tmp_path):
         "proj/.gitignore:1",
         "proj/.gitignore:3",
     ]
-    assert examples["code root proj", code_trees.GITIGNORED] == ["proj/b.gen.py"]
-    assert examples["code root proj", code_trees.UNSUPPORTED] == ["proj/notes\\x0a.txt"]  # one line in a report
+    assert examples["code root proj", tree_walk.GITIGNORED] == ["proj/b.gen.py"]
+    assert examples["code root proj", tree_walk.UNSUPPORTED] == ["proj/notes\\x0a.txt"]  # one line in a report
     odd = tmp_path / "r\udcff"  # a folder name that is not UTF-8
     write(odd, {"a.py": DOCUMENTED})
     with pytest.raises(DataError, match=r"code root '.*r\\xff'.*is not UTF-8"):
@@ -404,7 +406,7 @@ def test_bad_roots_are_errors_naming_them(tmp_path, monkeypatch):
         mine([tmp_path / "a" / "src", tmp_path / "b" / "src"])
     with pytest.raises(ValueError, match="test_percent must be an integer from 0 to 100"):
         mine([FIXTURE], test_percent=101)
-    monkeypatch.setattr(code_trees.os, "access", lambda path, mode: False)
+    monkeypatch.setattr(tree_walk.os, "access", lambda path, mode: False)
     with pytest.raises(DataError, match="code root .* cannot be read"):
         mine([FIXTURE])
 
@@ -428,10 +430,10 @@ def test_an_unreadable_subfolder_is_counted_not_fatal(tmp_path, monkeypatch):
             raise PermissionError(13, "Permission denied")
         return real(path)
 
-    monkeypatch.setattr(code_trees.os, "scandir", scandir)
+    monkeypatch.setattr(tree_walk.os, "scandir", scandir)
     report = MiningReport()
     assert {r["function"] for r in mine([root], report=report)} == {"mean"}
-    assert report.files.examples["code root proj", code_trees.UNREADABLE] == ["proj/locked/"]
+    assert report.files.examples["code root proj", tree_walk.UNREADABLE] == ["proj/locked/"]
 
 
 @pytest.mark.parametrize(

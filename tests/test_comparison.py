@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from c2llm_lib.checks import ConfigError
 from c2llm_lib.comparison import (
     RECIPE_KEYS,
     comparison_frame,
@@ -17,7 +18,7 @@ from c2llm_lib.comparison import (
     train_recipe,
     verdict,
 )
-from c2llm_lib.config import ConfigError, ModelConfig, TrainConfig
+from c2llm_lib.config import ModelConfig, TrainConfig
 from c2llm_lib.eval import RetrievalTask, score_embeddings, truncation_scores
 
 BASE_MODEL = ModelConfig(backbone="tiny-random-qwen2", dtype="float32", max_length=64, pma_heads=4, use_lora=True)

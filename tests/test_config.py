@@ -2,7 +2,8 @@
 
 import pytest
 
-from c2llm_lib.config import ConfigError, ModelConfig, from_dict
+from c2llm_lib.checks import ConfigError
+from c2llm_lib.config import ModelConfig, from_dict
 
 
 def test_defaults_are_the_released_architecture_and_the_papers_lora():

@@ -8,11 +8,12 @@ from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.abstasks.task_metadata import TaskMetadata
 from mteb.mocks.mock_tasks.retrieval import MockRetrievalTask, general_args
 
-from c2llm_lib.config import ConfigError, DataStage
+from c2llm_lib.checks import ConfigError
+from c2llm_lib.config import DataStage
 from c2llm_lib.data import DataError, prepare_rows
 from c2llm_lib.data.build import build_training_data
 from c2llm_lib.data.code_trees import mine
-from c2llm_lib.data.mix import (
+from c2llm_lib.data.decontamination import (
     BEIR_TEXT,
     OFFLINE_EVAL_TEXT,
     POSITIVE_IS_RELEVANT,
@@ -22,8 +23,8 @@ from c2llm_lib.data.mix import (
     RULES,
     EvalKeys,
     mteb_test_keys,
-    prepare_sources,
 )
+from c2llm_lib.data.mix import prepare_sources
 from c2llm_lib.data.offline import load_snapshot
 from c2llm_lib.data.records import text_key
 from c2llm_lib.export import _data_section

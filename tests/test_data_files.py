@@ -14,24 +14,17 @@ import numpy as np
 import pytest
 from datasets import Dataset, DatasetDict
 
-from c2llm_lib.config import ConfigError, DataStage, FileEntry, file_entries
+from c2llm_lib.checks import ConfigError
+from c2llm_lib.config import DataStage
 from c2llm_lib.data import DataError
 from c2llm_lib.data.build import build_training_data, offline_eval_texts
+from c2llm_lib.data.decontamination import HELDOUT_TEXT, OFFLINE_EVAL_TEXT, QUERY_IS_TEST_QUERY, RULES, EvalKeys
 from c2llm_lib.data.files import NOTEBOOK_DIR, is_heldout, prepare_files
 from c2llm_lib.data.layouts import DEFAULT_LANGUAGE
-from c2llm_lib.data.mix import (
-    HELDOUT_TEXT,
-    OFFLINE_EVAL_TEXT,
-    QUERY_IS_TEST_QUERY,
-    RULES,
-    EvalKeys,
-    Prepared,
-    add_hard_negatives,
-    fingerprint_of,
-    prepare_rows,
-)
+from c2llm_lib.data.mix import Prepared, add_hard_negatives, fingerprint_of, prepare_rows
 from c2llm_lib.data.negatives import mine_negatives, own_negatives, top_up_negatives
 from c2llm_lib.data.records import SAME_TEXT, text_key
+from c2llm_lib.entries import FileEntry, file_entries
 
 # one (dataset, language) group: two rows share a query (two overloads), so each positive answers the other's query
 QUERIES = [

@@ -7,8 +7,8 @@ import os
 import pytest
 
 from c2llm_lib.data import DataError
+from c2llm_lib.data.decontamination import mteb_test_keys
 from c2llm_lib.data.mirror import content_digest, repo_dir, write_dataset_card
-from c2llm_lib.data.mix import mteb_test_keys
 from c2llm_lib.data.records import text_key
 from c2llm_lib.data.sources import mteb_tasks
 

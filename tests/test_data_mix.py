@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from c2llm_lib.data import DataError, add_hard_negatives, prepare_rows, prepare_sources
-from c2llm_lib.data.mix import OFFLINE_EVAL_TEXT
+from c2llm_lib.data.decontamination import OFFLINE_EVAL_TEXT
 
 from source_fixtures import write_fixtures
 

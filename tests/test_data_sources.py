@@ -4,7 +4,9 @@ import json
 
 import pytest
 
+from c2llm_lib.config import SOURCE_NAMES
 from c2llm_lib.data import SOURCES, TABLE_1, DataError, RowChecker, SkipReport, iter_records
+from c2llm_lib.data.decontamination import MTEB_CODE_TASKS
 
 from source_fixtures import write_fixtures
 
@@ -18,6 +20,16 @@ def test_the_registry_covers_the_paper_sources():
     assert len(SOURCES) == 12 and set(SOURCES) == set(TABLE_1)
     for source in SOURCES.values():
         assert len(source.revision) == 40 and source.instruction == TABLE_1[source.name]
+
+
+def test_one_list_of_the_twelve_tasks():
+    # config.SOURCE_NAMES is the list, in the registry's order (the default mix); MTEB_CODE_TASKS is it in mteb's order
+    assert SOURCE_NAMES == list(SOURCES)
+    assert MTEB_CODE_TASKS == (
+        "AppsRetrieval", "CodeEditSearchRetrieval", "CodeFeedbackMT", "CodeFeedbackST", "CodeSearchNetCCRetrieval",
+        "CodeSearchNetRetrieval", "CodeTransOceanContest", "CodeTransOceanDL", "COIRCodeSearchNetRetrieval", "CosQA",
+        "StackOverflowQA", "SyntheticText2SQL",
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(SOURCES))

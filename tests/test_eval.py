@@ -175,7 +175,8 @@ def test_max_documents_keeps_every_evaluated_positive_and_a_fixed_sample():
 
 
 def test_eval_max_documents_below_200_is_refused_by_name():
-    from c2llm_lib.config import ConfigError, EvalStage
+    from c2llm_lib.checks import ConfigError
+    from c2llm_lib.config import EvalStage
 
     with pytest.raises(ConfigError, match="'eval_max_documents' must be at least 200"):
         EvalStage(eval_max_documents=199)

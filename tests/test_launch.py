@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from c2llm_lib.config import ConfigError, LaunchConfig, ModelConfig
+from c2llm_lib.checks import ConfigError
+from c2llm_lib.config import LaunchConfig, ModelConfig
 from c2llm_lib.files import load_tensors
 from c2llm_lib.launch import diagnose, failures, processes, torchrun_command
 from c2llm_lib.pipeline import PipelineError, resolve, run_pipeline

@@ -20,8 +20,8 @@ FACE = "c2llm_lib"  # the package's face (c2llm_lib/__init__.py): C2LLMEncoder, 
 # lower one. Step 2 of the redesign regroups layers 2 and 3 into packages (eval/, study/) without moving a layer.
 LAYERS = {
     # 0 foundations: import nothing of the library
-    "c2llm_lib.config": 0, "c2llm_lib.files": 0, "c2llm_lib.hardware": 0, "c2llm_lib.distributed": 0,
-    "c2llm_lib.batching": 0,
+    "c2llm_lib.config": 0, "c2llm_lib.checks": 0, "c2llm_lib.entries": 0, "c2llm_lib.pins": 0, "c2llm_lib.files": 0,
+    "c2llm_lib.hardware": 0, "c2llm_lib.distributed": 0, "c2llm_lib.batching": 0,
     # 1 the pieces: losses, prompts, the encoder, the data, the retrieval task shared by data and evaluation
     FACE: 1, "c2llm_lib.losses": 1, "c2llm_lib.prompts": 1, "c2llm_lib.model": 1, "c2llm_lib.data": 1,
     "c2llm_lib.retrieval": 1, "c2llm_lib.downloads": 1,

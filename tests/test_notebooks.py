@@ -44,7 +44,7 @@ def test_a_non_literal_parameter_is_refused(tmp_path):
     cell.metadata["tags"] = ["parameters"]
     nb.cells = [cell]
     nbformat.write(nb, tmp_path / "bad.ipynb")
-    from c2llm_lib.config import ConfigError
+    from c2llm_lib.checks import ConfigError
 
     with pytest.raises(ConfigError, match="'steps' is not a literal"):
         read_parameters(tmp_path / "bad.ipynb")

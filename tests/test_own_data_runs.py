@@ -104,8 +104,9 @@ def test_the_run_directory_knows_who_writes_and_reads_the_heldout_split(tmp_path
 
 @pytest.mark.slow
 def test_notebook_01_saves_the_heldout_split_of_a_files_run(tmp_path):
-    from c2llm_lib.config import FILES_INSTRUCTION, file_entries
+    from c2llm_lib.config import FILES_INSTRUCTION
     from c2llm_lib.data.files import prepare_files
+    from c2llm_lib.entries import file_entries
 
     params = tmp_path / "pairs.yaml"
     params.write_text(f"data_source: files\ndata_files: [{PAIRS}]\nrows_per_group: 16\nnum_negatives: 1\n")

@@ -7,7 +7,7 @@ import nbformat
 import pytest
 import yaml
 
-from c2llm_lib.config import ConfigError
+from c2llm_lib.checks import ConfigError
 from c2llm_lib.pipeline import PipelineError, load_params, main, resolve, run_pipeline
 
 REPO = Path(__file__).resolve().parent.parent

@@ -108,7 +108,8 @@ def test_the_trainer_formats_each_prompt_style():
 
 
 def test_the_trainer_applies_mrl_and_refuses_a_width_it_cannot_cut():
-    from c2llm_lib.config import ConfigError, TrainConfig
+    from c2llm_lib.checks import ConfigError
+    from c2llm_lib.config import TrainConfig
     from c2llm_lib.train import Trainer
 
     from conftest import TINY_LORA, build_tiny

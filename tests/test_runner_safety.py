@@ -20,10 +20,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from c2llm_lib.checks import ConfigError
 from c2llm_lib.config import (
     AttentionStage,
     CompareStage,
-    ConfigError,
     DataStage,
     EvalStage,
     MergeStage,

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from c2llm_lib.config import ConfigError, SearchStage
+from c2llm_lib.checks import ConfigError
+from c2llm_lib.config import SearchStage
 from c2llm_lib.data.offline import split_of
 from c2llm_lib.data.records import DataError
 from c2llm_lib.files import CorruptFile
@@ -352,16 +353,16 @@ def test_bad_folders_are_named(encoder, tmp_path):
 def test_unreadable_and_special_files_are_skipped_and_named(encoder, tree, monkeypatch):
     os.mkfifo(tree / "pipe.py")
     (tree / "link.py").symlink_to(tree / "stats.py")
-    import c2llm_lib.data.code_trees as code_trees
+    import c2llm_lib.data.tree_walk as tree_walk
 
-    real = code_trees.os.open
+    real = tree_walk.os.open
 
     def refuse(path, *args, **kwargs):
         if str(path).endswith("text.js"):
             raise PermissionError(13, "Permission denied")
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(code_trees.os, "open", refuse)
+    monkeypatch.setattr(tree_walk.os, "open", refuse)
     index, report = build(encoder, tree)
     assert "proj/pkg/text.js" not in index.files
     lines = "\n".join(report.lines())

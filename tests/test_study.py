@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from c2llm_lib.checks import ConfigError
 from c2llm_lib.comparison import (
     Entry,
     config_key,
@@ -18,7 +19,7 @@ from c2llm_lib.comparison import (
     query_rows,
     recipe_pairs,
 )
-from c2llm_lib.config import CompareStage, ConfigError, ModelConfig, TrainConfig
+from c2llm_lib.config import CompareStage, ModelConfig, TrainConfig
 from c2llm_lib.data.offline import load_snapshot, split_of
 from c2llm_lib.data.records import text_key
 from c2llm_lib.sweep import Grid, SweepPoint, SweepResult, choose, points, rates, sweep

@@ -104,7 +104,7 @@ def test_warmup_then_cosine_in_optimizer_steps():
 
 
 def test_bad_training_config():
-    from c2llm_lib.config import ConfigError
+    from c2llm_lib.checks import ConfigError
 
     with pytest.raises(ConfigError, match="global_batch_size"):
         TrainConfig(global_batch_size=1)
@@ -113,7 +113,7 @@ def test_bad_training_config():
 
 
 def test_loss_weights_must_name_a_dataset_of_the_rows(make_encoder):
-    from c2llm_lib.config import ConfigError
+    from c2llm_lib.checks import ConfigError
 
     cfg = train_config(loss_weights={"Set1": 2.0, "Sett0": 0.5})  # a typo was weighed nowhere, silently
     with pytest.raises(ConfigError, match=r"'loss_weights' names no dataset of the training rows: 'Sett0' \(did you "
@@ -125,7 +125,7 @@ def test_loss_weights_must_name_a_dataset_of_the_rows(make_encoder):
 def test_a_max_length_with_no_room_after_the_prompt_is_refused(make_encoder):
     """max_length 2 once cut every query inside its instruction, silently. The longest prompt of the rows counts:
     CodeFeedbackMT's instruction (table 1) is 29 tokens with its newline."""
-    from c2llm_lib.config import ConfigError
+    from c2llm_lib.checks import ConfigError
     from c2llm_lib.data.sources import TABLE_1
 
     with pytest.raises(ConfigError, match=r"'max_length' \(2 tokens\) leaves no room for text: the run's longest "

@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from c2llm_lib.config import ConfigError
+from c2llm_lib.checks import ConfigError
 from c2llm_lib.files import CorruptFile
 from c2llm_lib.train import (
     STATE_JSON,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from c2llm_lib.config import ConfigError
+from c2llm_lib.checks import ConfigError
 from c2llm_lib.train import encoder_from_checkpoint, split_params
 
 from training_rows import make_rows

@@ -13,14 +13,16 @@ from pathlib import Path
 import pytest
 
 from c2llm_lib import downloads
-from c2llm_lib.config import ConfigError, DataStage, EvalStage
+from c2llm_lib.checks import ConfigError
+from c2llm_lib.config import DataStage, EvalStage
 from c2llm_lib.data.build import build_training_data
-from c2llm_lib.data.mix import RULES, UNSEEN_TEXT
+from c2llm_lib.data.decontamination import RULES, UNSEEN_TEXT
 from c2llm_lib.data.offline import CODE_TO_CODE, TEXT_TO_CODE
 from c2llm_lib.data.records import DataError
 from c2llm_lib.data.sources import TABLE_1
-from c2llm_lib.data.unseen import PINNED, mine_packages, mine_wheel, package_pins
+from c2llm_lib.data.unseen import mine_packages, mine_wheel
 from c2llm_lib.eval import contamination_note, unseen_task_names, unseen_tasks
+from c2llm_lib.pins import PINNED, package_pins
 from c2llm_lib.prompts import recipe_task
 
 ADD_ALL = '''def add_all(values):

@@ -5,9 +5,11 @@ rows that share a text with the test split or HumanEval, and writes the snapshot
 
 No notebook calls it: the snapshot ships with the repository, so this tool lies beside the library (it imports
 c2llm_lib, which never imports it). Its function miners are regular expressions over Python's `ast` and lodash's JSDoc
-comments, kept here for now because the shipped snapshot was mined with them: notebook 01's own-code miner is
-tree-sitter (`c2llm_lib.data.code_trees`, `data.grammars`), the one miner the library keeps; mining the snapshot with it
-would change the shipped rows and every figure measured on them.
+comments, kept here because the shipped snapshot was mined with them and the library's one miner, tree-sitter
+(`c2llm_lib.data.grammars`, `code_trees`), gives other rows on the same sources (`compare_miners`,
+`python -m tools.build_snapshot --compare STDLIB_DIR LODASH_PACKAGE_DIR`; the counts and reasons are in
+docs/data.md, "The offline snapshot"): mining the snapshot with it would change the shipped rows and every figure
+measured on them.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ import re
 import sys
 import textwrap
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from c2llm_lib.data.grammars import BY_EXTENSION, functions, parser_for, summary_of
 from c2llm_lib.data.offline import (
     CODE_TO_CODE,
     SNAPSHOT,
@@ -41,12 +44,18 @@ SKIP_DIRS = {"test", "tests", "idlelib", "tkinter", "lib2to3", "ensurepip", "tur
 LODASH_VERSION = "4.17.21"
 
 
-def python_functions(root: Path) -> Iterator[dict[str, Any]]:
-    """Records from every documented function of the Python files under `root` (sorted, deterministic)."""
+def python_files(root: Path) -> Iterator[Path]:
+    """The standard library's Python files the snapshot mines, sorted: no test file, none under `SKIP_DIRS`."""
     for file in sorted(root.rglob("*.py")):
         rel = file.relative_to(root).as_posix()
-        if SKIP_DIRS & set(rel.split("/")[:-1]) or file.name.startswith("test_"):
-            continue
+        if not (SKIP_DIRS & set(rel.split("/")[:-1]) or file.name.startswith("test_")):
+            yield file
+
+
+def python_functions(root: Path) -> Iterator[dict[str, Any]]:
+    """Records from every documented function of the Python files under `root` (sorted, deterministic)."""
+    for file in python_files(root):
+        rel = file.relative_to(root).as_posix()
         try:
             source = file.read_text(encoding="utf-8")
             tree = ast.parse(source)
@@ -109,6 +118,46 @@ def javascript_functions(package: Path) -> Iterator[dict[str, Any]]:
             )
 
 
+def tree_sitter_functions(root: Path, files: Iterable[Path], prefix: str, extension: str) -> Iterator[dict[str, Any]]:
+    """The same records mined with the library's tree-sitter miner (`grammars.functions`, `summary_of`), file ids
+    `prefix` + the path under `root` as the regex miners give them; a file that does not parse is passed over."""
+    grammar = BY_EXTENSION[extension]
+    parser, _ = parser_for(grammar)
+    for file in files:
+        data = file.read_bytes()
+        tree = parser.parse(data)
+        if tree.root_node.has_error:
+            continue
+        for function in functions(tree, data, grammar, Counter()):
+            summary = summary_of(function.doc, comment=not function.docstring)
+            path = prefix + file.relative_to(root).as_posix()
+            yield from pair_records(path, function.name, grammar.language, summary, function.code)
+
+
+def compare_miners(stdlib: Path, lodash: Path | None = None) -> dict[str, Any]:
+    """The rows (before deduplication) that only the regex miners or only tree-sitter give on the snapshot's sources,
+    per language: `rows` (each miner's count), `only_regex` and `only_tree_sitter` (the rows), and `functions`
+    (per side, the (file, function) pairs none of whose rows the other miner gives at all)."""
+    regex = {"python": list(python_functions(stdlib))}
+    tree = {"python": list(tree_sitter_functions(stdlib, python_files(stdlib), "python/", ".py"))}
+    if lodash is not None:
+        regex["javascript"] = list(javascript_functions(lodash))
+        files = sorted(lodash.glob("*.js"))
+        tree["javascript"] = list(tree_sitter_functions(lodash, files, "javascript/lodash/", ".js"))
+    report: dict[str, Any] = {}
+    for language in regex:
+        a, b = ([json.dumps(r, sort_keys=True) for r in side[language]] for side in (regex, tree))
+        only_a, only_b = Counter(a) - Counter(b), Counter(b) - Counter(a)
+        named = [{(r["file"], r["function"]) for r in side[language]} for side in (regex, tree)]
+        report[language] = {
+            "rows": {"regex": len(a), "tree_sitter": len(b)},
+            "only_regex": [json.loads(r) for r in only_a.elements()],
+            "only_tree_sitter": [json.loads(r) for r in only_b.elements()],
+            "functions": {"only_regex": sorted(named[0] - named[1]), "only_tree_sitter": sorted(named[1] - named[0])},
+        }
+    return report
+
+
 def build_snapshot(stdlib: Path, lodash: Path, out_dir: Path = SNAPSHOT_DIR) -> dict[str, Any]:
     """Mines both sources, drops duplicate pairs, writes the snapshot and its manifest; returns the manifest."""
     rows, seen = [], set()
@@ -150,11 +199,20 @@ def build_snapshot(stdlib: Path, lodash: Path, out_dir: Path = SNAPSHOT_DIR) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
-    """python -m tools.build_snapshot STDLIB_DIR LODASH_PACKAGE_DIR: rebuild the shipped snapshot."""
+    """python -m tools.build_snapshot STDLIB_DIR LODASH_PACKAGE_DIR: rebuild the shipped snapshot; with --compare,
+    count the rows that the regex miners and tree-sitter do not share instead."""
     args = sys.argv[1:] if argv is None else argv
+    compare = args[:1] == ["--compare"]
+    args = args[1:] if compare else args
     if len(args) != 2:
-        raise SystemExit("usage: python -m tools.build_snapshot STDLIB_DIR LODASH_PACKAGE_DIR")
-    print(json.dumps(build_snapshot(Path(args[0]), Path(args[1])), indent=2))
+        raise SystemExit("usage: python -m tools.build_snapshot [--compare] STDLIB_DIR LODASH_PACKAGE_DIR")
+    if not compare:
+        print(json.dumps(build_snapshot(Path(args[0]), Path(args[1])), indent=2))
+        return
+    for language, found in compare_miners(Path(args[0]), Path(args[1])).items():
+        counts = {side: len(found[side]) for side in ("only_regex", "only_tree_sitter")}
+        functions = {side: len(names) for side, names in found["functions"].items()}
+        print(f"{language}: rows {found['rows']}, rows only one miner gives {counts}, functions {functions}")
 
 
 if __name__ == "__main__":

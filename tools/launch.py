@@ -20,7 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from c2llm_lib.config import ConfigError, LaunchConfig, ModelConfig, TrainConfig, from_dict
+from c2llm_lib.checks import ConfigError
+from c2llm_lib.config import LaunchConfig, ModelConfig, TrainConfig, from_dict
 from c2llm_lib.files import CorruptFile
 from c2llm_lib.launch import (
     RENDEZVOUS_TIMEOUT_S,

@@ -18,9 +18,9 @@ an empty corpus and a file with no judgement are errors naming the file, the lin
 written beside the set.
 
 `beir_keys` reads the same sets for notebook 01 (`beir_sets` is its key too): the `records.text_key`s of the judged
-queries and of every document a judgement marks relevant, as the model sees it and bare (as `mix.split_keys` keys
-MTEB's), which no training row may hold (`mix.BEIR_TEXT`). All judged queries count, not only the `eval_limit` that
-notebook 04 scores.
+queries and of every document a judgement marks relevant, as the model sees it and bare (as
+`decontamination.split_keys` keys MTEB's), which no training row may hold (`decontamination.BEIR_TEXT`). All judged
+queries count, not only the `eval_limit` that notebook 04 scores.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def read_beir_sets(folders: list[str], instruction: str) -> list[RetrievalTask]:
 @dataclass(frozen=True)
 class BeirKeys:
     """The BEIR sets a run scores (folders as given) and the `text_key`s of their judged queries and relevant
-    documents, which notebook 01 keeps out of training (`mix.BEIR_TEXT`)."""
+    documents, which notebook 01 keeps out of training (`decontamination.BEIR_TEXT`)."""
 
     folders: tuple[str, ...] = ()
     keys: frozenset[str] = frozenset()

@@ -6,7 +6,7 @@ against every offline evaluation text (the held-out split and HumanEval), capped
 language) group if asked, with K hard negatives mined per group. From the hub (or a local folder laid
 out like it), the rows are the registry sources' training splits, decontaminated against the offline
 sets and, if asked, the MTEB(Code, v1) evaluation: a row goes when its query is a test query or its
-positive a relevant test document (`mix.mteb_test_keys`; the rules and why are in `mix`). From a user's
+positive a relevant test document (`decontamination.mteb_test_keys`, with the rules). From a user's
 files (`data_source: files`, `files.py`), the rows are theirs, a stable share of the queries held out for
 evaluation (`Prepared.heldout`), the rest decontaminated against the held-out texts, the offline sets and, if
 asked, MTEB(Code, v1); rows that bring negatives keep them (at most K) and are topped up with mined ones. From the
@@ -14,9 +14,9 @@ user's code (`data_source: code`, `code_trees.py`), the rows are the train split
 from `code_roots`, decontaminated against the held-out split's texts and function bodies too, and the held-out split
 comes back as `Prepared.heldout`; capping and negatives as for the others. Whatever the source, the training rows
 are also decontaminated against the BEIR sets the run scores in notebook 04 (`beir_sets`, `beir.beir_keys`: their
-judged queries and relevant documents, `mix.BEIR_TEXT`) and against the libraries it evaluates as unseen
-(`unseen_packages`, `unseen.unseen_keys`: every query and document of their tasks, `mix.UNSEEN_TEXT`); a run whose
-offline snapshot or code roots hold files of such a library is refused (`unseen.source_overlap`).
+judged queries and relevant documents, `decontamination.BEIR_TEXT`) and against the libraries it evaluates as unseen
+(`unseen_packages`, `unseen.unseen_keys`: every query and document of their tasks, `decontamination.UNSEEN_TEXT`);
+a run whose offline snapshot or code roots hold files of such a library is refused (`unseen.source_overlap`).
 """
 
 from __future__ import annotations
@@ -28,23 +28,15 @@ from typing import Any
 
 from ..config import DataStage
 from .beir import BeirKeys, beir_keys
-from .code_trees import code_roots, prepare_code, walked_files
+from .code_trees import prepare_code
+from .decontamination import MTEB_CODE_TASKS, UnseenKeys, mteb_test_keys
 from .files import prepare_files
 from .mirror import relative_note
-from .mix import (
-    MTEB_CODE_TASKS,
-    Prepared,
-    UnseenKeys,
-    add_hard_negatives,
-    fingerprint_of,
-    group_indices,
-    mteb_test_keys,
-    prepare_rows,
-    prepare_sources,
-)
+from .mix import Prepared, add_hard_negatives, fingerprint_of, group_indices, prepare_rows, prepare_sources
 from .offline import humaneval_records, load_snapshot
 from .records import DataError, RowChecker
 from .sources import mteb_tasks as mirrored_mteb_tasks
+from .tree_walk import code_roots, walked_files
 from .unseen import mine_packages, unseen_keys
 
 

@@ -1,6 +1,6 @@
 """Training pairs a user already has (`data_source: files`), read into the record shape of paper section 4.1.
 
-Each `data_files` entry is a path, or a mapping `{path, instruction, group, language}` (`config.FileEntry`): a file, a
+Each `data_files` entry is a path, or a mapping `{path, instruction, group, language}` (`entries.FileEntry`): a file, a
 `datasets.save_to_disk` folder, or a folder of data files (each file in it, not its subfolders). `datasets` reads
 every format, chosen by what the path is: `.jsonl`/`.json` through its json builder, `.csv` (every cell a text: no
 number or "NA" guessing; a line with too many fields is an error), `.parquet`, and a `save_to_disk` folder through
@@ -19,10 +19,10 @@ becomes one record per positive, sharing its negatives.
 - Held out: with `heldout_fraction` f > 0, a row goes to `Prepared.heldout` when the hash of its query's
   normalised text (`records.text_key`) falls in the first f of the hash range, so one query (whitespace variants
   included) never lands on both sides and the split is the same on every run and machine. The training rows are
-  decontaminated against every held-out query and positive (`mix.HELDOUT_TEXT`) as against MTEB's test keys, the
-  offline evaluation texts and the run's BEIR sets (`mix.BEIR_TEXT`), and a row's own negative that is one of those
-  texts is dropped and counted (training on it would show the model a test text). A row whose query equals its
-  positive is skipped and counted, held out or not (`records.SAME_TEXT`). Own negatives are kept by
+  decontaminated against every held-out query and positive (`decontamination.HELDOUT_TEXT`) as against MTEB's test
+  keys, the offline evaluation texts and the run's BEIR sets (`decontamination.BEIR_TEXT`), and a row's own negative
+  that is one of those texts is dropped and counted (training on it would show the model a test text). A row whose
+  query equals its positive is skipped and counted, held out or not (`records.SAME_TEXT`). Own negatives are kept by
   `mix.add_hard_negatives(keep_given=True)`.
 - Nothing is written into a user's folders, and nothing is served from a stale cache: `datasets` keys a local file
   by its path and modification time only, so each file is converted into a fresh scratch folder of its own
@@ -45,11 +45,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import FileEntry
+from ..entries import FileEntry
 from ..files import file_digest
 from .beir import BeirKeys
+from .decontamination import EvalKeys, UnseenKeys
 from .layouts import DEFAULT_LANGUAGE, BadRow, FileDefaults, Layout, PairRow, detect_layout, read_rows
-from .mix import EvalKeys, Prepared, UnseenKeys, _generate, _scratch_folder, features, fingerprint_of, prepare_rows
+from .mix import Prepared, _generate, _scratch_folder, features, fingerprint_of, prepare_rows
 from .records import DataError, RowChecker, SkipReport, text_key
 from .sources import _parse_line
 

@@ -57,7 +57,7 @@ _JS_FUNCTIONS = (
 class Grammar:
     """One language: its tree-sitter wheel, file extensions, function node types and documentation style."""
 
-    language: str  # the record's language (config.LANGUAGES)
+    language: str  # the record's language (entries.LANGUAGES)
     module: str  # the PyPI wheel's module, e.g. tree_sitter_python
     entry: str  # the module's function returning the language
     extensions: tuple[str, ...]

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import LANGUAGES
+from ..entries import LANGUAGES
 from .records import DataError, as_text
 
 DEFAULT_LANGUAGE = "mixed"  # a row whose file names no language

@@ -1,61 +1,11 @@
-"""Preparing the training mix at scale: streaming, decontamination, hard negatives, caching (section 4.1).
+"""Preparing the training mix at scale (section 4.1): rows stream from each source through the record checks
+(`RowChecker`) and decontamination (decontamination.py) into an Arrow table on disk (`Dataset.from_generator`), so
+memory does not grow with the rows beyond a few hash sets; hard negatives are mined one (dataset, language) group
+at a time, in shards of at most `shard_size` rows (`keep_given`: a user's own negatives stay, at most K, topped up).
 
-Rows stream from each source through the record checks (`RowChecker`) and the decontamination
-filter straight into an Arrow table on disk (`datasets.Dataset.from_generator`), so memory does not
-grow with the number of rows beyond a few small hash sets and id indexes. Negatives are mined one
-(dataset, language) group at a time, in shards of at most `shard_size` rows, so memory stays bounded
-by the shard, not the mix.
-
-Decontamination compares `records.text_key`s (normalised text) and drops a training row when
-  (a) its query is a test query of an evaluated split ("query is a test query"),
-  (b) its positive is a document that a test qrel marks relevant, score > 0 ("positive is a relevant
-      test document"),
-  (a', b') the same pair read backwards: its query is a relevant test document ("query is a relevant test
-      document") or its positive a test query ("positive is a test query"),
-  (c) its query or positive is an offline evaluation text ("offline evaluation text"), or
-  (d) its query or positive is a query or positive of the rows a run holds out to evaluate on ("held-out text",
-      `data_source: files` and `code`, listed only where rows are held out: `Prepared.heldout`); in a code run also
-      when its function's body (the code after the name and signature, `code_trees.body_key`) is a held-out
-      function's, so a renamed copy of a held-out function does not train, or
-  (e) its query or positive is a judged query or a relevant document (score > 0, as the model sees it and bare) of
-      a BEIR set the run scores in notebook 04 ("BEIR set text", `beir_sets`, `beir.beir_keys`; listed only where
-      the run names BEIR sets): either text in either place, so a set built from the run's own pairs trains on
-      none of them, or
-  (f) its query or positive is a query or a document of the tasks mined from the libraries the run evaluates as
-      unseen ("unseen-library text", `unseen_packages`, `unseen.unseen_keys`; listed only where the run names such
-      packages): every document of their corpora counts, not only the relevant ones, since each is the library's code,
-counting each dropped row once, under the first rule that hits, per source (`Prepared.summary()`).
-Why both directions: CoIR's CodeSearchNet pairs train both ways (code -> docstring, and docstring -> code
-through `swap=True` in `sources.py`), and mteb evaluates both (COIRCodeSearchNetRetrieval asks with the code,
-CodeSearchNetRetrieval with the docstring). For a test pair (code X, docstring Y), (a) and (b) drop the copy
-(X, Y), and only (a') and (b') drop (Y, X): without them the test answer trains as a query.
-The MTEB(Code, v1) keys come from `mteb_test_keys`. A test document is compared both as the model
-sees it (`title + " " + text`, as mteb builds it) and as its bare text.
-
-Why not every test corpus document: mteb gives a CoIR task's whole corpus (train and valid documents
-included) for its test split, e.g. AppsRetrieval's 8,765 documents for 3,765 test queries, so
-matching the corpus dropped every CoIR training row and emptied the paper's training set. A corpus
-document that no test query retrieves as relevant is a distractor, not a leaked answer.
-
-CodeEditSearchRetrieval: mteb evaluates it on its *train* split, on the first 1,000 rows of each of
-its 13 language directories (a sample, not all rows): those rows' instructions are the test queries
-and their diffs the relevant documents. Rule (a) and (b) drop those up to 13,000 pairs from this
-source and also every other row whose instruction equals one of theirs (short commit messages such as
-"Fix typo" recur); the rest of the split trains. The paper trains on the train splits of all 12
-tasks, evaluated rows of this one included, so its published CodeEditSearch score is not clean: the
-reference's "clean" mean leaves CodeEditSearch out, and a comparison with the paper should too.
-
-What the report counts per source (`Prepared.summary()`, `metrics/data.json`): `passed_checks`, the rows that
-passed the record checks; `decontaminated`, per rule; `capped`, the rows a cap per (dataset, language) group left
-out after decontamination (hub sources; the offline snapshot is capped before the checks); and `kept`, the rows of
-the prepared table, the ones that train: passed_checks = kept + decontaminated + capped.
-
-Hard negatives (`add_hard_negatives`) are mined per group and replace a row's negatives, except with
-`keep_given` (a user's files), where a row's own negatives stay, at most K, and are topped up by mining.
-
-A prepared mix is cached under `cache_dir/<fingerprint>/` (the Arrow table and its report), where
-the fingerprint hashes the sources, their revisions, every option, the data format version and the
-decontamination keys and rules; the same request is read back instead of being rebuilt.
+`Prepared.summary()` (`metrics/data.json`) counts per source: passed_checks = kept + decontaminated (per rule) +
+capped (a cap per group). A prepared mix is cached under `cache_dir/<fingerprint>/`, the fingerprint hashing the
+sources, their revisions, every option, `DATA_FORMAT_VERSION` and the decontamination keys and rules.
 """
 
 from __future__ import annotations
@@ -75,20 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from ..retrieval import corpus_text
 from .beir import BeirKeys
+from .decontamination import BEIR_TEXT, HELDOUT_TEXT, RULES, UNSEEN_TEXT, EvalKeys, UnseenKeys, clean_rows
 from .negatives import mine_negatives, own_negatives, top_up_negatives
-from .records import DataError, RowChecker, SkipReport, text_key
+from .records import DataError, RowChecker, SkipReport
 from .sources import SOURCES, iter_records
 
 # 2: decontamination by rule (test queries, relevant documents, offline); 3: both directions; 4: a pair whose query
 # equals its positive is skipped, held-out function bodies and BEIR sets are decontaminated against
 DATA_FORMAT_VERSION = 4
-MTEB_CODE_TASKS = (
-    "AppsRetrieval", "CodeEditSearchRetrieval", "CodeFeedbackMT", "CodeFeedbackST", "CodeSearchNetCCRetrieval",
-    "CodeSearchNetRetrieval", "CodeTransOceanContest", "CodeTransOceanDL", "COIRCodeSearchNetRetrieval", "CosQA",
-    "StackOverflowQA", "SyntheticText2SQL",
-)  # fmt: skip
 
 
 def features():
@@ -110,90 +55,6 @@ def features():
 def fingerprint_of(*parts: Any) -> str:
     blob = json.dumps([DATA_FORMAT_VERSION, *parts], sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:20]
-
-
-QUERY_IS_TEST_QUERY = "query is a test query"
-POSITIVE_IS_RELEVANT = "positive is a relevant test document"
-QUERY_IS_RELEVANT = "query is a relevant test document"  # a test pair read backwards (a swap=True source)
-POSITIVE_IS_TEST_QUERY = "positive is a test query"
-OFFLINE_EVAL_TEXT = "offline evaluation text"
-# checked in this order
-RULES = (QUERY_IS_TEST_QUERY, POSITIVE_IS_RELEVANT, QUERY_IS_RELEVANT, POSITIVE_IS_TEST_QUERY, OFFLINE_EVAL_TEXT)
-HELDOUT_TEXT = "held-out text"  # checked after RULES, only where a run holds rows out (data_source: files, code)
-BEIR_TEXT = "BEIR set text"  # checked after the held-out rule, only where a run scores BEIR sets (beir_sets)
-UNSEEN_TEXT = "unseen-library text"  # checked last, only where a run evaluates unseen libraries (unseen_packages)
-
-
-@dataclass(frozen=True)
-class UnseenKeys:
-    """The unseen libraries a run evaluates (`unseen.PackagePin`s as text: name, version and the wheel's sha256) and
-    the `text_key`s of their tasks' queries and documents, which notebook 01 keeps out of training (`UNSEEN_TEXT`)."""
-
-    packages: tuple[str, ...] = ()
-    keys: frozenset[str] = frozenset()
-
-
-@dataclass(frozen=True)
-class EvalKeys:
-    """The `text_key`s a training row must not match, one set per decontamination rule."""
-
-    test_queries: frozenset[str] = frozenset()
-    relevant_documents: frozenset[str] = frozenset()
-    offline: frozenset[str] = frozenset()
-    heldout: frozenset[str] = frozenset()  # keys of the queries, positives (and code bodies) a run holds out
-    beir: frozenset[str] = frozenset()  # keys of the judged queries and relevant documents of the run's BEIR sets
-    unseen: frozenset[str] = frozenset()  # keys of the queries and documents of the unseen libraries' tasks
-
-    @classmethod
-    def of(
-        cls,
-        offline_texts: Iterable[str] = (),
-        mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
-        heldout_keys: Iterable[str] = (),
-        beir_keys: Iterable[str] = (),
-        unseen_keys: Iterable[str] = (),
-    ) -> EvalKeys:
-        """From offline evaluation texts, `mteb_test_keys`' (test-query keys, relevant-document keys), the keys of
-        the held-out rows' texts (and, in a code run, of their functions' bodies), those of the BEIR sets and those of
-        the unseen libraries' tasks."""
-        test_queries, relevant_documents = mteb_keys
-        offline = frozenset(map(text_key, offline_texts))
-        return cls(frozenset(test_queries), frozenset(relevant_documents), offline, frozenset(heldout_keys),
-                   frozenset(beir_keys), frozenset(unseen_keys))  # fmt: skip
-
-    def rule(self, query: str, positive: str, body_key: str = "") -> str | None:
-        """The first rule a (query, positive) row breaks, or None if it is clean; `body_key` is the key of its
-        function's body (`code_trees.body_key`; "" for none), compared with the held-out keys."""
-        q, p = text_key(query), text_key(positive)
-        if q in self.test_queries:
-            return QUERY_IS_TEST_QUERY
-        if p in self.relevant_documents:
-            return POSITIVE_IS_RELEVANT
-        if q in self.relevant_documents:
-            return QUERY_IS_RELEVANT
-        if p in self.test_queries:
-            return POSITIVE_IS_TEST_QUERY
-        if q in self.offline or p in self.offline:
-            return OFFLINE_EVAL_TEXT
-        if q in self.heldout or p in self.heldout or (body_key and body_key in self.heldout):
-            return HELDOUT_TEXT
-        if q in self.beir or p in self.beir:
-            return BEIR_TEXT
-        if q in self.unseen or p in self.unseen:
-            return UNSEEN_TEXT
-        return None
-
-    def fingerprint(self) -> str:
-        """A hash of the rules and of every key of every set (not their sizes: equal sizes, other keys); the held-out,
-        BEIR and unseen-library rules enter only when they have keys, so a run without them keeps its earlier
-        fingerprint."""
-        h = hashlib.sha256(json.dumps(RULES).encode())
-        for keys in (self.test_queries, self.relevant_documents, self.offline):
-            h.update(b"\x00" + "\n".join(sorted(keys)).encode())
-        for rule, keys in ((HELDOUT_TEXT, self.heldout), (BEIR_TEXT, self.beir), (UNSEEN_TEXT, self.unseen)):
-            if keys:
-                h.update(b"\x00" + rule.encode() + b"\x00" + "\n".join(sorted(keys)).encode())
-        return h.hexdigest()
 
 
 def rows_per_source(table) -> Counter:
@@ -287,77 +148,6 @@ class Prepared:
         return out
 
 
-def _text(value: Any, what: str) -> str:
-    if not isinstance(value, str):
-        raise DataError(f"{what}: expected a text, got {type(value).__name__} {str(value)[:80]!r}")
-    return value
-
-
-def _task_name(task: Any) -> str:
-    return getattr(getattr(task, "metadata", None), "name", type(task).__name__)
-
-
-def split_keys(split: dict[str, Any], where: str) -> tuple[set[str], set[str]]:
-    """(test-query keys, relevant-document keys) of one mteb 2.x retrieval split: `queries` (id, text),
-    `corpus` (id, text, optional title) and `relevant_docs` ({query id: {document id: score}})."""
-    missing = [k for k in ("queries", "corpus", "relevant_docs") if k not in split]
-    if missing:
-        raise DataError(f"{where}: the split has no {missing}; a retrieval split needs queries, corpus, relevant_docs")
-    query_rows = zip(split["queries"]["id"], split["queries"]["text"], strict=True)
-    queries = {text_key(_text(text, f"{where} query {query_id}")) for query_id, text in query_rows}
-    relevant = {str(d) for docs in split["relevant_docs"].values() for d, score in docs.items() if score > 0}
-    corpus = split["corpus"]  # read only the relevant rows' texts: a CodeSearchNet corpus has ~1M documents
-    hits = corpus.select([i for i, doc_id in enumerate(corpus["id"]) if str(doc_id) in relevant])
-    titles = hits["title"] if "title" in hits.column_names else [None] * len(hits)
-    documents: set[str] = set()
-    for doc_id, text, title in zip(hits["id"], hits["text"], titles, strict=True):
-        text = _text(text, f"{where} document {doc_id}")
-        documents |= {text_key(corpus_text(text, title or "")), text_key(text)}  # as the model sees it; bare
-    return queries, documents
-
-
-def mteb_test_keys(tasks: Sequence[Any] = MTEB_CODE_TASKS) -> tuple[frozenset[str], frozenset[str]]:
-    """(keys of every test query, keys of every document a test qrel marks relevant) over the evaluated
-    splits of the tasks. Task names are fetched from the hub (`mteb.get_tasks`); task objects (mteb's
-    offline mock tasks, any AbsTaskRetrieval whose `load_data` fills `dataset` or the v1 attributes
-    `queries`/`corpus`/`relevant_docs`) are used as given."""
-    import mteb
-
-    names = [t for t in tasks if isinstance(t, str)]
-    objects = [t for t in tasks if not isinstance(t, str)] + (list(mteb.get_tasks(tasks=names)) if names else [])
-    queries: set[str] = set()
-    documents: set[str] = set()
-    for task in objects:
-        name = _task_name(task)
-        try:
-            task.load_data()
-            if hasattr(task, "convert_v1_dataset_format_to_v2"):
-                task.convert_v1_dataset_format_to_v2(num_proc=None)  # no-op for a task loaded in the v2 format
-        except Exception as err:
-            raise DataError(f"MTEB task {name}: could not load its test data ({err})") from err
-        dataset = getattr(task, "dataset", None)
-        if not isinstance(dataset, dict) or not dataset:
-            raise DataError(f"MTEB task {name}: load_data left no `dataset` ({{subset: {{split: ...}}}}) to read")
-        for subset, splits in dataset.items():
-            for split in task.metadata.eval_splits:
-                if split in splits:
-                    q, d = split_keys(splits[split], f"MTEB task {name}, subset {subset}, split {split}")
-                    queries |= q
-                    documents |= d
-    return frozenset(queries), frozenset(documents)
-
-
-def _filtered(rows: Iterable[dict], keys: EvalKeys, counts: dict[str, Counter]) -> Iterator[dict]:
-    """The clean rows, each dropped one counted by source and rule; a row's `body_key` (code runs) is compared, then
-    removed: it is not a column of the table."""
-    for row in rows:
-        rule = keys.rule(row["query"], row["positive"], row.pop("body_key", ""))
-        if rule is not None:
-            counts[row["dataset"]][rule] += 1
-            continue
-        yield row
-
-
 def _cached(cache_dir: Path | None, fingerprint: str) -> Prepared | None:
     if cache_dir is None or not (cache_dir / fingerprint / "summary.json").is_file():
         return None
@@ -448,7 +238,7 @@ def prepare_rows(
     produced = Counter()
 
     def generate():
-        for row in _filtered(rows(checker), keys, prepared.decontaminated):
+        for row in clean_rows(rows(checker), keys, prepared.decontaminated):
             produced["rows"] += 1
             yield row
 

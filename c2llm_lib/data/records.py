@@ -27,7 +27,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import LANGUAGES
+from ..entries import LANGUAGES
 
 RECORD_COLUMNS = ("dataset", "language", "query", "positive", "negatives", "instruction")
 _SPACE = re.compile(r"\s+")

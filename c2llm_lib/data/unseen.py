@@ -3,7 +3,7 @@
 The default run trains on the offline snapshot's train split and is evaluated on its held-out split: other files of
 the same two sources (CPython's standard library and lodash, `offline.py`), so a score there can reward learning
 those sources. This module mines libraries outside them the CodeSearchNet way, with the repository's one miner
-(`code_trees`: tree-sitter and its skip rules, test files and folders among them) and its recipes
+(`code_trees` and `tree_walk`: tree-sitter and its skip rules, test files and folders among them) and its recipes
 (`offline.pair_records`, with their length filters):
 - text -> code: query = the first paragraph of a function's docstring (`grammars.summary_of`), document = the function
   without its docstring;
@@ -13,7 +13,7 @@ not only the positives of its queries (a text -> code query ranks every function
 the second halves of every function of 6-150 lines). `eval.unseen_tasks` makes two tasks of each package,
 `unseen-text2code-<package>` and `unseen-code2code-<package>`.
 
-The packages (`unseen_packages`, a key of notebooks 01 and 04, `package_pins`): a name from `PINNED`, or a pin
+The packages (`unseen_packages`, a key of notebooks 01 and 04, `pins.package_pins`): a name from `pins.PINNED`, or a pin
 "<name> <version> sha256:<hex>" of any other pure-Python wheel on the index. The wheel is fetched once with pip into
 the cache (`downloads.pinned_wheel`) and refused when its sha256 is not the pinned one; its `.py` files are unpacked
 into a temporary folder, mined and the folder removed. Nothing else is cached: everything derives from the pinned
@@ -30,9 +30,9 @@ the py3 wheel's, as the index lists it.
 Notebook 01 (`unseen_keys`) refuses a run whose training source holds one of the packages (`source_overlap`: a file
 of the offline snapshot or of a code root under a folder or module named like the package or one of its top-level
 modules) and drops every training row whose query or positive is a query or a document of the packages' tasks
-(`mix.UNSEEN_TEXT`, "unseen-library text"). Hub and files rows carry no source file to compare, so for them the text
-rule alone applies. A package that cannot be fetched, holds no Python file, or yields no text -> code or no
-code -> code query is an error naming it.
+(`decontamination.UNSEEN_TEXT`, "unseen-library text"). Hub and files rows carry no source file to compare, so for
+them the text rule alone applies. A package that cannot be fetched, holds no Python file, or yields no text -> code
+or no code -> code query is an error naming it.
 """
 
 from __future__ import annotations
@@ -43,13 +43,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from ..config import PINNED, PackagePin, canonical, package_pins  # noqa: F401 (the key's pins: config parses them)
 from ..downloads import default_cache_dir, pinned_wheel
-from .code_trees import code_roots, every_function, source_files
+from ..pins import PackagePin, canonical, package_pins
+from .code_trees import every_function
+from .decontamination import UnseenKeys
 from .grammars import summary_of
-from .mix import UnseenKeys
 from .offline import CODE_LINES, CODE_TO_CODE, TEXT_TO_CODE, pair_records
 from .records import DataError, SkipReport, text_key
+from .tree_walk import code_roots, source_files
 
 RECIPES = (TEXT_TO_CODE, CODE_TO_CODE)
 NEEDED_FOR = "the unseen-library evaluation, unseen_packages (set it to [] to run without it)"
@@ -148,9 +149,9 @@ def source_overlap(mined: MinedPackage, files: Iterable[str]) -> list[str]:
 
 
 def unseen_keys(mined: Sequence[MinedPackage], sources: Mapping[str, Iterable[str]] = {}) -> UnseenKeys:
-    """The packages' pins and the `text_key`s of every query and document of their tasks, for `mix.UNSEEN_TEXT`; a
-    `DataError` when a training source (`sources`: {what it is: the ids of its files}) holds a package's files
-    (`source_overlap`), naming the package, the source and a few of the files."""
+    """The packages' pins and the `text_key`s of every query and document of their tasks, for
+    `decontamination.UNSEEN_TEXT`; a `DataError` when a training source (`sources`: {what it is: the ids of its
+    files}) holds a package's files (`source_overlap`), naming the package, the source and a few of the files."""
     for name, files in sources.items():
         files = list(files)
         for package in mined:

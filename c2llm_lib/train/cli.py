@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from ..config import ConfigError, LaunchConfig, ModelConfig, TrainConfig, from_dict
+from ..checks import ConfigError
+from ..config import LaunchConfig, ModelConfig, TrainConfig, from_dict
 from ..distributed import all_gather_json, die_with_parent, init_distributed
 from ..hardware import peak_memory, reset_peak_memory
 from ..model import C2LLMEncoder

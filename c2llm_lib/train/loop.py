@@ -25,7 +25,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..batching import GroupedBatchSampler
-from ..config import ConfigError, TrainConfig, unknown_keys
+from ..checks import ConfigError, unknown_keys
+from ..config import TrainConfig
 from ..data.records import text_key
 from ..distributed import all_gather_json, barrier
 from ..files import CorruptFile, load_json

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 
-from ..config import ConfigError, TrainConfig
+from ..checks import ConfigError
+from ..config import TrainConfig
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float, schedule: str = "cosine"):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from c2llm_lib.config import ConfigError
+from c2llm_lib.checks import ConfigError
 
 from ..scale import Arch, forward_flops_per_token
 from .report import Check, gib

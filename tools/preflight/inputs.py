@@ -24,7 +24,8 @@ import datasets
 import pyarrow.compute as pc
 import yaml
 
-from c2llm_lib.config import ConfigError, DataStage
+from c2llm_lib.checks import ConfigError
+from c2llm_lib.config import DataStage
 from c2llm_lib.data.files import NOTEBOOK_DIR
 from c2llm_lib.data.mirror import repo_dir
 from c2llm_lib.data.records import DataError
@@ -272,7 +273,7 @@ def evaluation_tasks(setup: Setup) -> tuple[list[Any], list[Any]]:
         evaluated = benchmark_tasks(setup.evaluation.benchmarks, setup.evaluation.mteb_tasks)
     read = {t.metadata.name: t for t in evaluated}
     if setup.runs("01") and setup.data.decontaminate_mteb:
-        from c2llm_lib.data.mix import MTEB_CODE_TASKS
+        from c2llm_lib.data.decontamination import MTEB_CODE_TASKS
 
         for task in benchmark_tasks(["MTEB(Code, v1)"], list(MTEB_CODE_TASKS)):
             read.setdefault(task.metadata.name, task)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from c2llm_lib.config import ConfigError
+from c2llm_lib.checks import ConfigError
 from c2llm_lib.pipeline import REPO, parse_sets
 
 from . import device as measure
