@@ -7,22 +7,14 @@ import json
 import numpy as np
 import pytest
 
-from c2llm_lib.comparison import (
-    Entry,
-    config_key,
-    evaluation_key,
-    final_trainings,
-    over_seeds,
-    plan,
-    pooling_entries,
-    query_rows,
-    recipe_pairs,
-)
 from c2llm_lib.config import CompareStage, ConfigError, ModelConfig, TrainConfig
 from c2llm_lib.data.offline import load_snapshot, split_of
 from c2llm_lib.data.records import text_key
-from c2llm_lib.sweep import Grid, SweepPoint, SweepResult, choose, points, rates, sweep
-from c2llm_lib.validation import in_validation, validation_split
+from c2llm_lib.study.plan import Entry, plan, pooling_entries
+from c2llm_lib.study.recipes import recipe_pairs
+from c2llm_lib.study.sweep import Grid, SweepPoint, SweepResult, choose, points, rates, sweep
+from c2llm_lib.study.trainings import config_key, evaluation_key, final_trainings, over_seeds, query_rows
+from c2llm_lib.study.validation import in_validation, validation_split
 
 BASE_MODEL = ModelConfig(backbone="tiny-random-qwen2", dtype="float32", max_length=64, pma_heads=4, use_lora=True)
 BASE_TRAIN = TrainConfig(max_steps=3, global_batch_size=4, warmup_steps=1, max_length=64, seed=0, num_negatives=1,
@@ -129,7 +121,7 @@ def test_projections_train_at_their_full_widths_rates_and_no_test_training_is_th
 
 
 def test_the_comparison_seeds_are_never_the_sweeps():
-    from c2llm_lib.comparison import study_seeds
+    from c2llm_lib.study.plan import study_seeds
 
     assert study_seeds(CompareStage(compare_seeds=[0, 1, 2], compare_sweep=True), BASE_TRAIN) == [0, 1, 2]
     assert study_seeds(CompareStage(compare_sweep=True), BASE_TRAIN) == [0]  # notebook 02's seed
@@ -139,26 +131,26 @@ def test_the_comparison_seeds_are_never_the_sweeps():
 
 
 def test_a_selected_training_is_refused_for_a_test_score(tmp_path, monkeypatch):
-    from c2llm_lib import comparison
     from c2llm_lib.runs import RunDir
+    from c2llm_lib.study import trainings
 
     from training_rows import make_rows
 
     run = RunDir.open("study", tmp_path)
     rows_dir = run.save_rows("comparison/rows-1", make_rows())
-    setup = comparison.Setup(run, rows_dir, run.root / "comparison", log=lambda *_: None)
+    setup = trainings.Setup(run, rows_dir, run.root / "comparison", log=lambda *_: None)
     entry = pooling_entries(BASE_MODEL, BASE_TRAIN, ["mean"], [])[0]
     train = dataclasses.replace(entry.train, seed=0)
-    chosen_folder = comparison.training_folder(entry.model, train, rows_dir, setup.work_dir)[1]
-    monkeypatch.setattr(comparison, "scored_training", lambda *a, **k: {"folder": "fresh"})
+    chosen_folder = trainings.training_folder(entry.model, train, rows_dir, setup.work_dir)[1]
+    monkeypatch.setattr(trainings, "scored_training", lambda *a, **k: {"folder": "fresh"})
     with pytest.raises(RuntimeError, match="mean, seed 0: its training .* is one the sweep ran"):
-        comparison.score_trainings([(entry, 0, train)], setup, [], [], selected={str(chosen_folder)})
-    found = comparison.score_trainings([(entry, 1, dataclasses.replace(train, seed=1))], setup, [], [],
+        trainings.score_trainings([(entry, 0, train)], setup, [], [], selected={str(chosen_folder)})
+    found = trainings.score_trainings([(entry, 1, dataclasses.replace(train, seed=1))], setup, [], [],
                                        selected={str(chosen_folder)})  # fmt: skip
     assert found == {"mean": {1: {"folder": "fresh"}}}
     sweep = SweepResult([SweepPoint({"learning_rate": 1e-3}, 0.5, {"t": 0.5}, "a"),
                          SweepPoint({"learning_rate": 3e-3}, 0.4, {"t": 0.4}, "b")], 0)  # fmt: skip
-    assert comparison.sweep_folders({"mean": (sweep, train)}) == {"a", "b"} and comparison.sweep_folders(None) == set()
+    assert trainings.sweep_folders({"mean": (sweep, train)}) == {"a", "b"} and trainings.sweep_folders(None) == set()
 
 
 def test_a_training_and_its_scores_are_keyed_by_the_dtype_auto_resolved_to(monkeypatch, tmp_path):
@@ -242,7 +234,7 @@ def study_results():
 
 
 def test_the_study_tables_and_sentences_are_built_from_the_numbers():
-    from c2llm_lib.ablations import (
+    from c2llm_lib.study.pooling import (
         dimension_frame,
         mean_intervals,
         overhead,
@@ -273,7 +265,7 @@ def test_the_study_tables_and_sentences_are_built_from_the_numbers():
     assert "PMA - last token = +50.0 (95 % interval [+50.0, +50.0] over 40 queries): PMA is ahead." in text
     assert "PMA d=16 - PMA, truncated to 16 = +0.0" in text and "within noise." in text
     assert "Encoding throughput in the test evaluation: PMA 100 real tokens/s, last token 111 (-10 %)" in text
-    from c2llm_lib.ablations import study_markdown
+    from c2llm_lib.study.pooling import study_markdown
 
     setting = {"cpu": {"model": "a CPU", "capabilities": ["avx2"], "threads": 2}, "device": "cpu", "dtype": "float32",
                "backbone": "tiny", "steps": 3, "global_batch_size": 4, "num_negatives": 1, "max_length": 64,
@@ -296,7 +288,7 @@ def test_the_study_tables_and_sentences_are_built_from_the_numbers():
 
 
 def test_the_recipe_table_states_its_differences(tmp_path):
-    from c2llm_lib.comparison import comparison_frame, dimension_table, verdict
+    from c2llm_lib.study.recipes import comparison_frame, dimension_table, verdict
     from c2llm_lib.uncertainty import differences, task_means
 
     entries = plan(BASE_MODEL, BASE_TRAIN, ["c2llm-0.5b", "codexembed-style"], [16], [16])
@@ -340,7 +332,7 @@ def test_a_sweep_result_records_its_choice():
 
 
 def test_a_choice_at_an_end_of_the_grid_is_said():
-    from c2llm_lib.sweep import edge_sentences, edges
+    from c2llm_lib.study.sweep import edge_sentences, edges
 
     grid = Grid([1e-4, 3e-4, 1e-3], [1e-3], [1e-3, 3e-3])
     pma = {"learning_rate": 1e-3, "pma_learning_rate": 1e-3, "pma_attention_learning_rate": 3e-3}
@@ -364,33 +356,33 @@ def test_a_choice_at_an_end_of_the_grid_is_said():
 
 
 def test_cached_scores_are_read_back_and_a_crafted_one_is_named(tmp_path, monkeypatch):
-    from c2llm_lib import comparison
     from c2llm_lib.eval import offline_tasks
     from c2llm_lib.files import CorruptFile
     from c2llm_lib.runs import RunDir
+    from c2llm_lib.study import trainings
 
     run = RunDir.open("study", tmp_path)
     folder = run.root / "comparison" / "abc"
     (folder / "checkpoints" / "step-000003").mkdir(parents=True)
     (folder / "checkpoints" / "train_summary.json").write_text('{"steps": 3}')
     summary = {"final_checkpoint": str(folder / "checkpoints" / "step-000003"), "train_seconds": 1.0}
-    monkeypatch.setattr(comparison, "train_recipe", lambda *args, **kwargs: summary)  # a finished training
+    monkeypatch.setattr(trainings, "train_recipe", lambda *args, **kwargs: summary)  # a finished training
 
     def no_encoding(*args, **kwargs):
         raise AssertionError("scores already kept were computed again")
 
-    monkeypatch.setattr("c2llm_lib.comparison.encoder_from_checkpoint", no_encoding)
-    setup = comparison.Setup(run, tmp_path / "rows", run.root / "comparison", 8, 64, log=lambda *_: None)
+    monkeypatch.setattr("c2llm_lib.study.trainings.encoder_from_checkpoint", no_encoding)
+    setup = trainings.Setup(run, tmp_path / "rows", run.root / "comparison", 8, 64, log=lambda *_: None)
     tasks = offline_tasks(limit=2, include_humaneval=False, max_documents=10)
     key = evaluation_key(tasks, {t.name: None for t in tasks}, [16], 8, 64, folder / "checkpoints",
-                         comparison.resolved_compute(BASE_MODEL))  # fmt: skip
+                         trainings.resolved_compute(BASE_MODEL))  # fmt: skip
     kept = {"width": 64, "scores": {"64": {"t": 0.5}}, "queries": {"64": {"t": {"q0": 0.5}}}, "encode": {"seconds": 1}}
     run.save_json(f"comparison/abc/scores-{key}.json", kept)
-    found = comparison.scored_training(setup, BASE_MODEL, BASE_TRAIN, tasks, [16])
+    found = trainings.scored_training(setup, BASE_MODEL, BASE_TRAIN, tasks, [16])
     assert found["scores"] == kept["scores"] and found["folder"] == str(folder) and found["training"] == summary
     (folder / f"scores-{key}.json").write_text('{"width": 64}')
     with pytest.raises(CorruptFile, match=r"scores-.*\.json: cached scores without \['scores', 'queries', 'encode'\]"):
-        comparison.scored_training(setup, BASE_MODEL, BASE_TRAIN, tasks, [16])
+        trainings.scored_training(setup, BASE_MODEL, BASE_TRAIN, tasks, [16])
 
 
 def test_the_run_writes_the_comparisons_files_inside_itself_and_keeps_saved_rows(tmp_path):
@@ -417,8 +409,8 @@ def test_the_run_writes_the_comparisons_files_inside_itself_and_keeps_saved_rows
 
 
 def test_the_study_judges_its_differences_over_trainings(tmp_path):
-    from c2llm_lib.ablations import mean_intervals, pooling_frame, study_markdown, study_pairs, study_sentences
-    from c2llm_lib.comparison import seed_query_rows
+    from c2llm_lib.study.pooling import mean_intervals, pooling_frame, study_markdown, study_pairs, study_sentences
+    from c2llm_lib.study.trainings import seed_query_rows
     from c2llm_lib.uncertainty import MEAN, differences, training_differences
 
     entries = pooling_entries(BASE_MODEL, BASE_TRAIN, ["pma", "mean"], [])
@@ -468,7 +460,7 @@ def test_the_study_judges_its_differences_over_trainings(tmp_path):
 
 
 def test_notebook_06_states_the_k_that_trained():
-    from c2llm_lib.comparison import adjustments
+    from c2llm_lib.study.plan import adjustments
     from c2llm_lib.train import most_negatives
 
     from training_rows import make_rows
@@ -502,7 +494,7 @@ def test_a_study_training_dies_with_the_process_that_started_it(tmp_path):
     work = run.root / "comparison"
     script = (
         "import dataclasses, sys\n"
-        "from c2llm_lib.comparison import train_recipe\n"
+        "from c2llm_lib.study.trainings import train_recipe\n"
         "from c2llm_lib.config import ModelConfig, TrainConfig\n"
         "model = ModelConfig(backbone='tiny-random-qwen2', dtype='float32', max_length=32, pma_heads=4,\n"
         "                    use_lora=True)\n"
