@@ -519,3 +519,87 @@ def test_a_study_training_dies_with_the_process_that_started_it(tmp_path):
             os.killpg(parent.pid, signal.SIGKILL)
         for pid in processes_mentioning(str(work)):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_the_one_calls_parts_hold_what_the_notebooks_cells_built():
+    """`compare_recipes`, `compare_poolings` and `Sweeps` build the records, pages and tables that notebook 06's cells
+    built from the same parts, so the notebook saves the same files."""
+    from c2llm_lib.study.pooling import (
+        compare_poolings,
+        dimension_frame,
+        mean_intervals,
+        overhead,
+        pooling_frame,
+        study_markdown,
+        study_pairs,
+        study_record,
+        study_sentences,
+        study_setting,
+    )
+    from c2llm_lib.study.recipes import (
+        compare_recipes,
+        comparison_frame,
+        comparison_markdown,
+        dimension_table,
+        record,
+        verdict,
+    )
+    from c2llm_lib.study.sweep import Sweeps
+    from c2llm_lib.study.trainings import seed_query_rows
+    from c2llm_lib.uncertainty import differences, differences_markdown, task_means, training_differences
+
+    def run(values, folder):
+        queries = {"64": per_query({"t": values})}
+        return {"width": 64, "queries": queries, "scores": {"64": {"t": float(np.mean(values))}},
+                "training": {"train_seconds": 5.0, "tokens_per_second": 9.0}, "folder": folder,
+                "encode": {"seconds": 1.0, "tokens_per_second": 10.0}}  # fmt: skip
+
+    base = list(np.linspace(0.2, 0.6, 40))
+    entries = pooling_entries(BASE_MODEL, BASE_TRAIN, ["pma", "mean"], [])
+    per_seed = {"PMA": {0: run([v + 0.2 for v in base], "a"), 1: run([v - 0.1 for v in base], "b")},
+                "mean": {0: run(base, "c"), 1: run(base, "d")}}  # fmt: skip
+    results = {e.label: over_seeds(e, per_seed[e.label]) for e in entries}
+    point = SweepPoint({"learning_rate": 1e-3}, 0.5, {"t": 0.5}, "s")
+    split = type("Split", (), {"summary": lambda self: {"rule": "file"}})()
+    sweeps = Sweeps(GRID, 100, split, {"PMA": (SweepResult([point], 0), BASE_TRAIN)})
+    assert sweeps.record == {"validation": {"rule": "file"}, "grid": GRID.__dict__, "seed": 100,
+                             "models": {"PMA": sweeps.chosen["PMA"][0].to_dict()}}  # fmt: skip
+    study = compare_poolings(entries, results, per_seed, [0, 1], [], BASE_MODEL, BASE_TRAIN, sweeps, "run")
+    poolers, widths = pooling_frame(results, sweeps.chosen), dimension_frame(results)
+    diffs = differences(query_rows(results), study_pairs(entries))
+    seed_rows = seed_query_rows(per_seed, list(results))
+    over = training_differences(seed_rows, study_pairs(entries))
+    findings = study_sentences(poolers, widths, diffs, overhead(results), [0, 1], over, 100)
+    setting = study_setting(BASE_MODEL, BASE_TRAIN, [0, 1], GRID, split, [], per_seed, sweeps.chosen, 100)
+    assert study.outcome == findings and study.setting == setting
+    assert json.dumps(study.record, default=str) == json.dumps(
+        study_record(poolers, widths, diffs, results, sweeps.chosen, setting, over), default=str)  # fmt: skip
+    assert study.markdown == study_markdown("run", poolers, widths, diffs, findings, setting, sweeps.chosen, over)
+    assert study.intervals == mean_intervals(results, seed_rows=seed_rows) and study.figure is not None
+    assert study.table.equals(poolers) and compare_recipes(entries, results, per_seed, {}, [], "here", "run") is None
+
+    recipes = plan(BASE_MODEL, BASE_TRAIN, ["c2llm-0.5b", "codexembed-style"], [16], [16])
+    by_seed = {e.label: {0: run([0.5] * 40, e.label)} for e in recipes}
+    found = {e.label: result(e, {0: {str(e.model.embedding_dim or 64): {"t": [0.5] * 40},
+                                     **({} if e.projected else {"16": {"t": [0.25] * 40}})}},
+                             e.model.embedding_dim or 64) for e in recipes}  # fmt: skip
+    bm25 = per_query({"t": [0.4] * 40})
+    made = compare_recipes(recipes, found, by_seed, bm25, ["a note"], "metrics/train.json", "run")
+    table = comparison_frame(found, task_means(bm25))
+    dims = dimension_table(table)
+    diffs = differences(query_rows(found, bm25), recipe_pairs(recipes))
+    outcome = verdict(table, dims, ["a note"], diffs)
+    trainings = {label: {0: by_seed[label][0]["training"]} for label in found}
+    assert made.outcome == outcome and made.table.equals(table) and made.dimensions.equals(dims)
+    assert json.dumps(made.record) == json.dumps(
+        record(table, dims, trainings, ["a note"], "metrics/train.json", diffs)
+    )
+    assert made.markdown == (
+        comparison_markdown(table, "Recipes on equal terms, run run")
+        + "\n"
+        + differences_markdown(diffs, "Differences with 95 % intervals")
+        + "\n"
+        + outcome
+        + "\n"
+    )
+    assert compare_poolings(recipes, found, by_seed, [0], [], BASE_MODEL, BASE_TRAIN, None, "run") is None

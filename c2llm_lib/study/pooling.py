@@ -66,7 +66,7 @@ def ablation_pairs(dims: Sequence[int]) -> list[tuple[str, str]]:
 
 
 def study_pairs(entries) -> list[tuple[str, str]]:
-    """The pooling study's comparisons (`comparison.Entry` labels): PMA against each other pooler at full width, and
+    """The pooling study's comparisons (`Entry` labels): PMA against each other pooler at full width, and
     each PMA projection against the full PMA embedding truncated to its width."""
     full = [e.label for e in entries if e.study == "poolings" and not e.projected]
     pairs = [("PMA", other) for other in full if other != "PMA"] if "PMA" in full else []
@@ -126,10 +126,9 @@ def dimension_frame(results: dict[str, dict[str, Any]], full: str = "PMA"):
 def mean_intervals(
     results: dict[str, dict[str, Any]], full: str = "PMA", seed_rows: dict[str, list] | None = None
 ) -> dict[str, dict[Any, Any]]:
-    """The figure's error bars: each mean (over tasks, of the per-query means over seeds) with its 95 % bootstrap
-    interval, {"poolers": {label: Interval}, "PMA projection": {d: Interval}, "truncation": {d: Interval}}, in
-    nDCG@10 x 100: over trainings and queries when `seed_rows` (`comparison.seed_query_rows`) holds each model's
-    seeds (`uncertainty.training_bootstrap_mean`), else over queries (`uncertainty.bootstrap_mean`)."""
+    """The figure's error bars, {"poolers": {label: Interval}, "PMA projection": {d: ...}, "truncation": {d: ...}} in
+    nDCG@10 x 100: each mean's 95 % interval over trainings and queries when `seed_rows` (`seed_query_rows`) holds
+    each model's seeds, else over queries."""
 
     def interval(row: str, per_task):
         if seed_rows is not None:
@@ -160,10 +159,9 @@ def overhead(results: dict[str, dict[str, Any]]) -> dict[str, float]:
 def study_sentences(
     frame, dims, diffs, speeds: dict[str, float], seeds: Sequence[int], training_diffs=None, sweep_seed=None
 ) -> str:
-    """The pooling study's outcome in sentences built from its numbers: the chosen rates, the test means with each
-    seed's, each difference with its interval ("within noise" where it holds 0) over trainings and queries when
-    `training_diffs` holds them (several seeds), else over queries, the dimension curves, and the encoding throughput
-    of PMA against last-token pooling."""
+    """The pooling study's outcome in sentences from its numbers: chosen rates, test means and each seed's, each
+    difference with its interval (over trainings and queries when `training_diffs` holds them), the dimension curves,
+    and PMA's encoding throughput against last-token pooling."""
     import pandas as pd
 
     lines = []
@@ -220,11 +218,9 @@ def study_record(frame, dims, diffs, results, chosen, setting: dict[str, Any], t
 def study_setting(
     base_model, base_train, seeds, grid, split, tasks, per_seed, chosen=None, sweep_seed=None
 ) -> dict[str, Any]:
-    """What a reader needs beside the numbers: the machine (CPU model and capabilities, threads, the dtype `auto`
-    resolved to), the compute every model shared, the seeds and grid, the validation split and the test tasks' sizes,
-    the time each training and each scoring took, the sweep's included (a reused training keeps the time it took
-    when it ran, and is counted once), and which trainings were selected on validation (the sweep's, at `sweep_seed`)
-    and which were scored on test (fresh ones, at `seeds`)."""
+    """What a reader needs beside the numbers: the machine, the shared compute, seeds, grid, split and task sizes, each
+    training's and scoring's time (a reused training counted once), and which trainings were selected on validation
+    (the sweep's, at `sweep_seed`) and which were scored on test (fresh ones, at `seeds`)."""
     device = resolve_device(base_model.device)
     timings = {f"{label}, seed {seed}": {**times(found), "folder": found["folder"]}
                for label, by_seed in per_seed.items() for seed, found in by_seed.items()}  # fmt: skip

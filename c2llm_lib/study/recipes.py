@@ -23,11 +23,8 @@ def training_peak(training: dict[str, Any]) -> float | None:
 
 
 def comparison_frame(results: dict[str, dict[str, Any]], bm25: dict[str, float] | None = None):
-    """One row per (model, dimension): its curve (how the dimension is reached), per-task nDCG@10 x 100, their
-    mean, and the training's tokens/s, peak memory (GB) and seconds on the rows of trained models.
-
-    `results` maps a model label to {"recipe", "width", "projected" (a PMA trained to output this width), "mrl"
-    (trained with MRL), "scores" ({str(d): {task: nDCG}}), "training" (a `train_recipe` summary)}."""
+    """One row per (model, dimension) of `over_seeds` results: its curve (how the dimension is reached), per-task
+    nDCG@10 x 100, their mean, and the training's tokens/s, peak memory (GB) and seconds on trained models' rows."""
     import pandas as pd
 
     rows = []

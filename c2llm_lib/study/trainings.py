@@ -64,13 +64,9 @@ def training_folder(model: ModelConfig, train: TrainConfig, rows_dir: Path, work
 
 
 def train_recipe(model: ModelConfig, train: TrainConfig, rows_dir: Path, work_dir: Path, log=print) -> dict[str, Any]:
-    """Trains one configuration on the rows saved in `rows_dir`, in its own process (`python -m c2llm_lib.train`),
-    under `work_dir/<config_key>/`.
-
-    Returns the training summary (steps, seconds, tokens, tokens_per_second, peak_rss_gb [, peak_cuda_gb],
-    data_fingerprint, final_checkpoint). A folder that already holds a finished training of the same configuration
-    on the same rows (the fingerprint its summary records) is reused; one whose summary records other rows is moved
-    aside (`<hash>.other-rows-<time>`, nothing deleted) and trained again."""
+    """The summary of one training on the rows in `rows_dir`, in its own process (`train_process`), under
+    `work_dir/<config_key>/`. A finished training on the same rows (its summary's fingerprint) is reused; one on other
+    rows is moved aside (`<hash>.other-rows-<time>`, nothing deleted) and trained again."""
     rows, folder = training_folder(model, train, rows_dir, work_dir)
     summary = folder / "checkpoints" / "train_summary.json"
     if summary.is_file():
