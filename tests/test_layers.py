@@ -29,8 +29,7 @@ LAYERS = {
     "c2llm_lib.train": 2, "c2llm_lib.merge": 2, "c2llm_lib.export": 2, "c2llm_lib.eval": 2, "c2llm_lib.mteb_code": 2,
     "c2llm_lib.uncertainty": 2,
     # 3 figures and attention, the studies, search
-    "c2llm_lib.viz": 3, "c2llm_lib.comparison": 3, "c2llm_lib.ablations": 3, "c2llm_lib.sweep": 3,
-    "c2llm_lib.validation": 3, "c2llm_lib.search": 3,
+    "c2llm_lib.viz": 3, "c2llm_lib.study": 3, "c2llm_lib.search": 3,
     # 4 the runner
     "c2llm_lib.pipeline": 4, "c2llm_lib.runs": 4, "c2llm_lib.notebook": 4, "c2llm_lib.launch": 4,
 }  # fmt: skip

@@ -8,22 +8,14 @@ import numpy as np
 import pytest
 
 from c2llm_lib.checks import ConfigError
-from c2llm_lib.comparison import (
-    Entry,
-    config_key,
-    evaluation_key,
-    final_trainings,
-    over_seeds,
-    plan,
-    pooling_entries,
-    query_rows,
-    recipe_pairs,
-)
 from c2llm_lib.config import CompareStage, ModelConfig, TrainConfig
 from c2llm_lib.data.offline import load_snapshot, split_of
 from c2llm_lib.data.records import text_key
-from c2llm_lib.sweep import Grid, SweepPoint, SweepResult, choose, points, rates, sweep
-from c2llm_lib.validation import in_validation, validation_split
+from c2llm_lib.study.plan import Entry, plan, pooling_entries
+from c2llm_lib.study.recipes import recipe_pairs
+from c2llm_lib.study.sweep import Grid, SweepPoint, SweepResult, choose, points, rates, sweep
+from c2llm_lib.study.trainings import config_key, evaluation_key, final_trainings, over_seeds, query_rows
+from c2llm_lib.study.validation import in_validation, validation_split
 
 BASE_MODEL = ModelConfig(backbone="tiny-random-qwen2", dtype="float32", max_length=64, pma_heads=4, use_lora=True)
 BASE_TRAIN = TrainConfig(max_steps=3, global_batch_size=4, warmup_steps=1, max_length=64, seed=0, num_negatives=1,
@@ -130,7 +122,7 @@ def test_projections_train_at_their_full_widths_rates_and_no_test_training_is_th
 
 
 def test_the_comparison_seeds_are_never_the_sweeps():
-    from c2llm_lib.comparison import study_seeds
+    from c2llm_lib.study.plan import study_seeds
 
     assert study_seeds(CompareStage(compare_seeds=[0, 1, 2], compare_sweep=True), BASE_TRAIN) == [0, 1, 2]
     assert study_seeds(CompareStage(compare_sweep=True), BASE_TRAIN) == [0]  # notebook 02's seed
@@ -140,26 +132,26 @@ def test_the_comparison_seeds_are_never_the_sweeps():
 
 
 def test_a_selected_training_is_refused_for_a_test_score(tmp_path, monkeypatch):
-    from c2llm_lib import comparison
     from c2llm_lib.runs import RunDir
+    from c2llm_lib.study import trainings
 
     from training_rows import make_rows
 
     run = RunDir.open("study", tmp_path)
     rows_dir = run.save_rows("comparison/rows-1", make_rows())
-    setup = comparison.Setup(run, rows_dir, run.root / "comparison", log=lambda *_: None)
+    setup = trainings.Setup(run, rows_dir, run.root / "comparison", log=lambda *_: None)
     entry = pooling_entries(BASE_MODEL, BASE_TRAIN, ["mean"], [])[0]
     train = dataclasses.replace(entry.train, seed=0)
-    chosen_folder = comparison.training_folder(entry.model, train, rows_dir, setup.work_dir)[1]
-    monkeypatch.setattr(comparison, "scored_training", lambda *a, **k: {"folder": "fresh"})
+    chosen_folder = trainings.training_folder(entry.model, train, rows_dir, setup.work_dir)[1]
+    monkeypatch.setattr(trainings, "scored_training", lambda *a, **k: {"folder": "fresh"})
     with pytest.raises(RuntimeError, match="mean, seed 0: its training .* is one the sweep ran"):
-        comparison.score_trainings([(entry, 0, train)], setup, [], [], selected={str(chosen_folder)})
-    found = comparison.score_trainings([(entry, 1, dataclasses.replace(train, seed=1))], setup, [], [],
+        trainings.score_trainings([(entry, 0, train)], setup, [], [], selected={str(chosen_folder)})
+    found = trainings.score_trainings([(entry, 1, dataclasses.replace(train, seed=1))], setup, [], [],
                                        selected={str(chosen_folder)})  # fmt: skip
     assert found == {"mean": {1: {"folder": "fresh"}}}
     sweep = SweepResult([SweepPoint({"learning_rate": 1e-3}, 0.5, {"t": 0.5}, "a"),
                          SweepPoint({"learning_rate": 3e-3}, 0.4, {"t": 0.4}, "b")], 0)  # fmt: skip
-    assert comparison.sweep_folders({"mean": (sweep, train)}) == {"a", "b"} and comparison.sweep_folders(None) == set()
+    assert trainings.sweep_folders({"mean": (sweep, train)}) == {"a", "b"} and trainings.sweep_folders(None) == set()
 
 
 def test_a_training_and_its_scores_are_keyed_by_the_dtype_auto_resolved_to(monkeypatch, tmp_path):
@@ -243,7 +235,7 @@ def study_results():
 
 
 def test_the_study_tables_and_sentences_are_built_from_the_numbers():
-    from c2llm_lib.ablations import (
+    from c2llm_lib.study.pooling import (
         dimension_frame,
         mean_intervals,
         overhead,
@@ -274,7 +266,7 @@ def test_the_study_tables_and_sentences_are_built_from_the_numbers():
     assert "PMA - last token = +50.0 (95 % interval [+50.0, +50.0] over 40 queries): PMA is ahead." in text
     assert "PMA d=16 - PMA, truncated to 16 = +0.0" in text and "within noise." in text
     assert "Encoding throughput in the test evaluation: PMA 100 real tokens/s, last token 111 (-10 %)" in text
-    from c2llm_lib.ablations import study_markdown
+    from c2llm_lib.study.pooling import study_markdown
 
     setting = {"cpu": {"model": "a CPU", "capabilities": ["avx2"], "threads": 2}, "device": "cpu", "dtype": "float32",
                "backbone": "tiny", "steps": 3, "global_batch_size": 4, "num_negatives": 1, "max_length": 64,
@@ -297,7 +289,7 @@ def test_the_study_tables_and_sentences_are_built_from_the_numbers():
 
 
 def test_the_recipe_table_states_its_differences(tmp_path):
-    from c2llm_lib.comparison import comparison_frame, dimension_table, verdict
+    from c2llm_lib.study.recipes import comparison_frame, dimension_table, verdict
     from c2llm_lib.uncertainty import differences, task_means
 
     entries = plan(BASE_MODEL, BASE_TRAIN, ["c2llm-0.5b", "codexembed-style"], [16], [16])
@@ -341,7 +333,7 @@ def test_a_sweep_result_records_its_choice():
 
 
 def test_a_choice_at_an_end_of_the_grid_is_said():
-    from c2llm_lib.sweep import edge_sentences, edges
+    from c2llm_lib.study.sweep import edge_sentences, edges
 
     grid = Grid([1e-4, 3e-4, 1e-3], [1e-3], [1e-3, 3e-3])
     pma = {"learning_rate": 1e-3, "pma_learning_rate": 1e-3, "pma_attention_learning_rate": 3e-3}
@@ -365,33 +357,33 @@ def test_a_choice_at_an_end_of_the_grid_is_said():
 
 
 def test_cached_scores_are_read_back_and_a_crafted_one_is_named(tmp_path, monkeypatch):
-    from c2llm_lib import comparison
     from c2llm_lib.eval import offline_tasks
     from c2llm_lib.files import CorruptFile
     from c2llm_lib.runs import RunDir
+    from c2llm_lib.study import trainings
 
     run = RunDir.open("study", tmp_path)
     folder = run.root / "comparison" / "abc"
     (folder / "checkpoints" / "step-000003").mkdir(parents=True)
     (folder / "checkpoints" / "train_summary.json").write_text('{"steps": 3}')
     summary = {"final_checkpoint": str(folder / "checkpoints" / "step-000003"), "train_seconds": 1.0}
-    monkeypatch.setattr(comparison, "train_recipe", lambda *args, **kwargs: summary)  # a finished training
+    monkeypatch.setattr(trainings, "train_recipe", lambda *args, **kwargs: summary)  # a finished training
 
     def no_encoding(*args, **kwargs):
         raise AssertionError("scores already kept were computed again")
 
-    monkeypatch.setattr("c2llm_lib.comparison.encoder_from_checkpoint", no_encoding)
-    setup = comparison.Setup(run, tmp_path / "rows", run.root / "comparison", 8, 64, log=lambda *_: None)
+    monkeypatch.setattr("c2llm_lib.study.trainings.encoder_from_checkpoint", no_encoding)
+    setup = trainings.Setup(run, tmp_path / "rows", run.root / "comparison", 8, 64, log=lambda *_: None)
     tasks = offline_tasks(limit=2, include_humaneval=False, max_documents=10)
     key = evaluation_key(tasks, {t.name: None for t in tasks}, [16], 8, 64, folder / "checkpoints",
-                         comparison.resolved_compute(BASE_MODEL))  # fmt: skip
+                         trainings.resolved_compute(BASE_MODEL))  # fmt: skip
     kept = {"width": 64, "scores": {"64": {"t": 0.5}}, "queries": {"64": {"t": {"q0": 0.5}}}, "encode": {"seconds": 1}}
     run.save_json(f"comparison/abc/scores-{key}.json", kept)
-    found = comparison.scored_training(setup, BASE_MODEL, BASE_TRAIN, tasks, [16])
+    found = trainings.scored_training(setup, BASE_MODEL, BASE_TRAIN, tasks, [16])
     assert found["scores"] == kept["scores"] and found["folder"] == str(folder) and found["training"] == summary
     (folder / f"scores-{key}.json").write_text('{"width": 64}')
     with pytest.raises(CorruptFile, match=r"scores-.*\.json: cached scores without \['scores', 'queries', 'encode'\]"):
-        comparison.scored_training(setup, BASE_MODEL, BASE_TRAIN, tasks, [16])
+        trainings.scored_training(setup, BASE_MODEL, BASE_TRAIN, tasks, [16])
 
 
 def test_the_run_writes_the_comparisons_files_inside_itself_and_keeps_saved_rows(tmp_path):
@@ -418,8 +410,8 @@ def test_the_run_writes_the_comparisons_files_inside_itself_and_keeps_saved_rows
 
 
 def test_the_study_judges_its_differences_over_trainings(tmp_path):
-    from c2llm_lib.ablations import mean_intervals, pooling_frame, study_markdown, study_pairs, study_sentences
-    from c2llm_lib.comparison import seed_query_rows
+    from c2llm_lib.study.pooling import mean_intervals, pooling_frame, study_markdown, study_pairs, study_sentences
+    from c2llm_lib.study.trainings import seed_query_rows
     from c2llm_lib.uncertainty import MEAN, differences, training_differences
 
     entries = pooling_entries(BASE_MODEL, BASE_TRAIN, ["pma", "mean"], [])
@@ -469,7 +461,7 @@ def test_the_study_judges_its_differences_over_trainings(tmp_path):
 
 
 def test_notebook_06_states_the_k_that_trained():
-    from c2llm_lib.comparison import adjustments
+    from c2llm_lib.study.plan import adjustments
     from c2llm_lib.train import most_negatives
 
     from training_rows import make_rows
@@ -503,7 +495,7 @@ def test_a_study_training_dies_with_the_process_that_started_it(tmp_path):
     work = run.root / "comparison"
     script = (
         "import dataclasses, sys\n"
-        "from c2llm_lib.comparison import train_recipe\n"
+        "from c2llm_lib.study.trainings import train_recipe\n"
         "from c2llm_lib.config import ModelConfig, TrainConfig\n"
         "model = ModelConfig(backbone='tiny-random-qwen2', dtype='float32', max_length=32, pma_heads=4,\n"
         "                    use_lora=True)\n"
@@ -528,3 +520,87 @@ def test_a_study_training_dies_with_the_process_that_started_it(tmp_path):
             os.killpg(parent.pid, signal.SIGKILL)
         for pid in processes_mentioning(str(work)):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_the_one_calls_parts_hold_what_the_notebooks_cells_built():
+    """`compare_recipes`, `compare_poolings` and `Sweeps` build the records, pages and tables that notebook 06's cells
+    built from the same parts, so the notebook saves the same files."""
+    from c2llm_lib.study.pooling import (
+        compare_poolings,
+        dimension_frame,
+        mean_intervals,
+        overhead,
+        pooling_frame,
+        study_markdown,
+        study_pairs,
+        study_record,
+        study_sentences,
+        study_setting,
+    )
+    from c2llm_lib.study.recipes import (
+        compare_recipes,
+        comparison_frame,
+        comparison_markdown,
+        dimension_table,
+        record,
+        verdict,
+    )
+    from c2llm_lib.study.sweep import Sweeps
+    from c2llm_lib.study.trainings import seed_query_rows
+    from c2llm_lib.uncertainty import differences, differences_markdown, task_means, training_differences
+
+    def run(values, folder):
+        queries = {"64": per_query({"t": values})}
+        return {"width": 64, "queries": queries, "scores": {"64": {"t": float(np.mean(values))}},
+                "training": {"train_seconds": 5.0, "tokens_per_second": 9.0}, "folder": folder,
+                "encode": {"seconds": 1.0, "tokens_per_second": 10.0}}  # fmt: skip
+
+    base = list(np.linspace(0.2, 0.6, 40))
+    entries = pooling_entries(BASE_MODEL, BASE_TRAIN, ["pma", "mean"], [])
+    per_seed = {"PMA": {0: run([v + 0.2 for v in base], "a"), 1: run([v - 0.1 for v in base], "b")},
+                "mean": {0: run(base, "c"), 1: run(base, "d")}}  # fmt: skip
+    results = {e.label: over_seeds(e, per_seed[e.label]) for e in entries}
+    point = SweepPoint({"learning_rate": 1e-3}, 0.5, {"t": 0.5}, "s")
+    split = type("Split", (), {"summary": lambda self: {"rule": "file"}})()
+    sweeps = Sweeps(GRID, 100, split, {"PMA": (SweepResult([point], 0), BASE_TRAIN)})
+    assert sweeps.record == {"validation": {"rule": "file"}, "grid": GRID.__dict__, "seed": 100,
+                             "models": {"PMA": sweeps.chosen["PMA"][0].to_dict()}}  # fmt: skip
+    study = compare_poolings(entries, results, per_seed, [0, 1], [], BASE_MODEL, BASE_TRAIN, sweeps, "run")
+    poolers, widths = pooling_frame(results, sweeps.chosen), dimension_frame(results)
+    diffs = differences(query_rows(results), study_pairs(entries))
+    seed_rows = seed_query_rows(per_seed, list(results))
+    over = training_differences(seed_rows, study_pairs(entries))
+    findings = study_sentences(poolers, widths, diffs, overhead(results), [0, 1], over, 100)
+    setting = study_setting(BASE_MODEL, BASE_TRAIN, [0, 1], GRID, split, [], per_seed, sweeps.chosen, 100)
+    assert study.outcome == findings and study.setting == setting
+    assert json.dumps(study.record, default=str) == json.dumps(
+        study_record(poolers, widths, diffs, results, sweeps.chosen, setting, over), default=str)  # fmt: skip
+    assert study.markdown == study_markdown("run", poolers, widths, diffs, findings, setting, sweeps.chosen, over)
+    assert study.intervals == mean_intervals(results, seed_rows=seed_rows) and study.figure is not None
+    assert study.table.equals(poolers) and compare_recipes(entries, results, per_seed, {}, [], "here", "run") is None
+
+    recipes = plan(BASE_MODEL, BASE_TRAIN, ["c2llm-0.5b", "codexembed-style"], [16], [16])
+    by_seed = {e.label: {0: run([0.5] * 40, e.label)} for e in recipes}
+    found = {e.label: result(e, {0: {str(e.model.embedding_dim or 64): {"t": [0.5] * 40},
+                                     **({} if e.projected else {"16": {"t": [0.25] * 40}})}},
+                             e.model.embedding_dim or 64) for e in recipes}  # fmt: skip
+    bm25 = per_query({"t": [0.4] * 40})
+    made = compare_recipes(recipes, found, by_seed, bm25, ["a note"], "metrics/train.json", "run")
+    table = comparison_frame(found, task_means(bm25))
+    dims = dimension_table(table)
+    diffs = differences(query_rows(found, bm25), recipe_pairs(recipes))
+    outcome = verdict(table, dims, ["a note"], diffs)
+    trainings = {label: {0: by_seed[label][0]["training"]} for label in found}
+    assert made.outcome == outcome and made.table.equals(table) and made.dimensions.equals(dims)
+    assert json.dumps(made.record) == json.dumps(
+        record(table, dims, trainings, ["a note"], "metrics/train.json", diffs)
+    )
+    assert made.markdown == (
+        comparison_markdown(table, "Recipes on equal terms, run run")
+        + "\n"
+        + differences_markdown(diffs, "Differences with 95 % intervals")
+        + "\n"
+        + outcome
+        + "\n"
+    )
+    assert compare_poolings(recipes, found, by_seed, [0], [], BASE_MODEL, BASE_TRAIN, None, "run") is None

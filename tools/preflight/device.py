@@ -379,13 +379,13 @@ def step_seconds(setup: Setup, found, who: Subject, spec: ProbeSpec, measured: f
 
 def comparison_trainings(setup: Setup) -> int:
     """The trainings notebook 06 runs on this run's compute, each counted at this run's seconds per step:
-    `comparison.plan`'s (each recipe, each PMA recipe again at every width of compare_pma_dims, and the pooling study's
+    `study.plan.plan`'s (each recipe, each PMA recipe again at every width of compare_pma_dims, and the pooling study's
     poolers and widths) once per seed of compare_seeds, and with compare_sweep every grid point of each full-width
     model at the first seed (the chosen point is that seed's training, counted once)."""
     if not setup.trains or not setup.runs("06"):
         return 0
-    from c2llm_lib.comparison import plan
-    from c2llm_lib.sweep import Grid, points
+    from c2llm_lib.study.plan import plan
+    from c2llm_lib.study.sweep import Grid, points
 
     compare = setup.compare
     entries = plan(setup.model, setup.train, compare.compare_recipes, compare.compare_dims, compare.compare_pma_dims,

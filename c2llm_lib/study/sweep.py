@@ -1,18 +1,7 @@
-"""Learning rates chosen on a validation split, the same small sweep for every model that is compared (notebook 06).
-
-A comparison at one learning rate compares learning rates as much as models: a pooler, or a recipe, whose best rate
-is not the one chosen for another stays at chance loss in a short run. So each compared model gets its own rates
-from one shared grid (`Grid`):
-- the LoRA rate (`learning_rate`) over `learning_rates`;
-- for a PMA head also its rate (`pma_learning_rate`) over `pma_learning_rates` and the rate of its attention logits
-  (the seed, W_q, W_k: `pma_attention_learning_rate`) over `pma_attention_learning_rates`, in every combination; a
-  pooler without parameters (mean, last token) has no head rate to choose.
-Each point trains once, at the comparison's first seed, on the training rows without the validation share
-(`validation.py`), and is scored by mean nDCG@10 over the validation tasks; the best point is the model's choice (on a
-tie, the first in grid order: lower rates first). A model's projections to smaller widths train at the rates chosen
-for its full width. Everything else (steps, rows, batch, schedule, warmup) is the comparison's, so the grid's cost is
-points x (one training + one validation scoring). A choice at an end of a grid axis (`edges`) is said as such: it
-bounds the model's best rate from one side and does not find it.
+"""Learning rates chosen on a validation split, one small grid for every compared model (notebook 06): the LoRA rate,
+and for a PMA head its rate and its attention logits' rate in every combination. Each point trains once at the sweep's
+seed and is scored by mean nDCG@10 on the validation tasks; the best point wins (a tie: lower rates first). A choice
+at an end of a grid axis is said as such (`edges`): it bounds the best rate from one side only (docs/studies.md).
 """
 
 from __future__ import annotations
@@ -23,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .config import ModelConfig, TrainConfig
+from ..config import ModelConfig, TrainConfig
 
 RATE_KEYS = ("learning_rate", "pma_learning_rate", "pma_attention_learning_rate")
 
@@ -184,8 +173,25 @@ def sweep_markdown(frame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def timings(found: dict[str, Any]) -> dict[str, float | None]:
-    """{"train s", "evaluate s", "load s"} of a `comparison.scored_training` result (a reused one keeps the times
-    it took)."""
-    return {"train s": found["training"].get("train_seconds"), "evaluate s": found["encode"]["seconds"],
-            "load s": found["encode"].get("load_seconds")}  # fmt: skip
+@dataclass
+class Sweeps:
+    """A study's sweep: its grid and seed, the validation split it scored on (`ValidationSplit`), and {model:
+    (SweepResult, the chosen TrainConfig)}; `table`, `edges` and `record` (`metrics/sweep.json`) show it."""
+
+    grid: Grid
+    seed: int
+    validation: Any
+    chosen: dict[str, tuple[SweepResult, TrainConfig]]
+
+    @property
+    def table(self):
+        return sweep_frame(self.chosen)
+
+    @property
+    def edges(self) -> list[str]:
+        return edge_sentences(self.chosen, self.grid)
+
+    @property
+    def record(self) -> dict[str, Any]:
+        return {"validation": self.validation.summary(), "grid": dataclasses.asdict(self.grid), "seed": self.seed,
+                "models": {label: found.to_dict() for label, (found, _) in self.chosen.items()}}  # fmt: skip

@@ -1,24 +1,7 @@
-"""A validation split carved from a run's training rows, on which learning rates are chosen (notebook 06's sweep),
-so that the held-out test tasks of notebooks 04 and 06 never choose anything they then score.
-
-The rule is stable (the same rows on every run and machine) and splits by the unit that leaks:
-- **offline snapshot** (every training row is a row of the shipped snapshot's train split): by **file**. A file is a
-  validation file when `sha256("validation:" + its path) % 100 < percent` (a hash of its own, independent of the
-  snapshot's train/test hash, which only ever picks train files here). No function, and no other function of the same
-  file, is on both sides. The validation tasks take *every* snapshot row of the validation files (also those that the
-  run's `rows_per_group` cap left out), so they are as large as the share allows; the training rows lose every row of
-  those files.
-- **any other data** (hub sources, a user's files or code: rows carry no file path): by **query**, the same hash of
-  the normalised query text (`records.text_key`), so one query is never on both sides; the validation tasks are the
-  validation rows.
-Either way a remaining training row whose query or positive equals (normalised) a validation query or document is
-dropped too, and counted, so no text is on both sides. The validation tasks are built as `eval.offline_tasks` builds
-the test tasks: one per (dataset, language), named `validation-<text2code|code2code|dataset>-<language>`, the row's
-instruction as the query instruction, `limit` queries and at most `max_documents` documents (every positive of the
-evaluated queries and a seeded sample of the others, `eval.task_from_rows`).
-
-The test tasks come from the snapshot's test files and HumanEval, which never train: the validation split is disjoint
-from them by construction (tested).
+"""A validation split carved from a run's training rows, on which notebook 06's sweep chooses learning rates, so the
+held-out test tasks never choose anything they then score. Stable, and by the unit that leaks: by file on the offline
+snapshot (a hash of the path of its own), else by normalised query; a remaining row sharing a text with a validation
+row is dropped and counted. Its tasks are built as the test tasks are (docs/studies.md).
 """
 
 from __future__ import annotations
@@ -27,11 +10,11 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from .data.offline import CODE_TO_CODE, TEXT_TO_CODE, load_snapshot
-from .data.records import text_key
-from .eval import task_from_rows
-from .prompts import prompts
-from .retrieval import RetrievalTask
+from ..data.offline import CODE_TO_CODE, TEXT_TO_CODE, load_snapshot
+from ..data.records import text_key
+from ..eval import task_from_rows
+from ..prompts import prompts
+from ..retrieval import RetrievalTask
 
 SALT = "validation:"
 SHORT = {TEXT_TO_CODE: "text2code", CODE_TO_CODE: "code2code"}

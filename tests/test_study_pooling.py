@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from c2llm_lib import ModelConfig
-from c2llm_lib.ablations import train_variant, variants
 from c2llm_lib.config import TrainConfig
 from c2llm_lib.mteb_code import fingerprint
 from c2llm_lib.retrieval import Truncated
+from c2llm_lib.study import train_variant, variants
 
 from training_rows import make_rows
 

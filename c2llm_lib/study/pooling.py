@@ -1,48 +1,39 @@
-"""The paper's claims about its head, tested on equal terms (section 3's takeaway).
-
-1. PMA pools better than the EOS (last) token and the mean: the three poolers are trained the same way (same
-   rows, steps, seed, LoRA and learning rate) and evaluated on the same tasks.
-2. PMA's projection gives compact embeddings without MRL training: PMA trained with output dimension d
-   (equations 2-3 project to d) against the full-width PMA embedding truncated to its first d coordinates.
-3. Its overhead is negligible: encoding throughput of PMA against last-token pooling on the same backbone.
-
-Two places test them:
-- notebook 04 (`ablations: true`): `variants` names the model configurations, `train_variant` trains one in the
-  kernel with the run's recipe (one rate for all, one seed), and `retrieval.Truncated` presents a truncated encoder
-  to the evaluation code; the table gives each variant's difference to PMA with its interval (`ablation_pairs`);
-- notebook 06's pooling study (`compare_poolings`), the one to read: every pooler gets the learning rates its own
-  sweep chose on a validation split (`sweep.py`, `validation.py`), trains in its own process with every seed of
-  `compare_seeds`, and is scored on the held-out test tasks; PMA projecting to each d trains at PMA's chosen rates.
-  `pooling_frame`, `dimension_frame` and `study_sentences` turn the results (`comparison.over_seeds`) into the
-  tables and sentences, each difference with two 95 % intervals (`uncertainty.py`): over queries (several seeds
-  enter as the per-query mean of their scores) and, with several seeds, over trainings and queries, the one the
-  sentences judge by, since two trainings of one model differ by more than a draw of queries moves it. The sweep's
-  trainings (at `sweep_seed`) are selected on validation and never scored on test; the record lists them apart from
-  the fresh trainings every test score comes from. `study_record` is `metrics/pooling_study.json`.
+"""The pooling study: C2LLM section 3's claims for its head tested on equal terms. PMA against the last (EOS) token and
+the mean, PMA projecting to d (equations 2-3) against the full PMA embedding truncated to d, and PMA's encoding cost.
+Notebook 06 (`compare_poolings`) is the study to read: per-pooler rates from the sweep, every seed, and each difference
+with 95 % intervals over queries and, with several seeds, over trainings and queries, by which the sentences judge.
+Notebook 04's quick check (`variants`, `train_variant`, `ablation_pairs`) trains in the kernel at one rate and seed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .config import ModelConfig, TrainConfig
-from .hardware import cpu_info, resolve_device, resolve_dtype
-from .model import C2LLMEncoder
-from .sweep import Grid, edge_sentences, rates_label, sweep_frame, sweep_markdown
-from .sweep import timings as times
-from .train import Trainer
-from .uncertainty import (
+from ..config import ModelConfig, TrainConfig
+from ..hardware import cpu_info, resolve_device, resolve_dtype
+from ..model import C2LLMEncoder
+from ..train import Trainer
+from ..uncertainty import (
     MEAN,
     bootstrap_mean,
     difference_sentences,
+    differences,
     differences_markdown,
     differences_record,
     training_bootstrap_mean,
+    training_differences,
 )
+from ..viz import pooling_study
+from .plan import Entry
+from .sweep import Grid, edge_sentences, rates_label, sweep_frame, sweep_markdown
+from .trainings import query_rows, seed_query_rows
+from .trainings import timings as times
 
 
 def variants(base: ModelConfig, dims: Sequence[int]) -> dict[str, ModelConfig]:
@@ -75,7 +66,7 @@ def ablation_pairs(dims: Sequence[int]) -> list[tuple[str, str]]:
 
 
 def study_pairs(entries) -> list[tuple[str, str]]:
-    """The pooling study's comparisons (`comparison.Entry` labels): PMA against each other pooler at full width, and
+    """The pooling study's comparisons (`Entry` labels): PMA against each other pooler at full width, and
     each PMA projection against the full PMA embedding truncated to its width."""
     full = [e.label for e in entries if e.study == "poolings" and not e.projected]
     pairs = [("PMA", other) for other in full if other != "PMA"] if "PMA" in full else []
@@ -135,10 +126,9 @@ def dimension_frame(results: dict[str, dict[str, Any]], full: str = "PMA"):
 def mean_intervals(
     results: dict[str, dict[str, Any]], full: str = "PMA", seed_rows: dict[str, list] | None = None
 ) -> dict[str, dict[Any, Any]]:
-    """The figure's error bars: each mean (over tasks, of the per-query means over seeds) with its 95 % bootstrap
-    interval, {"poolers": {label: Interval}, "PMA projection": {d: Interval}, "truncation": {d: Interval}}, in
-    nDCG@10 x 100: over trainings and queries when `seed_rows` (`comparison.seed_query_rows`) holds each model's
-    seeds (`uncertainty.training_bootstrap_mean`), else over queries (`uncertainty.bootstrap_mean`)."""
+    """The figure's error bars, {"poolers": {label: Interval}, "PMA projection": {d: ...}, "truncation": {d: ...}} in
+    nDCG@10 x 100: each mean's 95 % interval over trainings and queries when `seed_rows` (`seed_query_rows`) holds
+    each model's seeds, else over queries."""
 
     def interval(row: str, per_task):
         if seed_rows is not None:
@@ -169,10 +159,9 @@ def overhead(results: dict[str, dict[str, Any]]) -> dict[str, float]:
 def study_sentences(
     frame, dims, diffs, speeds: dict[str, float], seeds: Sequence[int], training_diffs=None, sweep_seed=None
 ) -> str:
-    """The pooling study's outcome in sentences built from its numbers: the chosen rates, the test means with each
-    seed's, each difference with its interval ("within noise" where it holds 0) over trainings and queries when
-    `training_diffs` holds them (several seeds), else over queries, the dimension curves, and the encoding throughput
-    of PMA against last-token pooling."""
+    """The pooling study's outcome in sentences from its numbers: chosen rates, test means and each seed's, each
+    difference with its interval (over trainings and queries when `training_diffs` holds them), the dimension curves,
+    and PMA's encoding throughput against last-token pooling."""
     import pandas as pd
 
     lines = []
@@ -216,8 +205,6 @@ def study_record(frame, dims, diffs, results, chosen, setting: dict[str, Any], t
     (several seeds) over trainings, every model's per-seed scores, per-query scores (mean over seeds), training and
     encoding figures, the sweeps, and the setting (CPU, steps, seeds, grid, splits, timings, which trainings were
     selected on validation and which were scored on test)."""
-    import json
-
     tables = {
         "poolers": json.loads(frame.to_json(orient="index")),
         "dimensions": json.loads(dims.to_json(orient="index")) if dims is not None else None,
@@ -231,11 +218,9 @@ def study_record(frame, dims, diffs, results, chosen, setting: dict[str, Any], t
 def study_setting(
     base_model, base_train, seeds, grid, split, tasks, per_seed, chosen=None, sweep_seed=None
 ) -> dict[str, Any]:
-    """What a reader needs beside the numbers: the machine (CPU model and capabilities, threads, the dtype `auto`
-    resolved to), the compute every model shared, the seeds and grid, the validation split and the test tasks' sizes,
-    the time each training and each scoring took, the sweep's included (a reused training keeps the time it took
-    when it ran, and is counted once), and which trainings were selected on validation (the sweep's, at `sweep_seed`)
-    and which were scored on test (fresh ones, at `seeds`)."""
+    """What a reader needs beside the numbers: the machine, the shared compute, seeds, grid, split and task sizes, each
+    training's and scoring's time (a reused training counted once), and which trainings were selected on validation
+    (the sweep's, at `sweep_seed`) and which were scored on test (fresh ones, at `seeds`)."""
     device = resolve_device(base_model.device)
     timings = {f"{label}, seed {seed}": {**times(found), "folder": found["folder"]}
                for label, by_seed in per_seed.items() for seed, found in by_seed.items()}  # fmt: skip
@@ -308,3 +293,55 @@ def study_markdown(
             "",
         ]
     return "\n".join(lines) + "\n" + sentences + "\n"
+
+
+@dataclass
+class PoolingStudy:
+    """The pooling study of one run: `table` (`pooling_frame`), `dimensions` (`dimension_frame`, None without PMA),
+    the differences over queries and over trainings, `intervals` (the figure's error bars), `outcome` (sentences),
+    `setting`, `record` and `markdown` (`metrics/pooling_study.{json,md}`), and `figure`."""
+
+    table: Any
+    dimensions: Any
+    differences: dict
+    training_differences: dict
+    intervals: dict[str, dict[Any, Any]]
+    outcome: str
+    setting: dict[str, Any]
+    record: dict[str, Any]
+    markdown: str
+    figure: Any
+
+    @property
+    def differences_markdown(self) -> str:
+        return differences_markdown(self.training_differences, "Differences over trainings and queries") + (
+            differences_markdown(self.differences, "Differences over queries"))  # fmt: skip
+
+
+def compare_poolings(
+    entries: Sequence[Entry], results: dict[str, dict[str, Any]], per_seed: dict[str, dict[int, dict[str, Any]]],
+    seeds: Sequence[int], tasks, base_model: ModelConfig, base_train: TrainConfig, sweeps, run: str,
+) -> PoolingStudy | None:  # fmt: skip
+    """The pooling study of the entries of study "poolings" (`over_seeds` results, `score_trainings`' per-seed ones,
+    the test `tasks`, and the study's `sweep.Sweeps` or None), or None when no pooler was compared."""
+    study = {e.label: results[e.label] for e in entries if e.study == "poolings"}
+    if not study:
+        return None
+    chosen, sweep_seed = (sweeps.chosen, sweeps.seed) if sweeps else (None, None)
+    poolers = pooling_frame(study, chosen)
+    widths = dimension_frame(study) if "PMA" in study else None
+    study_diffs = differences(query_rows(study), study_pairs(entries))
+    seed_rows = seed_query_rows(per_seed, list(study)) if len(seeds) > 1 else None
+    training_diffs = training_differences(seed_rows, study_pairs(entries)) if seed_rows else {}
+    intervals = mean_intervals(study, seed_rows=seed_rows)
+    findings = study_sentences(poolers, widths, study_diffs, overhead(study), seeds, training_diffs, sweep_seed)
+    swept = {label: found for label, found in (chosen or {}).items() if label in study}
+    setting = study_setting(base_model, base_train, seeds, sweeps.grid if sweeps else None,
+                            sweeps.validation if sweeps else None, tasks, {label: per_seed[label] for label in study},
+                            swept, sweep_seed)  # fmt: skip
+    return PoolingStudy(
+        poolers, widths, study_diffs, training_diffs, intervals, findings, setting,
+        study_record(poolers, widths, study_diffs, study, chosen, setting, training_diffs),
+        study_markdown(run, poolers, widths, study_diffs, findings, setting, swept, training_diffs),
+        pooling_study(poolers, intervals),
+    )  # fmt: skip

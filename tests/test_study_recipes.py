@@ -1,4 +1,5 @@
-"""The recipe comparison's parts: recipes over the run's compute, the dimension sweep, the table and its sentences."""
+"""The recipe comparison's parts (study/plan.py, recipes.py): recipes over the run's compute, the dimension sweep,
+the table and its sentences."""
 
 import dataclasses
 from pathlib import Path
@@ -7,19 +8,11 @@ import numpy as np
 import pytest
 
 from c2llm_lib.checks import ConfigError
-from c2llm_lib.comparison import (
-    RECIPE_KEYS,
-    comparison_frame,
-    comparison_markdown,
-    dimension_table,
-    load_recipe,
-    plan,
-    recipe_configs,
-    train_recipe,
-    verdict,
-)
 from c2llm_lib.config import ModelConfig, TrainConfig
 from c2llm_lib.eval import RetrievalTask, score_embeddings, truncation_scores
+from c2llm_lib.study.plan import RECIPE_KEYS, load_recipe, plan, recipe_configs
+from c2llm_lib.study.recipes import comparison_frame, comparison_markdown, dimension_table, verdict
+from c2llm_lib.study.trainings import train_recipe
 
 BASE_MODEL = ModelConfig(backbone="tiny-random-qwen2", dtype="float32", max_length=64, pma_heads=4, use_lora=True)
 BASE_TRAIN = TrainConfig(max_steps=3, global_batch_size=4, warmup_steps=1, max_length=64, seed=7, num_negatives=2,
