@@ -30,12 +30,7 @@ from typing import Any
 import torch
 
 from .config import ModelConfig, TrainConfig
-from .hardware import cpu_info, resolve_device, resolve_dtype
-from .model import C2LLMEncoder
-from .sweep import Grid, edge_sentences, rates_label, sweep_frame, sweep_markdown
-from .sweep import timings as times
-from .train import Trainer
-from .uncertainty import (
+from .eval.intervals import (
     MEAN,
     bootstrap_mean,
     difference_sentences,
@@ -43,6 +38,11 @@ from .uncertainty import (
     differences_record,
     training_bootstrap_mean,
 )
+from .hardware import cpu_info, resolve_device, resolve_dtype
+from .model import C2LLMEncoder
+from .sweep import Grid, edge_sentences, rates_label, sweep_frame, sweep_markdown
+from .sweep import timings as times
+from .train import Trainer
 
 
 def variants(base: ModelConfig, dims: Sequence[int]) -> dict[str, ModelConfig]:

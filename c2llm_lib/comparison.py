@@ -59,14 +59,14 @@ import yaml
 
 from .config import PARAMS_DIR, CompareStage, ConfigError, ModelConfig, TrainConfig, from_dict
 from .distributed import die_with_parent
-from .eval import RetrievalTask, task_embeddings, truncation_query_scores
+from .eval.intervals import difference_sentences, differences_record, seed_mean, task_means
+from .eval.scoring import RetrievalTask, task_embeddings, truncation_query_scores
 from .files import CorruptFile, MissingInput, load_json
 from .hardware import resolve_device, resolve_dtype
 from .prompts import prompts
 from .retrieval import corpus_text
 from .sweep import RATE_KEYS, sweep, timings
 from .train import data_fingerprint, encoder_from_checkpoint, move_aside, split_params
-from .uncertainty import difference_sentences, differences_record, seed_mean, task_means
 from .viz import TRAINING_COLUMNS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -432,7 +432,7 @@ def evaluation_key(
 ) -> str:
     """A short hash of what an evaluation of a training depends on (`scored_training`), the device and dtype it
     encodes in (`resolved_compute`) included."""
-    from .mteb_code import task_fingerprint
+    from .eval.mteb import task_fingerprint
 
     summary = (checkpoints / "train_summary.json").read_bytes()
     blob = json.dumps({"tasks": [task_fingerprint(t) for t in tasks], "prompts": prompts, "dims": sorted(dims),

@@ -18,7 +18,8 @@ from c2llm_lib.comparison import (
     verdict,
 )
 from c2llm_lib.config import ConfigError, ModelConfig, TrainConfig
-from c2llm_lib.eval import RetrievalTask, score_embeddings, truncation_scores
+from c2llm_lib.eval.scoring import score_embeddings, truncation_scores
+from c2llm_lib.retrieval import RetrievalTask
 
 BASE_MODEL = ModelConfig(backbone="tiny-random-qwen2", dtype="float32", max_length=64, pma_heads=4, use_lora=True)
 BASE_TRAIN = TrainConfig(max_steps=3, global_batch_size=4, warmup_steps=1, max_length=64, seed=7, num_negatives=2,

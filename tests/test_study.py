@@ -190,7 +190,7 @@ def test_a_training_is_reused_only_for_equal_model_training_and_rows():
 
 
 def test_cached_scores_are_keyed_by_tasks_widths_length_and_training(tmp_path):
-    from c2llm_lib.eval import offline_tasks
+    from c2llm_lib.eval.tasks import offline_tasks
 
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
@@ -250,7 +250,7 @@ def test_the_study_tables_and_sentences_are_built_from_the_numbers():
         study_pairs,
         study_sentences,
     )
-    from c2llm_lib.uncertainty import MEAN, differences
+    from c2llm_lib.eval.intervals import MEAN, differences
 
     entries, results = study_results()
     assert results["PMA"]["queries"]["64"]["t"]["q0"] == 0.5  # seed 0 scored 1, seed 1 scored 0: the mean
@@ -297,7 +297,7 @@ def test_the_study_tables_and_sentences_are_built_from_the_numbers():
 
 def test_the_recipe_table_states_its_differences(tmp_path):
     from c2llm_lib.comparison import comparison_frame, dimension_table, verdict
-    from c2llm_lib.uncertainty import differences, task_means
+    from c2llm_lib.eval.intervals import differences, task_means
 
     entries = plan(BASE_MODEL, BASE_TRAIN, ["c2llm-0.5b", "codexembed-style"], [16], [16])
     assert recipe_pairs(entries) == [("c2llm-0.5b", "codexembed-style"), ("c2llm-0.5b", "BM25"),
@@ -365,7 +365,7 @@ def test_a_choice_at_an_end_of_the_grid_is_said():
 
 def test_cached_scores_are_read_back_and_a_crafted_one_is_named(tmp_path, monkeypatch):
     from c2llm_lib import comparison
-    from c2llm_lib.eval import offline_tasks
+    from c2llm_lib.eval.tasks import offline_tasks
     from c2llm_lib.files import CorruptFile
     from c2llm_lib.runs import RunDir
 
@@ -419,7 +419,7 @@ def test_the_run_writes_the_comparisons_files_inside_itself_and_keeps_saved_rows
 def test_the_study_judges_its_differences_over_trainings(tmp_path):
     from c2llm_lib.ablations import mean_intervals, pooling_frame, study_markdown, study_pairs, study_sentences
     from c2llm_lib.comparison import seed_query_rows
-    from c2llm_lib.uncertainty import MEAN, differences, training_differences
+    from c2llm_lib.eval.intervals import MEAN, differences, training_differences
 
     entries = pooling_entries(BASE_MODEL, BASE_TRAIN, ["pma", "mean"], [])
     pma, mean = entries
