@@ -15,8 +15,6 @@ from .mteb import MTEBEncoder, run_mteb
 from .tables import results_markdown
 
 CONTAMINATED = ("CodeEditSearchRetrieval",)  # evaluated on its train split
-
-
 # nDCG@10 x 100 from the public MTEB results (reference section 5); C2LLM rows equal the paper's table 2.
 REFERENCE_SCORES = {
     "C2LLM-7B (paper)": (86.71, 81.49, 94.32, 90.66, 97.90, 91.07, 92.51, 34.13, 89.79, 39.76, 94.85, 75.75),

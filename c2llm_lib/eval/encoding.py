@@ -81,15 +81,10 @@ def shared_forward(encoders: Sequence[Any], texts: Sequence[str], max_length: in
 
 
 class EncodingCache:
-    """Embeddings computed once per (encoder, max length, formatted text) during one evaluation (`evaluate_all`).
-
-    A formatted text (the instruction or document prefix joined to the text) determines an encoder's tokens, so it
-    is the key: the same document in two tasks, or a second model reading the same embeddings, costs no second
-    forward. Encoders registered with `add` that share one backbone and tokenizer object (`eval.baselines` builds
-    the untrained poolers that way) are computed together, one backbone pass per text (`shared_forward`). A
-    `Truncated` view reads its encoder's full embeddings, cut to its width and re-normalised, as `Truncated.encode`
-    does. Anything else is passed through to its own `encode`. Memory: N x d float32 per encoder and length.
-    `sequences` counts the sequences that went through a backbone."""
+    """Embeddings computed once per (encoder, max length, formatted text) during one evaluation (`evaluate_all`):
+    encoders registered with `add` on one backbone and tokenizer object are computed together (`shared_forward`), a
+    `Truncated` view reads its encoder's, anything else uses its own `encode`. Memory: N x d float32 per encoder and
+    length; `sequences` counts the sequences that went through a backbone."""
 
     def __init__(self, models: Sequence[Any] = ()) -> None:
         self.encoders: dict[int, Any] = {}  # id -> encoder; held here, so an id is never reused

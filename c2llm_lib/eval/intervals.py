@@ -12,17 +12,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 RESAMPLES = 2000  # B: the percentiles of 2,000 resamples move by about 0.1 point between seeds
-
-
 SEED = 0
-
-
 LEVEL = 0.95
-
-
 MEAN = "mean"  # the key of the mean over tasks
-
-
 QueryScores = Mapping[str, Mapping[str, float]]  # {task: {query id: nDCG@10 in [0, 1]}}
 
 

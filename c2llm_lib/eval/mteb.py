@@ -26,23 +26,16 @@ from .scoring import bm25_query_scores, bm25_scores
 from .tasks import instruction_overrides, task_prompts
 
 QUERY_SCORES = "ndcg_at_10_per_query"  # an offline task's result: {query id: nDCG@10} (OfflineTask)
-
-
 PROMPTED_TASKS = tuple(sorted({*C2LLM_PROMPTS, *OFFLINE_TASKS}))  # every task a prompt style has prompts for
 
 
 def fingerprint(
     encoder, max_length: int | None = None, overrides: dict[str, str] | None = None, batch_size: int | None = None
 ) -> str:
-    """A short hash of every setting that changes an encoder's scores: its config (pooling, prompt style,
-    document prefix, ...), the dtype its backbone computes in (what `dtype: auto` resolved to), the embedding width (a
-    Truncated view's), the evaluation's `max_length` and `batch_size` (in bf16 an embedding moves with the padding of
-    its batch), the query instruction `overrides`, the prompts its style gives every known task, and the weights: every
-    file of the folder the encoder was loaded from (`weights_digest`: backbone, adapter, head, tokenizer, configs), and
-    the tensors that training or a merge change in memory (PMA head, LoRA, the first layer's query projection; all an
-    encoder built in memory has besides the backbone its config names). mteb caches results by model name and
-    revision, so a retrained model, or the same model evaluated differently, under the same name must get a new
-    revision, never the old scores."""
+    """A short hash of every setting that changes an encoder's scores (config, computing dtype, width, `max_length`,
+    `batch_size`: in bf16 an embedding moves with its batch's padding, `overrides`, every task's prompts) and of its
+    weights (`weights_digest`, and the tensors training or a merge change in memory: PMA head, LoRA, the first
+    layer's query projection): mteb caches by model name and revision, so a changed model gets a new revision."""
     base = getattr(encoder, "encoder", encoder)  # a Truncated view hashes its encoder and its width
     config = base.config
     settings = {

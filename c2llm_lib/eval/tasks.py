@@ -25,12 +25,10 @@ from ..retrieval import RetrievalTask, corpus_text, file_safe
 def limit_task(
     task: RetrievalTask, limit: int | None = None, max_documents: int | None = None, seed: int = 0
 ) -> RetrievalTask:
-    """`task` with `limit` of its queries (all when None) and their qrels; the corpus keeps every document, so a
-    limit shortens the query list and never the corpus. The queries are drawn with `seed` across the whole task
-    (`drawn_queries`: the same on every run, whatever the order of the rows or files they came from), and kept in the
-    task's order; the result records how many the task held (`split_queries`) and the seed. With `max_documents`, the
+    """`task` with `limit` of its queries drawn with `seed` (`drawn_queries`; all when None), in task order, recording
+    how many it held (`split_queries`) and the seed; a limit never shortens the corpus. With `max_documents`, the
     corpus keeps every document judged for an evaluated query and a sample of the others (seeded by `seed` and the
-    task name, so the same on every run) up to `max_documents`; documents keep their ids and order."""
+    task name) up to `max_documents`, with their ids and order."""
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be a positive number of queries or None, got {limit}")
     if max_documents is not None and max_documents < 1:
