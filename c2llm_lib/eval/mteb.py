@@ -276,11 +276,9 @@ def evaluate_all(
     max_length: int = 2048,
     log=print,
 ) -> dict[str, dict[str, float]]:
-    """{model: {task: nDCG@10}}: each encoder through mteb.evaluate on the tasks (cached under `cache_dir`,
-    one folder per model name), and BM25 through our scorer, which prepares documents the same way. A task with a
-    query instruction of its own is evaluated with it (`instruction_overrides`).
-    The models share an `EncodingCache`: no model encodes a text twice, models on one backbone object (the
-    baselines) share its forward pass, and a `Truncated` view reads its encoder's embeddings."""
+    """{model: {task: nDCG@10}}: each encoder through mteb.evaluate (cached under `cache_dir`, one folder per model),
+    a task's own query instruction kept (`instruction_overrides`), and BM25 through our scorer; the models share one
+    `EncodingCache`, so no model encodes a text twice."""
     scores: dict[str, dict[str, float]] = {}
     if bm25:
         scores["BM25"] = bm25_scores(tasks)

@@ -264,12 +264,9 @@ def contamination_note(
     evaluated: Sequence[str], data_record: dict | None, model: str, unseen: dict[str, str] | None = None
 ) -> str:
     """A paragraph naming the evaluated sets (task names, in order) that `model`'s training rows were not checked
-    against, "" when there is none. `data_record` is the run's `metrics/data.json`: notebook 01 removes every text of
-    the offline held-out split, HumanEval and the run's own held-out split from the rows, the texts of the unseen
-    libraries whose pins it records (`unseen_packages`; `unseen` gives each unseen task's pin, `unseen_task_names`),
-    and the test texts of the MTEB tasks it records (`CHECKED_KEY`; none unless `decontaminate_mteb`), never a local
-    BEIR set's or another benchmark's; so any other set is named. None (a released checkpoint, whose training data this
-    repository did not prepare) names every evaluated set, as does a record that predates the key."""
+    against, "" when there is none. `data_record` is the run's `metrics/data.json` (None for a release: every set is
+    named): notebook 01 checks the held-out tasks always, the unseen libraries whose pins it records (`unseen`: each
+    unseen task's pin), the MTEB tasks it records (`CHECKED_KEY`), never a BEIR set or another benchmark."""
     evaluated = list(dict.fromkeys(evaluated))  # a task of two benchmarks, once
     unseen, recorded = unseen or {}, set((data_record or {}).get("unseen_packages", []))
     checked = [s for s in evaluated if _always_checked(s) or (s in unseen and unseen[s] in recorded)]
