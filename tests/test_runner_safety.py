@@ -65,7 +65,7 @@ BODIES = {
     "03_merge_checkpoints": "write('merged/m.txt', read('checkpoints/step-000001/w.txt'))",
     "04_eval_mteb_code": "write('metrics/eval.json', json.dumps({'merged': read('merged/m.txt')}))\n"
     "write('metrics/results.md', 'scores of the model merged from ' + read('merged/m.txt'))\n"
-    "if unseen_packages:\n    write('metrics/unseen.json', 'unseen')\n"
+    "if baselines == ['bm25']:\n    write('metrics/unseen.json', 'a table beside BM25 alone')\n"
     "if mteb_tasks:\n    write('metrics/mteb_code.md', 'benchmarks')",
     "05_pma_attention": "write('metrics/attention.json', json.dumps({'merged': read('merged/m.txt')}))",
     "06_recipe_comparison": "write('metrics/comparison.json', read('metrics/train.json'))",
@@ -304,14 +304,14 @@ def test_a_rerun_removes_the_products_it_no_longer_writes(fake):
     evaluation (issue 23): a notebook's products are removed before it reruns, its caches (mteb/) aside."""
     notebooks, params, outputs = fake
     root, first = outputs / "fake", ["01", "02", "03", "04"]
-    asked = {"unseen_packages": ["toolz"], "mteb_tasks": ["all"]}
+    asked = {"baselines": ["bm25"], "mteb_tasks": ["all"]}  # two settings of notebook 04 alone
     run_pipeline(params, only=first, sets=asked, outputs=outputs, notebook_dir=notebooks, **QUIET)
     assert (root / "metrics" / "unseen.json").is_file() and (root / "metrics" / "mteb_code.md").is_file()
     (root / "mteb").mkdir()
     (root / "mteb" / "cached.json").write_text("{}")  # mteb's result cache: keyed by model and data, kept
     lines = []
     run_pipeline(params, only=first, mode="resume", outputs=outputs, notebook_dir=notebooks, log=lines.append)
-    assert lines[3].startswith("[04_eval_mteb_code] running (its parameters changed: mteb_tasks, unseen_packages")
+    assert lines[3].startswith("[04_eval_mteb_code] running (its parameters changed: baselines, mteb_tasks")
     assert not (root / "metrics" / "unseen.json").exists() and not (root / "metrics" / "mteb_code.md").exists()
     assert (root / "metrics" / "eval.json").is_file() and (root / "mteb" / "cached.json").is_file()
 
@@ -744,7 +744,8 @@ def test_an_overlay_condition_on_a_list_applies_where_the_run_has_one(tmp_path):
     assert apply_overlay({"mrl_dims": [64]}, overlay) == {"mrl_dims": [32], "seed": 1}  # merge_weights: None here
     # an overlay that swaps in a small backbone and scales the study's PMA widths down: only the result is checked
     overlay.write_text("backbone: tiny-random-qwen2\nwhere_nonempty:\n  compare_pma_dims: [32]\n")
-    merged = apply_overlay({"compare_poolings": ["pma"], "compare_pma_dims": [512, 256]}, overlay)
+    study = {"compare_poolings": ["pma"], "compare_dims": [512, 256, 32], "compare_pma_dims": [512, 256]}
+    merged = apply_overlay(study, overlay)
     assert resolve(merged, "p.yaml")["06_recipe_comparison"]["compare_pma_dims"] == [32]
 
 
@@ -755,7 +756,7 @@ BLAME = [  # params file, overlay, --set values, and where the error must say th
     ("seed: 1\n", "seed: 2\n", {"learning_rate": 7}, "--set (notebook 02_train_lora_contrastive): parameter "
      "'learning_rate'"),
     ("seed: 1\n", None, {"learning_rate": 7}, "--set (notebook 02_train_lora_contrastive): parameter 'learning_rate'"),
-    ("compare_poolings: [pma]\ncompare_dims: [7]\n", "where_nonempty:\n  compare_pma_dims: [7]\n", {},
+    ("compare_poolings: [pma]\ncompare_dims: [128, 7]\n", "where_nonempty:\n  compare_pma_dims: [7]\n", {},
      "o.yaml: compare_pma_dims [7] (notebook 06)"),
     ("seed: 1\n", None, {"hub_mirror": "/no/such/mirror"}, "--set (notebook 01_data_prep): hub_mirror '/no/such/"),
 ]  # fmt: skip
