@@ -37,9 +37,9 @@ from train_bench import flop_counts, text_flops
 from c2llm_lib import C2LLMEncoder, ModelConfig, __version__
 from c2llm_lib.batching import length_batches
 from c2llm_lib.eval import corpus_text, offline_tasks
+from c2llm_lib.eval.tasks import task_prompts
 from c2llm_lib.hardware import cpu_info, gemm_gflops
 from c2llm_lib.model import REAL_GGUF_BACKBONE
-from c2llm_lib.mteb_code import task_prompts
 
 
 def evaluation_calls(encoder, limit: int, max_documents: int) -> dict[str, list[str]]:

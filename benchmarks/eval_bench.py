@@ -3,7 +3,7 @@
 Notebook 04 evaluates the run's model and two untrained baselines (mean and last-token pooling on the untrained
 backbone) through `mteb.evaluate` on the offline held-out tasks. This measures, on one task (or all of them):
 
-1. loading the baselines: each from its own backbone (before) against one backbone shared by both (`eval.baselines`);
+1. loading the baselines: each from its own backbone (before) against one backbone shared by both (`scoring.baselines`);
 2. evaluating the baselines through mteb: each model encoding every text itself (before: `MTEBEncoder` without a
    cache, what `evaluate_all` did) against `evaluate_all`'s `EncodingCache`, where one backbone pass per text serves
    both poolers; wall time, sequences through the backbone, and each model's nDCG@10 both ways;
@@ -32,10 +32,12 @@ from pathlib import Path
 import torch
 
 from c2llm_lib import C2LLMEncoder, ModelConfig, __version__
-from c2llm_lib.eval import baseline_encoder, baselines, corpus_text, evaluate_all, offline_tasks
+from c2llm_lib.eval import corpus_text, offline_tasks
+from c2llm_lib.eval.mteb import MTEBEncoder, evaluate_all, offline_task, run_mteb
+from c2llm_lib.eval.scoring import baseline_encoder, baselines
+from c2llm_lib.eval.tasks import task_prompts
 from c2llm_lib.hardware import cpu_info
 from c2llm_lib.model import REAL_GGUF_BACKBONE, TINY_BACKBONE
-from c2llm_lib.mteb_code import MTEBEncoder, offline_task, run_mteb, task_prompts
 
 POOLINGS = ("mean", "last_token")
 

@@ -1,6 +1,6 @@
 """Scoring a large corpus: chunked top-k throughput and memory at 100k, 300k and 1M documents.
 
-A CodeSearchNet corpus has about 1M documents. `eval.chunked_topk` scores it in chunks and keeps a
+A CodeSearchNet corpus has about 1M documents. `eval.scoring.chunked_topk` scores it in chunks and keeps a
 running top-k, so the memory beyond the embeddings themselves should not grow with the corpus. Each
 size runs in a fresh process on random unit vectors (d = 896, the 0.5B model's width; 1,000 queries,
 k = 10), and reports documents scored per second and peak RSS minus the embeddings' bytes. (Encoding
@@ -25,7 +25,7 @@ DIM, QUERIES, K, CHUNK = 896, 1_000, 10, 65_536
 def child(n: int) -> None:
     import numpy as np
 
-    from c2llm_lib.eval import chunked_topk
+    from c2llm_lib.eval.scoring import chunked_topk
 
     rng = np.random.default_rng(0)
     corpus = np.empty((n, DIM), dtype=np.float32)

@@ -17,7 +17,7 @@ Length-grouped batches: the padding-free forwards of training (paper section 4.1
 
 A left-padded forward computes rows x longest token slots, so texts of similar token length go together. Training
 groups each step's queries and documents apart (`train.TrainStep.micro_batches`), within a token budget per
-micro-batch; the encoder (`C2LLMEncoder.encode`) and the shared baseline pass (`mteb_code.shared_forward`) group
+micro-batch; the encoder (`C2LLMEncoder.encode`) and the shared baseline pass (`eval.encoding.shared_forward`) group
 by the same rule (`length_batches`), at most `batch_size` texts per forward: for the same list of distinct texts an
 encoder gets the same batches, and so exactly the same embeddings, on either path.
 """

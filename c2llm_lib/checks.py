@@ -53,12 +53,23 @@ def _describe(annotation: Any) -> str:
     return str(annotation).replace("typing.", "")
 
 
+# keys no notebook declares any more, each with what replaced it (said where a params file still sets one)
+MOVED_KEYS = {
+    "ablations": "notebook 04's quick pooling ablation gave way to notebook 06's pooling study: set "
+    "compare_poolings: [pma, last_token, mean] (docs/studies.md)",
+    "ablation_dims": "notebook 06's pooling study truncates to compare_dims and trains PMA at compare_pma_dims",
+}
+
+
 def unknown_keys(unknown: list[str], known: set[str]) -> str:
-    """'key' (did you mean 'closest'?), ... for each unknown key."""
+    """'key' (did you mean 'closest'?), ... for each unknown key; a key of `MOVED_KEYS` with its replacement."""
     hints = []
     for key in unknown:
         close = difflib.get_close_matches(key, known, n=1)
-        hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        if key in MOVED_KEYS:
+            hints.append(f"{key!r} (moved: {MOVED_KEYS[key]})")
+        else:
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
     return ", ".join(hints)
 
 

@@ -363,18 +363,16 @@ class MergeStage:
 class EvalStage:
     """Notebook 04: the held-out evaluation and its baselines."""
 
-    eval_limit: int | None = 40  # queries per task, drawn with a fixed seed across it (eval.limit_task); None: all
+    eval_limit: int | None = 40  # queries per task, drawn with a fixed seed across it (eval/tasks.py); None: all
     eval_max_documents: int | None = None  # documents per offline task (>= 200): the evaluated queries' positives
     # plus a fixed seeded sample of the others, for a CPU budget; None: every held-out document
     eval_batch_size: int = 16
     eval_max_length: int = 2048  # the released model's inference length
     baselines: list[str] = field(default_factory=lambda: ["bm25", "mean", "last_token"])
     mteb_tasks: list[str] = field(default_factory=list)  # tasks of `benchmarks` to run (hub); ["all"]: all; []: none
-    benchmarks: list[str] = field(default_factory=lambda: ["MTEB(Code, v1)"])  # mteb benchmark names (mteb_code.py)
+    benchmarks: list[str] = field(default_factory=lambda: ["MTEB(Code, v1)"])  # names (eval/benchmarks.py)
     eval_released: str | None = None  # a released codefuse-ai checkpoint (hub id or dir) instead of the run's model
     eval_released_revision: str | None = None
-    ablations: bool = False  # train PMA, last-token and mean poolers the same way, and PMA at smaller d
-    ablation_dims: list[int] = field(default_factory=lambda: [512, 256, 128])  # PMA's d vs truncation
     hub_mirror: str | None = None  # a local folder laid out as the hub datasets (data/mirror.py) instead of the hub
     beir_sets: list[str] = field(default_factory=list)  # local retrieval sets in the BEIR layout (data/beir.py)
     beir_instruction: str = FILES_INSTRUCTION  # the c2llm style's query instruction for beir_sets ("": none)
@@ -388,8 +386,6 @@ class EvalStage:
         require(self.eval_limit is None or self.eval_limit > 0, "eval_limit", "must be positive")
         require(self.eval_max_documents is None or self.eval_max_documents >= 200, "eval_max_documents",
                 "must be at least 200 (fewer distractors make retrieval too easy to compare) or None")  # fmt: skip
-        require(all(d > 0 for d in self.ablation_dims), "ablation_dims", "must be positive")
-        require(len(set(self.ablation_dims)) == len(self.ablation_dims), "ablation_dims", "repeats a width")
         require(self.eval_batch_size > 0, "eval_batch_size", "must be positive")
         length_range(self.eval_max_length, "eval_max_length")
         bad = sorted(set(self.baselines) - {"bm25", "mean", "last_token"})

@@ -244,7 +244,7 @@ def resolve(
                 raise ConfigError(f"{where} (notebook {name}): {str(err).removeprefix(': ')}") from None
         resolved[name] = values
     if across:
-        check_ablation_dims(resolved, blame(["ablation_dims"])[0], notebook_dir)
+        check_pma_dims(resolved, blame(["compare_pma_dims"])[0], notebook_dir)
         check_paths(resolved, source, notebook_dir, origins)
     return resolved
 
@@ -307,22 +307,22 @@ def hidden_size(backbone: str, notebook_dir: Path = NOTEBOOK_DIR) -> int | None:
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
 
-def check_ablation_dims(resolved: dict[str, dict[str, Any]], source: str, notebook_dir: Path = NOTEBOOK_DIR) -> None:
-    """Notebook 04 trains PMA at each of `ablation_dims` with notebook 02's model: each d must split into its
-    `pma_heads` and be no wider than the backbone's hidden size (the full embedding it is truncated from). Checked
-    before anything runs, instead of failing in notebook 04 after the evaluation."""
-    evaluation, model = resolved.get("04_eval_mteb_code", {}), resolved.get("02_train_lora_contrastive", {})
-    if not evaluation.get("ablations") or "pma_heads" not in model:
+def check_pma_dims(resolved: dict[str, dict[str, Any]], source: str, notebook_dir: Path = NOTEBOOK_DIR) -> None:
+    """Notebook 06's pooling study trains PMA at each of `compare_pma_dims` with notebook 02's model: each d must split
+    into its `pma_heads` and be no wider than the backbone's hidden size (the full embedding it is truncated from).
+    Checked before anything runs, instead of failing in notebook 06 after its other trainings."""
+    study, model = resolved.get("06_recipe_comparison", {}), resolved.get("02_train_lora_contrastive", {})
+    if "pma" not in study.get("compare_poolings", []) or "pma_heads" not in model:
         return
-    dims, heads = evaluation["ablation_dims"], model["pma_heads"]
+    dims, heads = study["compare_pma_dims"], model["pma_heads"]
     split = [d for d in dims if d % heads]
     if split:
-        raise ConfigError(f"{source}: ablation_dims {split} (notebook 04) must be multiples of pma_heads = {heads} "
+        raise ConfigError(f"{source}: compare_pma_dims {split} (notebook 06) must be multiples of pma_heads = {heads} "
                           "(notebook 02): PMA splits its output into pma_heads slices")  # fmt: skip
     width = hidden_size(model["backbone"], notebook_dir)
     wide = [d for d in dims if width is not None and d > width]
     if wide:
-        raise ConfigError(f"{source}: ablation_dims {wide} (notebook 04) are wider than the backbone's hidden size "
+        raise ConfigError(f"{source}: compare_pma_dims {wide} (notebook 06) are wider than the backbone's hidden size "
                           f"{width} ({model['backbone']}), the full embedding they are compared with")  # fmt: skip
 
 

@@ -13,17 +13,18 @@
 
 `prompts(style, task)` gives (query instruction, document prefix) for a task (an MTEB(Code) task, one of
 our offline tasks, a run's held-out task, or a training dataset of the same name). Training (`train.Trainer`) and
-evaluation (`mteb_code.MTEBEncoder`) both call it with the encoder's `prompt_style`, so a model is evaluated with the
+evaluation (`eval.mteb.MTEBEncoder`) both call it with the encoder's `prompt_style`, so a model is evaluated with the
 prompts it was trained with. A held-out task of a `code` run (`heldout-text2code-<language>`,
-`heldout-code2code-<language>`, `eval.heldout_tasks`) and a task of an unseen library (`unseen-text2code-<package>`,
-`unseen-code2code-<package>`, `eval.unseen_tasks`) take the prompts of the recipe that mined them (`recipe_task`).
+`heldout-code2code-<language>`, `eval.tasks.heldout_tasks`) and a task of an unseen library
+(`unseen-text2code-<package>`, `unseen-code2code-<package>`, `eval.tasks.unseen_tasks`) take the prompts of the
+recipe that mined them (`recipe_task`).
 
 Names no prompt set lists (a user's own group in a `files` run, its held-out tasks, a local BEIR set, a task of
 another mteb benchmark): the jina style gives them its text-to-code category, NL2Code (`USER_CATEGORY`): a user's
 pairs are queries for code or text, and the category's prefixes ask for "the most relevant code snippet"; the same
 fallback in training and in evaluation keeps the two alike. The codexembed style has one instruction for every task.
 The c2llm style raises for them: it trains on each row's own instruction, and evaluation gives such a task its own
-instruction (`mteb_code.task_prompts` with the task's override, `eval.instruction_overrides`).
+instruction (`eval.tasks.task_prompts` with the task's override, `eval.tasks.instruction_overrides`).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 MRL-style truncation of embeddings (`truncate`, and `Truncated`, an encoder seen through it).
 
 A small module beside the data (layer 1 of docs/layout.md), so that the dependencies run one way: the data readers
-(`data.beir`, `data.mix`) build tasks and document texts, `eval` (our scorer, tables, the evaluation driver) and
-`mteb_code` (the mteb adapter) score them, and both kinds import this module, which imports neither.
+(`data.beir`, `data.mix`) build tasks and document texts, the evaluation (`eval/`, layer 2) scores them, and both
+import this module, which imports neither.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class RetrievalTask:
     corpus: dict[str, str]  # doc id -> text
     qrels: dict[str, dict[str, int]]  # query id -> {doc id: relevance}
     instruction: str  # the query instruction (table 1)
-    split_queries: int | None = None  # queries of the whole task when a limit drew fewer (`eval.limit_task`)
+    split_queries: int | None = None  # queries of the whole task when a limit drew fewer (`eval.tasks.limit_task`)
     seed: int | None = None  # the seed a limit drew the queries (and a document cap the documents) with
 
 

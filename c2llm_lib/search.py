@@ -25,7 +25,7 @@ module turns a run's merged model into a code search over a folder and shows why
   one untimed) and states the time the rest should take at that rate, then shows a progress bar.
   `search_max_files` bounds the files (in the walk's sorted order).
 - **A query** (`Searcher.search`) is embedded with the text->code instruction and ranked by cosine against every
-  document, beside BM25 (`bm25s`, the scorer of `eval.evaluate_bm25` and the hard-negative miner, over the same
+  document, beside BM25 (`bm25s`, the scorer of `eval.scoring.evaluate_bm25` and the hard-negative miner, over the same
   code) with its scores. Model hits under `search_min_score` (a cosine) are not shown, and a query with none above
   it says so with its best score; BM25 shows only documents sharing a word with the query. On an indexed folder a
   query is one short forward and a product with the embeddings: tested under a second over 3,000 documents.

@@ -267,7 +267,7 @@ def loss_curves(metrics: Sequence[dict], train=None, negatives_used: int | None 
 
 
 def score_bars(frame):
-    """Per-task nDCG@10 bars for each model, from a models x tasks frame (as `eval.results_frame`)."""
+    """Per-task nDCG@10 bars for each model, from a models x tasks frame (as `eval.tables.results_frame`)."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 

@@ -1,5 +1,5 @@
 """Length-grouped batches (batching.py): known groupings, invariants over random lengths, and the batches that
-`C2LLMEncoder.encode` and the shared baseline pass (`mteb_code.shared_forward`) really run."""
+`C2LLMEncoder.encode` and the shared baseline pass (`eval.encoding.shared_forward`) really run."""
 
 import random
 
@@ -89,7 +89,7 @@ def test_token_lengths_count_the_appended_eos_and_the_cut(make_encoder):
 def test_the_shared_pass_runs_encodes_batches_also_with_eos_and_cut_texts(make_encoder):
     """last-token pooling appends EOS after the cut: the shared pass must count the same lengths as encode, so that
     an encoder alone gets encode's batches (and so its embeddings, exactly)."""
-    from c2llm_lib.mteb_code import shared_forward
+    from c2llm_lib.eval.encoding import shared_forward
 
     encoder = make_encoder(pooling="last_token")
     texts = token_texts(make_encoder(pma_heads=4), [5, 30, 11, 12, 13, 6, 29])  # cut at 12 (11 + EOS)

@@ -57,8 +57,8 @@ def test_a_beir_set_reads_as_one_task_known_answer(tmp_path):
 
 
 def test_a_beir_set_is_scored_through_mteb_with_its_instruction(tmp_path, make_encoder):
-    from c2llm_lib.eval import evaluate_all, instruction_overrides, limit_task, task_sizes
-    from c2llm_lib.mteb_code import task_prompts
+    from c2llm_lib.eval.mteb import evaluate_all
+    from c2llm_lib.eval.tasks import instruction_overrides, limit_task, task_prompts, task_sizes
 
     task = read_beir(write_set(tmp_path / "set"), "Find the code:")
     encoder = make_encoder(pooling="mean")

@@ -124,7 +124,7 @@ def test_mteb_scores_the_export_like_our_wrapper(exported, tmp_path):
     from mteb.mocks.mock_tasks.retrieval import MockRetrievalTask
     from mteb.models.sentence_transformer_wrapper import SentenceTransformerEncoderWrapper
 
-    from c2llm_lib.mteb_code import MTEBEncoder, run_mteb
+    from c2llm_lib.eval.mteb import MTEBEncoder, run_mteb
 
     encoder, folder = exported
     model = SentenceTransformer(str(folder), trust_remote_code=True, device="cpu")

@@ -26,8 +26,7 @@ LAYERS = {
     FACE: 1, "c2llm_lib.losses": 1, "c2llm_lib.prompts": 1, "c2llm_lib.model": 1, "c2llm_lib.data": 1,
     "c2llm_lib.retrieval": 1, "c2llm_lib.downloads": 1,
     # 2 training, merging, export, evaluation
-    "c2llm_lib.train": 2, "c2llm_lib.merge": 2, "c2llm_lib.export": 2, "c2llm_lib.eval": 2, "c2llm_lib.mteb_code": 2,
-    "c2llm_lib.uncertainty": 2,
+    "c2llm_lib.train": 2, "c2llm_lib.merge": 2, "c2llm_lib.export": 2, "c2llm_lib.eval": 2,
     # 3 figures and attention, the studies, search
     "c2llm_lib.viz": 3, "c2llm_lib.study": 3, "c2llm_lib.search": 3,
     # 4 the runner
@@ -36,7 +35,7 @@ LAYERS = {
 
 # library modules that may be imported inside a function, each because importing it loads a heavy optional dependency
 LAZY = {
-    "c2llm_lib.mteb_code": "imports mteb (about 240 MB and seconds): loaded only where an mteb task or benchmark runs",
+    "c2llm_lib.eval.mteb": "imports mteb (about 240 MB and seconds): loaded only where an mteb task or benchmark runs",
     "c2llm_lib.model.st_modules": "imports sentence-transformers (about 150 MB): loaded only to write or read exports",
 }
 
@@ -208,31 +207,31 @@ def test_every_library_module_has_a_layer_and_the_allow_list_names_real_modules(
 
 def test_the_rules_catch_an_upward_import_a_circle_a_function_level_import_and_tools():
     crafted = {
-        "c2llm_lib.config": ("c2llm_lib/config.py", "import json\nfrom .eval import score\n", False),
-        "c2llm_lib.eval": ("c2llm_lib/eval.py", "from .uncertainty import interval\n", False),
-        "c2llm_lib.uncertainty": ("c2llm_lib/uncertainty.py", "def f():\n    from . import eval\n", False),
+        "c2llm_lib.config": ("c2llm_lib/config.py", "import json\nfrom .export import score\n", False),
+        "c2llm_lib.export": ("c2llm_lib/export.py", "from .merge import interval\n", False),
+        "c2llm_lib.merge": ("c2llm_lib/merge.py", "def f():\n    from . import export\n", False),
         "c2llm_lib.viz": ("c2llm_lib/viz.py", "import numpy\nfrom tools.scale import plan\n", False),
-        "c2llm_lib.search": ("c2llm_lib/search.py", "def g():\n    import c2llm_lib.mteb_code\n", False),
-        "c2llm_lib.mteb_code": ("c2llm_lib/mteb_code.py", "import mteb\n", False),
+        "c2llm_lib.search": ("c2llm_lib/search.py", "def g():\n    import c2llm_lib.eval.mteb\n", False),
+        "c2llm_lib.eval.mteb": ("c2llm_lib/eval/mteb.py", "import mteb\n", False),
         "c2llm_lib.data": ("c2llm_lib/data/__init__.py", "from .mix import rows\n", True),
         "c2llm_lib.data.mix": ("c2llm_lib/data/mix.py", "from ..config import ConfigError\n", False),
         "c2llm_lib.data.records": ("c2llm_lib/data/records.py", "X = 1\n", False),
         "c2llm_lib.extra": ("c2llm_lib/extra.py", "", False),
     }
     found = problems(crafted)
-    upward = "imports a higher layer: c2llm_lib.config (layer 0) imports c2llm_lib.eval (layer 2)"
+    upward = "imports a higher layer: c2llm_lib.config (layer 0) imports c2llm_lib.export (layer 2)"
     assert f"c2llm_lib/config.py:2: {upward}" in found
-    assert any(p.startswith("c2llm_lib/uncertainty.py:2: function-level import of the library: c2llm_lib.eval")
+    assert any(p.startswith("c2llm_lib/merge.py:2: function-level import of the library: c2llm_lib.export")
                for p in found)  # fmt: skip
     assert "c2llm_lib/viz.py:2: imports tools/: the library never imports its tools (tools.scale)" in found
     assert "c2llm_lib/extra.py:1: no layer: add c2llm_lib.extra (or its package) to LAYERS in tests/test_layers.py" in (
         found)  # fmt: skip
     [circle] = [p for p in found if ": import circle: " in p]
-    assert ": import circle: c2llm_lib.eval, c2llm_lib.uncertainty; through " in circle  # config only points in
-    assert "c2llm_lib/eval.py:1 (c2llm_lib.eval -> c2llm_lib.uncertainty)" in circle
-    assert "c2llm_lib/uncertainty.py:2 (c2llm_lib.uncertainty -> c2llm_lib.eval)" in circle
+    assert ": import circle: c2llm_lib.export, c2llm_lib.merge; through " in circle  # config only points in
+    assert "c2llm_lib/export.py:1 (c2llm_lib.export -> c2llm_lib.merge)" in circle
+    assert "c2llm_lib/merge.py:2 (c2llm_lib.merge -> c2llm_lib.export)" in circle
     # allowed: a lazy import on the allow-list, a lower layer, one's own package, and third-party modules
-    assert not any(p.startswith(("c2llm_lib/search.py", "c2llm_lib/mteb_code.py", "c2llm_lib/data/")) for p in found)
+    assert not any(p.startswith(("c2llm_lib/search.py", "c2llm_lib/eval/mteb.py", "c2llm_lib/data/")) for p in found)
     assert len(found) == 5, "\n".join(found)
 
 

@@ -50,10 +50,15 @@ def test_the_whole_pipeline_on_the_smoke_params(smoke_run):
     assert all(0 <= v <= 1 for model in scores.values() for v in model.values())
     assert list((run.root / "mteb").rglob("*.json"))  # mteb's own result cache
     assert "| C2LLM recipe (merged) |" in (run.root / "metrics" / "results.md").read_text()
-    ablations = (run.root / "metrics" / "ablations.md").read_text()  # smoke.yaml asks for the ablations
-    for row in ("PMA (trained)", "last token (trained)", "mean (trained)", "PMA d=16 (trained)", "PMA truncated to 16"):
-        assert f"| {row} |" in ablations, row
-    assert (run.root / "figures" / "ablation_dimensions.png").is_file()
+    study = json.loads((run.root / "metrics" / "pooling_study.json").read_text())  # smoke.yaml asks for the study
+    assert set(study["poolers"]) == {"PMA", "last token", "mean"} and "PMA d=16" in study["models"]
+    dims = study["dimensions"]  # PMA projected to 16, and the full PMA truncated to 32 and 16
+    assert dims["16"]["PMA projection"] is not None and dims["32"]["truncation"] is not None
+    assert (
+        dims["16"]["truncation"] is not None
+        and "95 % interval" in (run.root / "metrics" / "pooling_study.md").read_text()
+    )
+    assert (run.root / "figures" / "pooling_study.png").is_file()
     attention = json.loads((run.root / "metrics" / "attention.json").read_text())
     assert abs(sum(attention["category_shares"]["trained head"].values()) - 1) < 1e-4
 
@@ -135,7 +140,7 @@ def test_a_peer_recipe_runs_through_the_pipeline(tmp_path):
     """A jina-style model (last token, task prefixes, MRL, in-batch only, linear decay) trains, merges and is
     evaluated by notebooks 01-04; notebook 05 refuses it by name, since it has no PMA attention."""
     peer = {"pooling": "last_token", "prompt_style": "jina", "mrl_dims": [32, 16], "num_negatives": 0,
-            "lr_schedule": "linear", "compare_recipes": [], "ablations": False}  # fmt: skip
+            "lr_schedule": "linear", "compare_recipes": [], "compare_poolings": []}  # fmt: skip
     run = run_pipeline(SMOKE, outputs=tmp_path, sets=peer, only=["01", "02", "03", "04"], log=lambda *_: None)
     train = json.loads((run.root / "metrics" / "train.json").read_text())
     assert train["model_config"]["prompt_style"] == "jina" and "loss@16" in train["log"][0]

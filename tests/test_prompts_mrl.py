@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
+from c2llm_lib.eval.benchmarks import MTEB_CODE_TASKS
 from c2llm_lib.losses import contrastive_loss, matryoshka_loss
-from c2llm_lib.mteb_code import MTEB_CODE_V1
 from c2llm_lib.prompts import OFFLINE_TASKS, prompts
 
 
@@ -34,7 +34,7 @@ def test_mrl_at_full_width_is_the_plain_loss():
 
 
 def test_prompt_sets_cover_every_task():
-    for task in (*MTEB_CODE_V1, *OFFLINE_TASKS):
+    for task in (*MTEB_CODE_TASKS, *OFFLINE_TASKS):
         for style in ("c2llm", "jina", "codexembed"):
             query, document = prompts(style, task)
             assert query
@@ -145,7 +145,7 @@ def test_linear_decay_to_the_end_learning_rate():
 
 
 def test_the_mteb_wrapper_uses_the_encoders_prompt_style():
-    from c2llm_lib.mteb_code import MTEBEncoder
+    from c2llm_lib.eval.mteb import MTEBEncoder
     from c2llm_lib.prompts import C2LLM_PROMPTS, JINA_CATEGORIES
 
     from conftest import build_tiny

@@ -173,7 +173,7 @@ def check_own_data(root: Path, eval_limit: int) -> None:
     language, no HumanEval), every table stating each task's queries and documents, and drew attention over it."""
     from datasets import load_from_disk
 
-    from c2llm_lib.eval import heldout_task_names
+    from c2llm_lib.eval.tasks import heldout_task_names
 
     heldout = load_from_disk(str(root / "data" / "heldout"))
     data = json.loads((root / "metrics" / "data.json").read_text())

@@ -65,7 +65,7 @@ BODIES = {
     "03_merge_checkpoints": "write('merged/m.txt', read('checkpoints/step-000001/w.txt'))",
     "04_eval_mteb_code": "write('metrics/eval.json', json.dumps({'merged': read('merged/m.txt')}))\n"
     "write('metrics/results.md', 'scores of the model merged from ' + read('merged/m.txt'))\n"
-    "if ablations:\n    write('metrics/ablations.md', 'ablations')\n"
+    "if baselines == ['bm25']:\n    write('metrics/unseen.json', 'a table beside BM25 alone')\n"
     "if mteb_tasks:\n    write('metrics/mteb_code.md', 'benchmarks')",
     "05_pma_attention": "write('metrics/attention.json', json.dumps({'merged': read('merged/m.txt')}))",
     "06_recipe_comparison": "write('metrics/comparison.json', read('metrics/train.json'))",
@@ -304,15 +304,15 @@ def test_a_rerun_removes_the_products_it_no_longer_writes(fake):
     evaluation (issue 23): a notebook's products are removed before it reruns, its caches (mteb/) aside."""
     notebooks, params, outputs = fake
     root, first = outputs / "fake", ["01", "02", "03", "04"]
-    asked = {"ablations": True, "mteb_tasks": ["all"]}
+    asked = {"baselines": ["bm25"], "mteb_tasks": ["all"]}  # two settings of notebook 04 alone
     run_pipeline(params, only=first, sets=asked, outputs=outputs, notebook_dir=notebooks, **QUIET)
-    assert (root / "metrics" / "ablations.md").is_file() and (root / "metrics" / "mteb_code.md").is_file()
+    assert (root / "metrics" / "unseen.json").is_file() and (root / "metrics" / "mteb_code.md").is_file()
     (root / "mteb").mkdir()
     (root / "mteb" / "cached.json").write_text("{}")  # mteb's result cache: keyed by model and data, kept
     lines = []
     run_pipeline(params, only=first, mode="resume", outputs=outputs, notebook_dir=notebooks, log=lines.append)
-    assert lines[3].startswith("[04_eval_mteb_code] running (its parameters changed: ablations, mteb_tasks")
-    assert not (root / "metrics" / "ablations.md").exists() and not (root / "metrics" / "mteb_code.md").exists()
+    assert lines[3].startswith("[04_eval_mteb_code] running (its parameters changed: baselines, mteb_tasks")
+    assert not (root / "metrics" / "unseen.json").exists() and not (root / "metrics" / "mteb_code.md").exists()
     assert (root / "metrics" / "eval.json").is_file() and (root / "mteb" / "cached.json").is_file()
 
 
@@ -652,7 +652,7 @@ REFUSED = [
     (EvalStage, {"eval_max_length": 0}, "'eval_max_length' must be at least 2"),
     (EvalStage, {"eval_batch_size": 0}, "'eval_batch_size' must be positive"),
     (EvalStage, {"baselines": ["bm25", "bm25"]}, "'baselines' repeats"),
-    (EvalStage, {"ablation_dims": [128, 128]}, "'ablation_dims' repeats"),
+    (CompareStage, {"compare_pma_dims": [128, 128]}, "'compare_pma_dims' must be distinct positive widths"),
     (EvalStage, {"eval_released_revision": "abc123"}, "set eval_released too"),
     (AttentionStage, {"attention_max_tokens": 10**9}, "'attention_max_tokens' must be between"),
     (CompareStage, {"compare_recipes": ["../../secret"]}, "'compare_recipes' must be params file stems"),
@@ -742,10 +742,11 @@ def test_an_overlay_condition_on_a_list_applies_where_the_run_has_one(tmp_path):
     overlay = tmp_path / "overlay.yaml"
     overlay.write_text("seed: 1\nwhere_nonempty:\n  mrl_dims: [32]\n  merge_weights: [1.0]\n")
     assert apply_overlay({"mrl_dims": [64]}, overlay) == {"mrl_dims": [32], "seed": 1}  # merge_weights: None here
-    # an overlay that swaps in a small backbone and scales the ablation widths down: only the result is checked
-    overlay.write_text("backbone: tiny-random-qwen2\nwhere_nonempty:\n  ablation_dims: [32]\n")
-    merged = apply_overlay({"ablations": True, "ablation_dims": [512, 256]}, overlay)
-    assert resolve(merged, "p.yaml")["04_eval_mteb_code"]["ablation_dims"] == [32]
+    # an overlay that swaps in a small backbone and scales the study's PMA widths down: only the result is checked
+    overlay.write_text("backbone: tiny-random-qwen2\nwhere_nonempty:\n  compare_pma_dims: [32]\n")
+    study = {"compare_poolings": ["pma"], "compare_dims": [512, 256, 32], "compare_pma_dims": [512, 256]}
+    merged = apply_overlay(study, overlay)
+    assert resolve(merged, "p.yaml")["06_recipe_comparison"]["compare_pma_dims"] == [32]
 
 
 BLAME = [  # params file, overlay, --set values, and where the error must say the bad value came from
@@ -755,7 +756,8 @@ BLAME = [  # params file, overlay, --set values, and where the error must say th
     ("seed: 1\n", "seed: 2\n", {"learning_rate": 7}, "--set (notebook 02_train_lora_contrastive): parameter "
      "'learning_rate'"),
     ("seed: 1\n", None, {"learning_rate": 7}, "--set (notebook 02_train_lora_contrastive): parameter 'learning_rate'"),
-    ("ablations: true\n", "where_nonempty:\n  ablation_dims: [7]\n", {}, "o.yaml: ablation_dims [7] (notebook 04)"),
+    ("compare_poolings: [pma]\ncompare_dims: [128, 7]\n", "where_nonempty:\n  compare_pma_dims: [7]\n", {},
+     "o.yaml: compare_pma_dims [7] (notebook 06)"),
     ("seed: 1\n", None, {"hub_mirror": "/no/such/mirror"}, "--set (notebook 01_data_prep): hub_mirror '/no/such/"),
 ]  # fmt: skip
 
@@ -776,29 +778,45 @@ def test_a_bad_value_is_blamed_on_where_it_came_from(tmp_path, text, overlay, se
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        ({"ablation_dims": [3]}, r"ablation_dims \[3\] \(notebook 04\) must be multiples of pma_heads = 32"),
-        ({"backbone": "tiny-random-qwen2", "pma_heads": 4, "ablation_dims": [32, 128]},
-         r"ablation_dims \[128\] \(notebook 04\) are wider than the backbone's hidden size 64 \(tiny-random-qwen2\)"),
-        ({"backbone": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "ablation_dims": [1024, 512]},
-         r"ablation_dims \[1024\] .* 896"),
+        ({"compare_pma_dims": [3], "compare_dims": [3]},
+         r"compare_pma_dims \[3\] \(notebook 06\) must be multiples of pma_heads = 32"),
+        ({"backbone": "tiny-random-qwen2", "pma_heads": 4, "compare_pma_dims": [32, 128], "compare_dims": [32, 128]},
+         r"compare_pma_dims \[128\] \(notebook 06\) are wider than the backbone's hidden size 64 \(tiny-random-qwen"),
+        ({"backbone": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "compare_pma_dims": [1024, 512], "compare_dims": [1024, 512]},
+         r"compare_pma_dims \[1024\] .* 896"),
     ],
 )  # fmt: skip
-def test_ablation_dims_that_notebook_04_cannot_train_are_refused_before_anything_runs(overrides, message):
-    """ablation_dims [3] failed inside notebook 04, after the whole evaluation."""
+def test_pma_dims_that_the_pooling_study_cannot_train_are_refused_before_anything_runs(overrides, message):
+    """ablation_dims [3] failed inside notebook 04, after the whole evaluation; the pooling study's widths, which
+    replace them, are checked before anything runs."""
     with pytest.raises(ConfigError, match=f"p.yaml: {message}"):
-        resolve({"ablations": True, **overrides}, "p.yaml")
-    resolve({"ablations": False, **overrides}, "p.yaml")  # not trained: not checked
+        resolve({"compare_poolings": ["pma", "mean"], **overrides}, "p.yaml")
+    resolve({"compare_poolings": ["mean"], **overrides}, "p.yaml")  # no PMA trained: not checked
 
 
-def test_ablation_dims_against_a_local_backbones_config(tmp_path):
+def test_pma_dims_against_a_local_backbones_config(tmp_path):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text('{"hidden_size": 48}')
-    base = {"ablations": True, "backbone": str(tmp_path / "model"), "pma_heads": 4}
-    with pytest.raises(ConfigError, match=r"ablation_dims \[64\] .* hidden size 48"):
-        resolve({**base, "ablation_dims": [64, 16]}, "p.yaml")
-    assert resolve({**base, "ablation_dims": [48, 16]}, "p.yaml")["04_eval_mteb_code"]["ablation_dims"] == [48, 16]
+    base = {
+        "compare_poolings": ["pma"],
+        "backbone": str(tmp_path / "model"),
+        "pma_heads": 4,
+        "compare_dims": [64, 48, 16],
+    }
+    with pytest.raises(ConfigError, match=r"compare_pma_dims \[64\] .* hidden size 48"):
+        resolve({**base, "compare_pma_dims": [64, 16]}, "p.yaml")
+    resolved = resolve({**base, "compare_pma_dims": [48, 16]}, "p.yaml")
+    assert resolved["06_recipe_comparison"]["compare_pma_dims"] == [48, 16]
     (tmp_path / "model" / "config.json").write_text("[1, 2]")  # unreadable here: the loader will say, not resolve
-    resolve({**base, "ablation_dims": [64]}, "p.yaml")
+    resolve({**base, "compare_pma_dims": [64]}, "p.yaml")
+
+
+@pytest.mark.parametrize("key,replacement", [("ablations", "compare_poolings"), ("ablation_dims", "compare_pma_dims")])
+def test_a_moved_key_names_its_replacement(key, replacement):
+    """notebook 04's quick pooling ablation gave way to notebook 06's pooling study: a params file that still sets its
+    keys is refused with what replaced them, not only "no notebook declares"."""
+    with pytest.raises(ConfigError, match=rf"p.yaml: no notebook declares '{key}' \(moved: .*{replacement}"):
+        resolve({key: True if key == "ablations" else [128]}, "p.yaml")
     assert HIDDEN_SIZES["tiny-random-qwen2"] == tiny_qwen2_config().hidden_size
 
 

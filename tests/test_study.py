@@ -183,7 +183,7 @@ def test_a_training_is_reused_only_for_equal_model_training_and_rows():
 
 
 def test_cached_scores_are_keyed_by_tasks_widths_length_and_training(tmp_path):
-    from c2llm_lib.eval import offline_tasks
+    from c2llm_lib.eval.tasks import offline_tasks
 
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
@@ -235,6 +235,7 @@ def study_results():
 
 
 def test_the_study_tables_and_sentences_are_built_from_the_numbers():
+    from c2llm_lib.eval.intervals import MEAN, differences
     from c2llm_lib.study.pooling import (
         dimension_frame,
         mean_intervals,
@@ -243,7 +244,6 @@ def test_the_study_tables_and_sentences_are_built_from_the_numbers():
         study_pairs,
         study_sentences,
     )
-    from c2llm_lib.uncertainty import MEAN, differences
 
     entries, results = study_results()
     assert results["PMA"]["queries"]["64"]["t"]["q0"] == 0.5  # seed 0 scored 1, seed 1 scored 0: the mean
@@ -289,8 +289,8 @@ def test_the_study_tables_and_sentences_are_built_from_the_numbers():
 
 
 def test_the_recipe_table_states_its_differences(tmp_path):
+    from c2llm_lib.eval.intervals import differences, task_means
     from c2llm_lib.study.recipes import comparison_frame, dimension_table, verdict
-    from c2llm_lib.uncertainty import differences, task_means
 
     entries = plan(BASE_MODEL, BASE_TRAIN, ["c2llm-0.5b", "codexembed-style"], [16], [16])
     assert recipe_pairs(entries) == [("c2llm-0.5b", "codexembed-style"), ("c2llm-0.5b", "BM25"),
@@ -410,9 +410,9 @@ def test_the_run_writes_the_comparisons_files_inside_itself_and_keeps_saved_rows
 
 
 def test_the_study_judges_its_differences_over_trainings(tmp_path):
+    from c2llm_lib.eval.intervals import MEAN, differences, training_differences
     from c2llm_lib.study.pooling import mean_intervals, pooling_frame, study_markdown, study_pairs, study_sentences
     from c2llm_lib.study.trainings import seed_query_rows
-    from c2llm_lib.uncertainty import MEAN, differences, training_differences
 
     entries = pooling_entries(BASE_MODEL, BASE_TRAIN, ["pma", "mean"], [])
     pma, mean = entries
@@ -525,6 +525,7 @@ def test_a_study_training_dies_with_the_process_that_started_it(tmp_path):
 def test_the_one_calls_parts_hold_what_the_notebooks_cells_built():
     """`compare_recipes`, `compare_poolings` and `Sweeps` build the records, pages and tables that notebook 06's cells
     built from the same parts, so the notebook saves the same files."""
+    from c2llm_lib.eval.intervals import differences, differences_markdown, task_means, training_differences
     from c2llm_lib.study.pooling import (
         compare_poolings,
         dimension_frame,
@@ -547,7 +548,6 @@ def test_the_one_calls_parts_hold_what_the_notebooks_cells_built():
     )
     from c2llm_lib.study.sweep import Sweeps
     from c2llm_lib.study.trainings import seed_query_rows
-    from c2llm_lib.uncertainty import differences, differences_markdown, task_means, training_differences
 
     def run(values, folder):
         queries = {"64": per_query({"t": values})}

@@ -5,7 +5,7 @@ import pytest
 
 from c2llm_lib import ModelConfig
 from c2llm_lib.config import TrainConfig
-from c2llm_lib.mteb_code import fingerprint
+from c2llm_lib.eval.mteb import fingerprint
 from c2llm_lib.retrieval import Truncated
 from c2llm_lib.study import train_variant, variants
 

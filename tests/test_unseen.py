@@ -21,7 +21,7 @@ from c2llm_lib.data.offline import CODE_TO_CODE, TEXT_TO_CODE
 from c2llm_lib.data.records import DataError
 from c2llm_lib.data.sources import TABLE_1
 from c2llm_lib.data.unseen import mine_packages, mine_wheel
-from c2llm_lib.eval import contamination_note, unseen_task_names, unseen_tasks
+from c2llm_lib.eval.tasks import contamination_note, unseen_task_names, unseen_tasks
 from c2llm_lib.pins import PINNED, package_pins
 from c2llm_lib.prompts import recipe_task
 
@@ -266,7 +266,7 @@ def test_notebook_04_reports_the_unseen_libraries_on_a_tiny_run(tinylib, tmp_pat
     from c2llm_lib.pipeline import run_pipeline
 
     smoke = Path(__file__).resolve().parent.parent / "params" / "smoke.yaml"
-    run = run_pipeline(smoke, only=["01", "02", "03", "04"], sets={"unseen_packages": [tinylib], "ablations": False},
+    run = run_pipeline(smoke, only=["01", "02", "03", "04"], sets={"unseen_packages": [tinylib]},
                        outputs=tmp_path / "outputs", log=lambda *_: None)  # fmt: skip
     metrics = run.root / "metrics"
     data = json.loads((metrics / "data.json").read_text())

@@ -370,7 +370,7 @@ def rehearse(dest: Path, python: str, venv: Path, record: Path | None) -> dict[s
     modules = check_modules()
     missing = [m for m in modules if m in NOT_NEEDED]
     code = f"import importlib\nfor m in {[m for m in modules if m not in missing]!r}: importlib.import_module(m)\n"
-    code += "import c2llm_lib.pipeline, c2llm_lib.eval, c2llm_lib.mteb_code, c2llm_lib.data.build, tools.preflight"
+    code += "import c2llm_lib.pipeline, c2llm_lib.eval, c2llm_lib.eval.mteb, c2llm_lib.data.build, tools.preflight"
     run([str(py), "-c", code], log, env={**env, "PYTHONPATH": f"{site}:{REPO}"})
     out = Path("/tmp/c2llm-gpu-rehearsal-out")
     tick = time.monotonic()

@@ -20,7 +20,7 @@ What a mirrored task holds is its folder's content, not its name: `datasets` fil
 the folder's name and configs, whatever its path and bytes, so a second mirror (or one rewritten in place) would
 be read from the first one's Arrow cache. A mirrored task therefore loads into a `datasets` cache of its own
 content (`<datasets cache>/c2llm-mirror/<content_digest>/`), and its dataset revision carries the same digest, so
-mteb's results are filed under it too (`mteb_code.run_mteb` recomputes a result of another revision).
+mteb's results are filed under it too (`eval.mteb.run_mteb` recomputes a result of another revision).
 
 mteb reads a dataset by the config names its card declares, so a mirrored dataset whose `README.md` is missing or
 does not declare one of its `<config>/` folders is refused by name (`check_card`) before mteb runs; `datasets` itself

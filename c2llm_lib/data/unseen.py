@@ -10,7 +10,7 @@ those sources. This module mines libraries outside them the CodeSearchNet way, w
 - code -> code: query = the first half of a function's lines, document = the rest.
 Each package is a whole corpus (`MinedPackage.corpus`): every function it holds is a document, undocumented ones too,
 not only the positives of its queries (a text -> code query ranks every function of 2-150 lines, a code -> code query
-the second halves of every function of 6-150 lines). `eval.unseen_tasks` makes two tasks of each package,
+the second halves of every function of 6-150 lines). `eval.tasks.unseen_tasks` makes two tasks of each package,
 `unseen-text2code-<package>` and `unseen-code2code-<package>`.
 
 The packages (`unseen_packages`, a key of notebooks 01 and 04, `pins.package_pins`): a name from `pins.PINNED`, or a pin

@@ -16,10 +16,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig, TrainConfig
-from ..hardware import cpu_info, resolve_device, resolve_dtype
-from ..model import C2LLMEncoder
-from ..train import Trainer
-from ..uncertainty import (
+from ..eval.intervals import (
     MEAN,
     bootstrap_mean,
     difference_sentences,
@@ -29,6 +26,9 @@ from ..uncertainty import (
     training_bootstrap_mean,
     training_differences,
 )
+from ..hardware import cpu_info, resolve_device, resolve_dtype
+from ..model import C2LLMEncoder
+from ..train import Trainer
 from ..viz import pooling_study
 from .plan import Entry
 from .sweep import Grid, edge_sentences, rates_label, sweep_frame, sweep_markdown

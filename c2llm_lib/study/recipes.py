@@ -1,6 +1,6 @@
 """The recipe comparison's tables, figure and sentences (C2LLM section 3's takeaway against jina-code-embeddings and
 CodeXEmbed): one row per model and dimension, the quality-vs-dimension curves, each stated difference with its 95 %
-interval over queries (`uncertainty.py`), and `metrics/comparison.{json,md}`.
+interval over queries (`eval/intervals.py`), and `metrics/comparison.{json,md}`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..uncertainty import difference_sentences, differences, differences_markdown, differences_record, task_means
+from ..eval.intervals import difference_sentences, differences, differences_markdown, differences_record, task_means
 from ..viz import TRAINING_COLUMNS, recipe_comparison
 from .plan import Entry
 from .trainings import query_rows
@@ -77,7 +77,7 @@ def recipe_pairs(entries: Sequence[Entry], bm25: bool = True) -> list[tuple[str,
 
 def verdict(frame, dims_table, notes: Sequence[str] = (), diffs=None) -> str:
     """The outcome in plain sentences, whatever it is, from the numbers of `comparison_frame` and, when given, the
-    intervals of the differences (`uncertainty.differences`: "within noise" where the interval holds 0)."""
+    intervals of the differences (`eval.intervals.differences`: "within noise" where the interval holds 0)."""
     trained = frame.dropna(subset=["tokens/s"])
     full = trained[~trained["curve"].str.endswith("PMA projection")].sort_values("mean", ascending=False)
     lines = ["At full width, mean nDCG@10 ranks " + ", then ".join(
@@ -133,7 +133,7 @@ def record(
 ) -> dict[str, Any]:
     """What `metrics/comparison.json` holds: the table (null where a column does not apply), the curves, each
     training's summary, the fitting notes, where the run's compute was read, and the differences with their
-    intervals (`uncertainty.differences_record`)."""
+    intervals (`eval.intervals.differences_record`)."""
     curves = {c: {int(d): float(v) for d, v in dims_table.loc[c].dropna().items()} for c in dims_table.index}
     return {"table": json.loads(frame.reset_index().to_json(orient="records")), "dimensions": curves,
             "trainings": trainings, "notes": list(notes), "compute_from": compute_from,

@@ -24,13 +24,13 @@ import yaml
 
 from ..config import ModelConfig, TrainConfig
 from ..distributed import die_with_parent
-from ..eval import RetrievalTask, task_embeddings, truncation_query_scores
+from ..eval.intervals import seed_mean, task_means
+from ..eval.scoring import RetrievalTask, task_embeddings, truncation_query_scores
 from ..files import CorruptFile, load_json
 from ..hardware import resolve_device, resolve_dtype
 from ..prompts import prompts
 from ..retrieval import corpus_text
 from ..train import data_fingerprint, encoder_from_checkpoint, move_aside
-from ..uncertainty import seed_mean, task_means
 from .plan import Entry
 from .sweep import RATE_KEYS, sweep
 
@@ -210,7 +210,7 @@ def evaluation_key(
 ) -> str:
     """A short hash of what a scoring depends on: tasks, prompts, widths, batch size and length (bf16 embeddings move
     slightly with padding), the device and dtype (`resolved_compute`) and the training's summary."""
-    from ..mteb_code import task_fingerprint
+    from ..eval.mteb import task_fingerprint
 
     summary = (checkpoints / "train_summary.json").read_bytes()
     blob = json.dumps({"tasks": [task_fingerprint(t) for t in tasks], "prompts": prompts, "dims": sorted(dims),
@@ -279,7 +279,7 @@ def score_trainings(
 
 
 def over_seeds(entry: Entry, per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """An entry's result for the tables: per query the mean over its seeds (`uncertainty.seed_mean`), each task's
+    """An entry's result for the tables: per query the mean over its seeds (`eval.intervals.seed_mean`), each task's
     score the mean of those, each seed's own scores, and the mean of the seeds' training and encoding figures."""
     runs = list(per_seed.values())
     widths = list(runs[0]["queries"])
@@ -314,7 +314,7 @@ def seed_query_rows(
     per_seed: dict[str, dict[int, dict[str, Any]]], labels: Sequence[str]
 ) -> dict[str, list[dict[str, dict[str, float]]]]:
     """{row: [each seed's {task: {query id: nDCG@10}}]} of the models `labels`, rows named as `query_rows` names them:
-    what the intervals over trainings resample (`uncertainty.training_differences`)."""
+    what the intervals over trainings resample (`eval.intervals.training_differences`)."""
     rows: dict[str, list[dict[str, dict[str, float]]]] = {}
     for label in labels:
         runs = list(per_seed[label].values())

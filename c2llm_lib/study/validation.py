@@ -12,7 +12,7 @@ from typing import Any
 
 from ..data.offline import CODE_TO_CODE, TEXT_TO_CODE, load_snapshot
 from ..data.records import text_key
-from ..eval import task_from_rows
+from ..eval.tasks import task_from_rows
 from ..prompts import prompts
 from ..retrieval import RetrievalTask
 

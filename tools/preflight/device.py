@@ -446,8 +446,8 @@ def projection_check(setup: Setup, found, who: Subject, spec: ProbeSpec, per_ste
                 p.values.update(eval_seconds_range=[fast, slow], eval_basis="estimate" if estimate else "measured")
             p.notes.append(f"evaluation: {tokens:,.0f} tokens over {len(counted['tasks'])} tasks "
                            f"({counted['chars_per_token']:.2f} characters per token, measured on real code; the "
-                           f"model's pass, and the untrained baselines' shared pass on the held-out tasks; ablations "
-                           f"not counted) at {how}")  # fmt: skip
+                           f"model's pass, and the untrained baselines' shared pass on the held-out tasks) "
+                           f"at {how}")  # fmt: skip
         p.values.update(evaluation=counted, eval_seconds=p.eval_seconds, eval_rate=rate)
     parts = [f"training {duration(p.train_seconds)}" if p.train_seconds is not None else "", evaluation]
     parts = [x for x in parts if x] + (["training not projected"] if setup.trains and per_step is None else [])

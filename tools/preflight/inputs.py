@@ -244,10 +244,10 @@ def summarise(name: str, found: list[Found], setting: str | None) -> Check:
 # evaluation data -----------------------------------------------------------------------------------------------------
 def benchmark_tasks(benchmarks: list[str], names: list[str]) -> list[Any]:
     """The tasks of these mteb benchmarks that notebook 04 evaluates (`mteb_tasks`: names, or ["all"]), as
-    `mteb_code.select_tasks` chooses them, without listing every benchmark mteb has (slow) unless a name is unknown."""
+    `benchmarks.select_tasks` chooses them, without listing every benchmark mteb has (slow) unless a name is unknown."""
     import mteb
 
-    from c2llm_lib.mteb_code import check_benchmarks
+    from c2llm_lib.eval.benchmarks import check_benchmarks
 
     chosen: dict[str, Any] = {}
     for name in benchmarks:

@@ -4,23 +4,18 @@ import numpy as np
 import pytest
 import torch
 
-from c2llm_lib.eval import evaluate_encoder, offline_tasks
+from c2llm_lib.eval.benchmarks import MTEB_CODE_TASKS, REFERENCE_SCORES, comparison_table
+from c2llm_lib.eval.mteb import MTEBEncoder, offline_task, run_mteb
+from c2llm_lib.eval.scoring import evaluate_encoder
+from c2llm_lib.eval.tasks import offline_tasks
 from c2llm_lib.files import file_digest
-from c2llm_lib.mteb_code import (
-    MTEB_CODE_V1,
-    REFERENCE_SCORES,
-    MTEBEncoder,
-    comparison_table,
-    offline_task,
-    run_mteb,
-)
 from c2llm_lib.prompts import C2LLM_PROMPTS
 
 
 def test_prompts_are_mtebs_registration_of_c2llm():
     from mteb.models.model_implementations.codefuse_models import c2llm_prompts_dict
 
-    assert set(C2LLM_PROMPTS) == set(MTEB_CODE_V1) == set(c2llm_prompts_dict)
+    assert set(C2LLM_PROMPTS) == set(MTEB_CODE_TASKS) == set(c2llm_prompts_dict)
     for task, prompt in c2llm_prompts_dict.items():
         assert prompt["query"] == C2LLM_PROMPTS[task] + "\n" and prompt["document"] == "Retrieved Answer:"
 
@@ -51,12 +46,12 @@ def test_mteb_scores_an_offline_task_like_our_scorer(make_encoder, tmp_path):
 
 
 def test_comparison_table_means():
-    ours = {t: 0.5 for t in MTEB_CODE_V1}
+    ours = {t: 0.5 for t in MTEB_CODE_TASKS}
     table = comparison_table(ours)
     assert table.loc["this run", "mean"] == 50.0
     paper = np.array(REFERENCE_SCORES["C2LLM-0.5B (paper)"])
     assert table.loc["C2LLM-0.5B (paper)", "mean"] == pytest.approx(round(paper.mean(), 2), abs=0.01)  # 75.46
-    clean = np.delete(paper, MTEB_CODE_V1.index("CodeEditSearchRetrieval")).mean()
+    clean = np.delete(paper, MTEB_CODE_TASKS.index("CodeEditSearchRetrieval")).mean()
     assert table.loc["C2LLM-0.5B (paper)", "mean without CodeEditSearch"] == pytest.approx(round(clean, 2), abs=0.01)
     assert paper.mean() == pytest.approx(75.46, abs=0.006)  # the paper's averages, from rounded task scores
     assert np.mean(REFERENCE_SCORES["C2LLM-7B (paper)"]) == pytest.approx(80.75, abs=0.006)
@@ -87,7 +82,7 @@ def test_a_changed_max_length_or_prompt_is_a_new_computation(make_encoder, tmp_p
 
 
 def test_the_fingerprint_sees_every_setting_that_changes_a_score(make_encoder):
-    from c2llm_lib.mteb_code import fingerprint
+    from c2llm_lib.eval.mteb import fingerprint
 
     encoder = make_encoder(pma_heads=4)
     reference = fingerprint(encoder, 64)
@@ -104,7 +99,7 @@ def test_the_fingerprint_sees_every_setting_that_changes_a_score(make_encoder):
 
 
 def test_dtype_auto_is_keyed_by_the_dtype_it_resolved_to(make_encoder):
-    from c2llm_lib.mteb_code import fingerprint
+    from c2llm_lib.eval.mteb import fingerprint
 
     float32, bfloat16 = make_encoder(pma_heads=4, dtype="auto"), make_encoder(pma_heads=4, dtype="auto")
     float32.base_model.float()  # what `auto` gives on a CPU without fast bf16
@@ -127,7 +122,8 @@ def test_the_revision_reads_every_file_of_the_models_folder(make_encoder, tmp_pa
 
     from safetensors.torch import load_file, save_file
 
-    from c2llm_lib import C2LLMEncoder, mteb_code
+    from c2llm_lib import C2LLMEncoder
+    from c2llm_lib.eval import mteb as mteb_code
 
     saved = make_encoder(pma_heads=4).save_pretrained(tmp_path / "a")
     shutil.copytree(saved, tmp_path / "b")
@@ -160,7 +156,7 @@ def test_the_folder_digest_reads_names_sizes_and_bytes(tmp_path):
 
 
 def test_benchmark_task_sizes_come_from_mtebs_statistics():
-    from c2llm_lib.mteb_code import mteb_code_tasks, mteb_task_sizes
+    from c2llm_lib.eval.benchmarks import mteb_code_tasks, mteb_task_sizes
 
     sizes = mteb_task_sizes(mteb_code_tasks(["CosQA", "CodeEditSearchRetrieval"]))
     assert sizes["CosQA"] == {"queries": 500, "documents": 20604}

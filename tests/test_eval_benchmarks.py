@@ -4,16 +4,16 @@ for the hub, with its results cached and its table beside the public figures."""
 
 import pytest
 
-from c2llm_lib import mteb_code
 from c2llm_lib.config import EvalStage
-from c2llm_lib.mteb_code import (
+from c2llm_lib.eval import benchmarks
+from c2llm_lib.eval.benchmarks import (
     PUBLIC_MEANS,
-    MTEBEncoder,
     available_benchmarks,
     check_benchmarks,
     evaluate_benchmarks,
     select_tasks,
 )
+from c2llm_lib.eval.mteb import MTEBEncoder
 from c2llm_lib.pipeline import load_params, parse_sets, resolve
 
 NAMED = ["MTEB(Code, v1)", "CoREB(v1)", "RTEB(Code, beta)", "CodeRAG"]
@@ -22,7 +22,7 @@ NAMED = ["MTEB(Code, v1)", "CoREB(v1)", "RTEB(Code, beta)", "CodeRAG"]
 def test_the_code_benchmarks_exist_in_the_installed_mteb():
     check_benchmarks(NAMED)
     assert EvalStage().benchmarks == ["MTEB(Code, v1)"]
-    assert sorted(select_tasks(["MTEB(Code, v1)"], ["all"])["MTEB(Code, v1)"]) == sorted(mteb_code.MTEB_CODE_V1)
+    assert sorted(select_tasks(["MTEB(Code, v1)"], ["all"])["MTEB(Code, v1)"]) == sorted(benchmarks.MTEB_CODE_TASKS)
     assert len(select_tasks(["CoREB(v1)"], ["all"])["CoREB(v1)"]) == 6  # three retrieval, three reranking tasks
 
 
@@ -61,7 +61,7 @@ def mock_tasks(name, tasks=("all",), mirror=None):
 
 @pytest.mark.slow
 def test_every_named_benchmark_runs_through_mteb_and_is_cached(make_encoder, monkeypatch, tmp_path):
-    monkeypatch.setattr(mteb_code, "benchmark_tasks", mock_tasks)  # the mocks stand in for the hub
+    monkeypatch.setattr(benchmarks, "benchmark_tasks", mock_tasks)  # the mocks stand in for the hub
     encoder = make_encoder(pooling="mean")
     model = MTEBEncoder(encoder, batch_size=8, max_length=32)
     found = evaluate_benchmarks(model, NAMED, ["all"], tmp_path, label="this run")

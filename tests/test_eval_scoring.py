@@ -7,18 +7,10 @@ import pytest
 import torch
 
 from c2llm_lib.data.offline import load_snapshot
-from c2llm_lib.eval import (
-    RetrievalTask,
-    chunked_topk,
-    evaluate_bm25,
-    evaluate_encoder,
-    ndcg_at_k,
-    offline_tasks,
-    recall_at_k,
-    results_frame,
-    results_markdown,
-    task_sizes,
-)
+from c2llm_lib.eval.scoring import chunked_topk, evaluate_bm25, evaluate_encoder, ndcg_at_k, recall_at_k
+from c2llm_lib.eval.tables import results_frame, results_markdown
+from c2llm_lib.eval.tasks import offline_tasks, task_sizes
+from c2llm_lib.retrieval import RetrievalTask
 
 
 def test_chunked_topk_equals_the_full_matrix():
@@ -127,7 +119,7 @@ def test_baselines_of_a_release_are_built_on_its_backbone(tmp_path):
     from safetensors.torch import load_file
 
     from c2llm_lib import C2LLMEncoder
-    from c2llm_lib.eval import baseline_encoder, baselines
+    from c2llm_lib.eval.scoring import baseline_encoder, baselines
 
     from released_fixture import write_tiny_release
 
@@ -145,7 +137,7 @@ def test_baselines_of_a_release_are_built_on_its_backbone(tmp_path):
 
 
 def test_baselines_of_a_run_are_its_untrained_backbone(make_encoder):
-    from c2llm_lib.eval import baselines
+    from c2llm_lib.eval.scoring import baselines
 
     trained = make_encoder(pma_heads=4, use_lora=True, lora_r=4)
     ((label, baseline),) = baselines(trained, ["mean"]).items()

@@ -9,7 +9,8 @@ import pytest
 
 from c2llm_lib.data.records import DataError
 from c2llm_lib.data.sources import TABLE_1
-from c2llm_lib.eval import (
+from c2llm_lib.eval.mteb import task_fingerprint
+from c2llm_lib.eval.tasks import (
     contamination_note,
     evaluation_tasks,
     heldout_task_names,
@@ -18,7 +19,6 @@ from c2llm_lib.eval import (
     offline_tasks,
     task_sizes,
 )
-from c2llm_lib.mteb_code import task_fingerprint
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = {n: json.loads(next((REPO / "notebooks").glob(f"{n}_*.ipynb")).read_text()) for n in ("01", "04")}
@@ -119,7 +119,7 @@ def test_a_code_runs_heldout_split_makes_one_task_per_recipe_and_language():
 
 
 def test_a_files_task_is_evaluated_with_its_own_instruction_in_the_c2llm_style():
-    from c2llm_lib.mteb_code import task_prompts
+    from c2llm_lib.eval.tasks import task_prompts
 
     tasks = heldout_tasks(ROWS)
     overrides = instruction_overrides(_config("c2llm"), tasks)
@@ -151,7 +151,7 @@ def test_the_sets_the_training_was_not_checked_against_are_named():
     is false by default) and said nothing."""
     from c2llm_lib.config import DataStage
     from c2llm_lib.data.build import decontaminated_mteb_tasks
-    from c2llm_lib.mteb_code import MTEB_CODE_V1
+    from c2llm_lib.eval.benchmarks import MTEB_CODE_TASKS
 
     evaluated = ["offline-text2code-python", "HumanEval", "heldout-text2code-go", "beir-mine", "CosQA", "CosQA",
                  "CoREB-Text2Code"]  # fmt: skip
@@ -161,7 +161,7 @@ def test_the_sets_the_training_was_not_checked_against_are_named():
     assert note.startswith("**Not checked for contamination**: the training rows of run r were not decontaminated "
                            "against beir-mine, CosQA, CoREB-Text2Code (")  # fmt: skip
     checked = {"decontaminated_mteb_tasks": decontaminated_mteb_tasks(DataStage(decontaminate_mteb=True))}
-    assert set(checked["decontaminated_mteb_tasks"]) == set(MTEB_CODE_V1)
+    assert set(checked["decontaminated_mteb_tasks"]) == set(MTEB_CODE_TASKS)
     assert "against beir-mine, CoREB-Text2Code (" in contamination_note(evaluated, checked, "run r")
     assert contamination_note(evaluated[:3] + ["CosQA"], checked, "run r") == ""  # every evaluated set checked
     released = contamination_note(evaluated[:2], None, "released x")  # its training data is not ours

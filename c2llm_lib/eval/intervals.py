@@ -1,36 +1,7 @@
-"""How sure a difference of retrieval scores is: a paired bootstrap over queries (Efron & Tibshirani 1993, "An
-Introduction to the Bootstrap", chapters 13-16; for IR metrics, Sakai 2006, "Evaluating evaluation metrics based on
-the bootstrap").
-
-A score here is a mean of per-query nDCG@10 over a task's queries, and a comparison puts two models on the *same*
-queries. Some queries are easy for every model and some hard for every model, so two models' per-query scores are
-strongly correlated; the bootstrap therefore resamples the per-query *differences* (paired), not each model's scores
-on its own, which would add the spread of query difficulty to the interval and hide real differences in noise.
-
-`paired_bootstrap(a, b)` takes {task: {query id: score}} for models A and B on identical queries and gives, per task
-and for the mean over tasks, the observed difference of means A - B and its 95 % percentile interval from
-`RESAMPLES` resamples with the fixed seed `SEED`:
-- within a task, queries are drawn with replacement, as many as the task has;
-- the mean over tasks (every task weighs the same, as the tables' mean column does) resamples every task at once in
-  each resample, so its interval holds the noise of all tasks together;
-- "within noise" when the interval holds 0.
-`bootstrap_mean(a)` is the same resampling for one model's mean (the error bars of a figure). Several training seeds
-of one model enter as one per-query score, the mean of the seeds' scores on that query (`seed_mean`): the interval is
-then over queries, for the seed-averaged model, and says nothing of how much another training would move it.
-
-`training_bootstrap(a_seeds, b_seeds)` is the interval over trainings *and* queries (a two-level bootstrap, Davison &
-Hinkley 1997, "Bootstrap Methods and their Application", section 3.8): each resample draws, with replacement, as many
-of A's trainings (seeds) as A has and as many of B's as B has, independently (A's and B's trainings are separate
-runs), and one draw of queries per task shared by A and B (paired over queries, as above); the statistic is the mean
-over the drawn trainings of A minus that of B, per query, averaged over the drawn queries. A training is drawn once per
-resample for every task (one training scores all tasks). With n seeds a model has at most C(2n-1, n) distinct draws of
-trainings (10 for 3 seeds), so the percentile interval over trainings is coarse: it is the honest width of what a few
-seeds can say, not a precise one. `training_bootstrap_mean` is the same for one model's mean.
-
-What it cannot do: the queries are a sample of one held-out split, so an interval over queries says how much the
-difference moves with another draw of such queries, not with another data set, another training run or another
-corpus sample (the interval over trainings adds the training runs, nothing more); and with many comparisons at 95 %
-some intervals exclude 0 by chance (no correction is made).
+"""How sure a difference of retrieval scores is: a paired bootstrap over queries (Efron & Tibshirani 1993, chapters
+13-16; for IR metrics, Sakai 2006), and over trainings and queries (a two-level bootstrap, Davison & Hinkley 1997,
+section 3.8). Queries are resampled paired, since two models' per-query scores are strongly correlated; the mean over
+tasks resamples every task at once. What an interval can and cannot say: docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -44,7 +15,6 @@ RESAMPLES = 2000  # B: the percentiles of 2,000 resamples move by about 0.1 poin
 SEED = 0
 LEVEL = 0.95
 MEAN = "mean"  # the key of the mean over tasks
-
 QueryScores = Mapping[str, Mapping[str, float]]  # {task: {query id: nDCG@10 in [0, 1]}}
 
 
@@ -117,24 +87,33 @@ def _resampled_means(values: Mapping[str, np.ndarray], resamples: int, seed: int
     return out
 
 
-def _intervals(values: Mapping[str, np.ndarray], resamples: int, seed: int, level: float) -> dict[str, Interval]:
+def _check(values: Mapping[str, object], resamples: int, level: float) -> None:
     if resamples < 1:
         raise ValueError(f"resamples must be at least 1, got {resamples}")
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
     if MEAN in values:
         raise ValueError(f"a task may not be named {MEAN!r}: that is the key of the mean over tasks")
-    boot = _resampled_means(values, resamples, seed)
+
+
+def _percentiles(boot, observed, sizes, resamples: int, level: float, trainings=()) -> dict[str, Interval]:
+    """{task: Interval, MEAN: Interval} from each key's (B,) resampled statistics and its observed value and size."""
     tail = 100 * (1 - level) / 2
+    out = {}
+    for key in [*sorted(k for k in boot if k != MEAN), MEAN]:
+        low, high = np.percentile(boot[key], [tail, 100 - tail])
+        out[key] = Interval(observed[key], float(low), float(high), sizes[key], resamples, level, trainings)
+    return out
+
+
+def _intervals(values: Mapping[str, np.ndarray], resamples: int, seed: int, level: float) -> dict[str, Interval]:
+    _check(values, resamples, level)
+    boot = _resampled_means(values, resamples, seed)
     observed = {t: float(v.mean()) for t, v in values.items()}
     observed[MEAN] = float(np.mean([observed[t] for t in sorted(values)]))
     sizes = {t: len(v) for t, v in values.items()}
     sizes[MEAN] = sum(sizes.values())
-    out = {}
-    for key in [*sorted(values), MEAN]:
-        low, high = np.percentile(boot[key], [tail, 100 - tail])
-        out[key] = Interval(observed[key], float(low), float(high), sizes[key], resamples, level)
-    return out
+    return _percentiles(boot, observed, sizes, resamples, level)
 
 
 def paired_bootstrap(
@@ -179,12 +158,7 @@ def _training_intervals(
     a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray] | None, resamples: int, seed: int, level: float
 ) -> dict[str, Interval]:
     """The two-level bootstrap of `training_bootstrap` on {task: (S, n)} arrays (B None: A's mean alone)."""
-    if resamples < 1:
-        raise ValueError(f"resamples must be at least 1, got {resamples}")
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
-    if MEAN in a:
-        raise ValueError(f"a task may not be named {MEAN!r}: that is the key of the mean over tasks")
+    _check(a, resamples, level)
     rng = np.random.default_rng(seed)
     tasks = sorted(a)
     counts = (len(a[tasks[0]]),) + ((len(b[tasks[0]]),) if b is not None else ())
@@ -203,12 +177,7 @@ def _training_intervals(
     observed[MEAN] = float(np.mean([observed[t] for t in tasks]))
     sizes = {t: a[t].shape[1] for t in tasks}
     sizes[MEAN] = sum(sizes.values())
-    tail = 100 * (1 - level) / 2
-    out = {}
-    for key in [*tasks, MEAN]:
-        low, high = np.percentile(boot[key], [tail, 100 - tail])
-        out[key] = Interval(observed[key], float(low), float(high), sizes[key], resamples, level, counts)
-    return out
+    return _percentiles(boot, observed, sizes, resamples, level, counts)
 
 
 def training_bootstrap(
@@ -234,6 +203,12 @@ def training_bootstrap_mean(
     return _training_intervals(_by_training(seeds, "the model"), None, resamples, seed, level)
 
 
+def _check_pairs(rows: Mapping[str, object], pairs: Sequence[tuple[str, str]], what: str) -> None:
+    missing = sorted({m for pair in pairs for m in pair} - set(rows))
+    if missing:
+        raise KeyError(f"no {what} scores for {missing}; known: {sorted(rows)}")
+
+
 def training_differences(
     rows: Mapping[str, Sequence[QueryScores]],
     pairs: Sequence[tuple[str, str]],
@@ -241,9 +216,7 @@ def training_differences(
     seed: int = SEED,
 ) -> dict[tuple[str, str], dict[str, Interval]]:
     """`differences` over trainings and queries: `rows` maps a model to its trainings' per-query scores."""
-    missing = sorted({m for pair in pairs for m in pair} - set(rows))
-    if missing:
-        raise KeyError(f"no per-training scores for {missing}; known: {sorted(rows)}")
+    _check_pairs(rows, pairs, "per-training")
     return {(a, b): training_bootstrap(rows[a], rows[b], resamples, seed, names=(a, b)) for a, b in pairs}
 
 
@@ -288,9 +261,7 @@ def differences(
 ) -> dict[tuple[str, str], dict[str, Interval]]:
     """{(A, B): {task: Interval, MEAN: Interval}} of A - B for each pair, A and B named rows of `rows` ({model: {task:
     {query id: score}}}); a pair naming a model without per-query scores is an error naming it."""
-    missing = sorted({m for pair in pairs for m in pair} - set(rows))
-    if missing:
-        raise KeyError(f"no per-query scores for {missing}; known: {sorted(rows)}")
+    _check_pairs(rows, pairs, "per-query")
     return {(a, b): paired_bootstrap(rows[a], rows[b], resamples, seed, names=(a, b)) for a, b in pairs}
 
 

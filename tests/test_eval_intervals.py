@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from c2llm_lib.uncertainty import (
+from c2llm_lib.eval.intervals import (
     MEAN,
     Interval,
     bootstrap_mean,
@@ -102,7 +102,8 @@ def test_cells_and_sentences_say_within_noise_when_the_interval_holds_zero():
 def test_per_query_scores_average_to_mtebs_scores(make_encoder, tmp_path):
     """The bootstrap's input: per-query nDCG@10 read back from mteb's cache without encoding, and BM25's from our
     scorer, average to the scores of the results table."""
-    from c2llm_lib.eval import evaluate_all, offline_tasks, query_scores
+    from c2llm_lib.eval.mteb import evaluate_all, query_scores
+    from c2llm_lib.eval.tasks import offline_tasks
 
     tasks = offline_tasks(limit=6, include_humaneval=False, max_documents=30)[:2]
     models = {"mean": make_encoder(pooling="mean"), "pma": make_encoder(pma_heads=4)}
@@ -124,7 +125,7 @@ def offset(run: dict[str, dict[str, float]], by: float) -> dict[str, dict[str, f
 
 
 def test_the_interval_over_trainings_holds_the_spread_between_seeds_that_queries_cannot_see():
-    from c2llm_lib.uncertainty import differences, training_bootstrap
+    from c2llm_lib.eval.intervals import differences, training_bootstrap
 
     trainings = [offset(A, c) for c in (0.1, 0.0, -0.1)]  # three seeds that differ by a constant on every query
     over_queries = differences({"A": seed_mean(trainings), "B": A}, [("A", "B")])[("A", "B")]
@@ -142,7 +143,7 @@ def test_the_interval_over_trainings_holds_the_spread_between_seeds_that_queries
 
 
 def test_a_training_is_drawn_once_for_every_task():
-    from c2llm_lib.uncertainty import training_bootstrap
+    from c2llm_lib.eval.intervals import training_bootstrap
 
     trainings = [offset(A, c) for c in (0.1, 0.0, -0.1)]
     mean = training_bootstrap(trainings, [A])[MEAN]
@@ -151,7 +152,7 @@ def test_a_training_is_drawn_once_for_every_task():
 
 
 def test_the_value_over_trainings_is_the_difference_of_seed_means():
-    from c2llm_lib.uncertainty import training_bootstrap, training_bootstrap_mean
+    from c2llm_lib.eval.intervals import training_bootstrap, training_bootstrap_mean
 
     rng = np.random.default_rng(7)
     a = [scores({"t1": rng.uniform(size=40), "t2": rng.uniform(size=25)}) for _ in range(3)]
@@ -168,7 +169,7 @@ def test_the_value_over_trainings_is_the_difference_of_seed_means():
 
 
 def test_trainings_scored_on_other_queries_are_named():
-    from c2llm_lib.uncertainty import training_bootstrap, training_differences
+    from c2llm_lib.eval.intervals import training_bootstrap, training_differences
 
     other = {"t1": dict(list(A["t1"].items())[:-1]), "t2": A["t2"]}
     with pytest.raises(ValueError, match="PMA, training 2"):

@@ -6,8 +6,11 @@ import pytest
 
 from c2llm_lib.data.offline import humaneval_records
 from c2llm_lib.data.sources import TABLE_1
-from c2llm_lib.eval import baselines, evaluate_all, results_frame, results_markdown, task_from_rows, task_sizes
-from c2llm_lib.mteb_code import EncodingCache, MTEBEncoder, offline_task, run_mteb
+from c2llm_lib.eval.encoding import EncodingCache
+from c2llm_lib.eval.mteb import MTEBEncoder, evaluate_all, offline_task, run_mteb
+from c2llm_lib.eval.scoring import baselines
+from c2llm_lib.eval.tables import results_frame, results_markdown
+from c2llm_lib.eval.tasks import task_from_rows, task_sizes
 from c2llm_lib.retrieval import Truncated
 
 INSTRUCTION = TABLE_1["CodeSearchNetRetrieval"]

@@ -1,0 +1,319 @@
+"""Our tasks and encoders through mteb itself (paper section 4.2): users compare with the leaderboard, so encoders are
+scored by `mteb.evaluate` with the released prompts. Results are cached in mteb's layout, keyed by a `fingerprint` of
+the weights and every setting that changes a score, and by a hash of each task's data; an offline task's result keeps
+every query's nDCG@10 for the paired bootstrap. Importing it imports mteb (about 240 MB): the rest of the package
+imports it inside functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from mteb.abstasks.retrieval import AbsTaskRetrieval
+from mteb.models.abs_encoder import AbsEncoder
+
+from ..files import file_digest
+from ..prompts import C2LLM_PROMPTS, OFFLINE_TASKS, prompts
+from ..retrieval import RetrievalTask
+from .encoding import EncodingCache
+from .scoring import bm25_query_scores, bm25_scores
+from .tasks import instruction_overrides, task_prompts
+
+QUERY_SCORES = "ndcg_at_10_per_query"  # an offline task's result: {query id: nDCG@10} (OfflineTask)
+PROMPTED_TASKS = tuple(sorted({*C2LLM_PROMPTS, *OFFLINE_TASKS}))  # every task a prompt style has prompts for
+
+
+def fingerprint(
+    encoder, max_length: int | None = None, overrides: dict[str, str] | None = None, batch_size: int | None = None
+) -> str:
+    """A short hash of every setting that changes an encoder's scores (config, computing dtype, width, `max_length`,
+    `batch_size`: in bf16 an embedding moves with its batch's padding, `overrides`, every task's prompts) and of its
+    weights (`weights_digest`, and the tensors training or a merge change in memory: PMA head, LoRA, the first
+    layer's query projection): mteb caches by model name and revision, so a changed model gets a new revision."""
+    base = getattr(encoder, "encoder", encoder)  # a Truncated view hashes its encoder and its width
+    config = base.config
+    settings = {
+        "config": config.to_dict(),
+        "dtype": str(next(base.base_model.parameters()).dtype),
+        "embedding_dim": getattr(encoder, "embedding_dim", None),
+        "max_length": max_length,
+        "batch_size": batch_size,
+        "overrides": dict(sorted((overrides or {}).items())),
+        "prompts": {t: prompts(config.prompt_style, t, config.document_prefix) for t in PROMPTED_TASKS},
+        "folder": weights_digest(base),
+    }
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(json.dumps(settings, sort_keys=True).encode())
+    tensors = dict(base.pooler.state_dict())
+    tensors.update(
+        {k: v for k, v in base.backbone.state_dict().items() if "lora_" in k or "layers.0.self_attn.q_proj" in k}
+    )
+    for key in sorted(tensors):
+        digest.update(key.encode())
+        digest.update(tensors[key].detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+_FOLDER_DIGESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loaded backbone -> weights_digest
+
+
+def weights_digest(encoder) -> str | None:
+    """`files.file_digest` of the folder `encoder` was loaded from (`C2LLMEncoder.directory`: a run's `merged/`, a
+    release), every file of it, read once per loaded backbone (about 1 GB for the 0.5B model; the baselines' poolers
+    share one); None for an encoder built in memory (the untrained baselines of a run, the ablations' variants)."""
+    directory = getattr(encoder, "directory", None)
+    if directory is None:
+        return None
+    if encoder.backbone not in _FOLDER_DIGESTS:
+        _FOLDER_DIGESTS[encoder.backbone] = file_digest(directory)
+    return _FOLDER_DIGESTS[encoder.backbone]
+
+
+def task_fingerprint(task: RetrievalTask) -> str:
+    """A short hash of what a retrieval task ranks: its queries, its corpus and its qrels (ids, texts, grades, in
+    order). Two tasks of one name (the offline tasks under another `eval_limit` or `eval_max_documents`) share it
+    only when they score the same."""
+    content = [task.queries, task.corpus, task.qrels]
+    return hashlib.blake2b(json.dumps(content, ensure_ascii=False).encode(), digest_size=8).hexdigest()
+
+
+def model_meta(
+    encoder,
+    name: str = "local/c2llm-reproduction",
+    revision: str | None = None,
+    max_length: int | None = None,
+    overrides: dict[str, str] | None = None,
+    batch_size: int | None = None,
+):
+    """A ModelMeta for our encoder (mteb needs one, or it substitutes an empty record and tries the hub); its
+    revision is the `fingerprint` of the encoder and of the evaluation settings unless given."""
+    from mteb.models.model_meta import ModelMeta, ScoringFunction
+
+    return ModelMeta.create_empty(
+        overwrites={
+            "name": name,
+            "revision": revision or fingerprint(encoder, max_length, overrides, batch_size),
+            "embed_dim": encoder.embedding_dim,
+            "max_tokens": max_length or encoder.config.max_length,
+            "similarity_fn_name": ScoringFunction.COSINE,
+            "use_instructions": True,
+            "framework": ["PyTorch", "Transformers"],
+            "open_weights": True,
+        }
+    )
+
+
+class MTEBEncoder(AbsEncoder):
+    """mteb's encoder protocol around a C2LLMEncoder, with the prompts of the encoder's `prompt_style`
+    (`prompts.prompts`). `prompts` overrides the query instruction of named tasks. A task no prompt set knows
+    (a custom task) gets its override or, in the c2llm style, no instruction, as mteb does for a model whose
+    prompts lack the task; its documents get the encoder's `document_prefix`. With a `cache` (`EncodingCache`,
+    shared by the models of one evaluation) texts already embedded are not encoded again."""
+
+    def __init__(
+        self,
+        encoder,
+        prompts: dict[str, str] | None = None,
+        batch_size: int = 16,
+        max_length: int = 2048,
+        name: str = "local/c2llm-reproduction",
+        cache: EncodingCache | None = None,
+    ) -> None:
+        self.model = encoder
+        self.overrides = dict(prompts or {})
+        self.batch_size, self.max_length = batch_size, max_length
+        self.cache = cache
+        self.mteb_model_meta = model_meta(encoder, name, max_length=max_length, overrides=self.overrides,
+                                          batch_size=batch_size)  # fmt: skip
+
+    def task_prompts(self, task: str) -> tuple[str, str]:
+        """(query instruction, document prefix) for a task name."""
+        return task_prompts(self.model.config, task, self.overrides)
+
+    def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs) -> np.ndarray:
+        from mteb.types import PromptType
+
+        texts = [text for batch in inputs for text in batch["text"]]
+        query, document = self.task_prompts(task_metadata.name)
+        kind, instruction = ("query", query) if prompt_type == PromptType.query else ("document", document)
+        settings = {
+            "kind": kind,
+            "instruction": instruction,
+            "batch_size": self.batch_size,
+            "max_length": self.max_length,
+        }
+        if self.cache is not None:
+            return self.cache.encode(self.model, texts, **settings)
+        return self.model.encode(texts, **settings)
+
+
+class OfflineTask(AbsTaskRetrieval):
+    """Base of the offline tasks: mteb keeps task metadata on the class, so `offline_task` makes one small
+    subclass per task, carrying its metadata and its in-memory data. Its results also hold every query's nDCG@10
+    (`QUERY_SCORES`), for the paired bootstrap of `intervals.py`."""
+
+    task: RetrievalTask
+
+    def task_specific_scores(self, scores, qrels, results, hf_split, hf_subset) -> dict[str, Any]:
+        """{QUERY_SCORES: {query id: nDCG@10}}: pytrec_eval's per-query values, the ones mteb averages into
+        `ndcg_at_10`, kept in the result mteb caches (so a result read back brings them, with no encoding)."""
+        return {QUERY_SCORES: {q: float(s["ndcg_cut_10"]) for q, s in scores.items()}}
+
+    def load_data(self, num_proc: int | None = None, **kwargs: Any) -> None:
+        from datasets import Dataset
+        from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
+
+        split = RetrievalSplitData(
+            queries=Dataset.from_list([{"id": q, "text": t} for q, t in self.task.queries.items()]),
+            corpus=Dataset.from_list([{"id": d, "text": t, "title": ""} for d, t in self.task.corpus.items()]),
+            relevant_docs=self.task.qrels,
+            top_ranked=None,
+        )
+        self.dataset = {"default": {"test": split}}
+        self.data_loaded = True
+
+
+def offline_task(task: RetrievalTask) -> OfflineTask:
+    """An mteb task for one of our offline retrieval tasks (`tasks.offline_tasks`); its dataset revision is the
+    `task_fingerprint` of its content, which mteb records with every result (`run_mteb` compares them)."""
+    from mteb.abstasks.task_metadata import TaskMetadata
+
+    metadata = TaskMetadata(
+        name=task.name,
+        description=f"Offline held-out retrieval task {task.name} (c2llm_lib.eval.offline_tasks).",
+        reference="https://arxiv.org/abs/2512.21332",
+        dataset={"path": f"local/{task.name}", "revision": f"offline-{task_fingerprint(task)}"},
+        type="Retrieval",
+        category="t2t",
+        modalities=["text"],
+        eval_splits=["test"],
+        eval_langs=["eng-Latn", "python-Code", "javascript-Code"],
+        main_score="ndcg_at_10",
+        date=("2024-01-01", "2024-12-31"),
+        domains=["Programming"],
+        task_subtypes=["Code retrieval"],
+        license="not specified",
+        annotations_creators="derived",
+        dialect=[],
+        sample_creation="found",
+        bibtex_citation="",
+    )
+    name = "Offline_" + "".join(c if c.isalnum() else "_" for c in task.name)
+    return type(name, (OfflineTask,), {"metadata": metadata, "task": task})()
+
+
+def run_mteb(model: MTEBEncoder, tasks: Sequence[Any], cache_dir: str | Path) -> dict[str, float]:
+    """{task: nDCG@10} through mteb.evaluate; results are cached in mteb's layout under `cache_dir`, and a task
+    already there is read back instead of rerun, unless that result was computed on other data than the task holds
+    now (`stale_results`): then it is computed again, and its file replaced."""
+    import mteb
+
+    cache = mteb.ResultCache(cache_dir)
+    stale = stale_results(cache, model.mteb_model_meta, tasks)
+    scores = {}
+    for chosen, strategy in (([t for t in tasks if id(t) not in stale], "only-missing"),
+                             ([t for t in tasks if id(t) in stale], "always")):  # fmt: skip
+        if chosen:
+            result = mteb.evaluate(model, chosen, cache=cache, overwrite_strategy=strategy, show_progress_bar=False)
+            scores.update({r.task_name: float(r.get_score()) for r in result.task_results})
+    return scores
+
+
+def stale_results(cache, meta, tasks: Sequence[Any]) -> set[int]:
+    """The ids of the tasks for which `cache` holds a result of this model (`meta`: name and revision) on another
+    dataset revision than the task's: mteb's "only-missing" would read it back, whatever data it was computed on. An
+    offline task's result without per-query scores (`QUERY_SCORES`, cached before they were kept) is stale too."""
+    stale = set()
+    for task in tasks:
+        found = cache.load_task_result(task.metadata.name, meta)
+        if found is not None and found.dataset_revision != task.metadata.revision:
+            stale.add(id(task))
+        elif found is not None and isinstance(task, OfflineTask) and _query_scores(found) is None:
+            stale.add(id(task))
+    return stale
+
+
+def _query_scores(result) -> dict[str, float] | None:
+    """The per-query nDCG@10 a cached offline result holds (its test split, one subset), or None."""
+    for split in result.scores.values():
+        for subset in split:
+            if isinstance(subset.get(QUERY_SCORES), dict):
+                return {str(q): float(v) for q, v in subset[QUERY_SCORES].items()}
+    return None
+
+
+def cached_query_scores(model: MTEBEncoder, tasks: Sequence[Any], cache_dir: str | Path) -> dict[str, dict[str, float]]:
+    """{task: {query id: nDCG@10}} of `model` on offline tasks that `run_mteb` evaluated into `cache_dir`: the per-query
+    values behind each cached score, read back without encoding. A task with no current result (not evaluated, another
+    dataset revision, no per-query scores) is an error naming the model and the task."""
+    import mteb
+
+    cache = mteb.ResultCache(cache_dir)
+    meta = model.mteb_model_meta
+    out = {}
+    for task in tasks:
+        found = cache.load_task_result(task.metadata.name, meta)
+        per_query = _query_scores(found) if found is not None else None
+        if found is None or found.dataset_revision != task.metadata.revision or per_query is None:
+            raise LookupError(f"{cache_dir}: no current per-query result of {meta.name} (revision {meta.revision}) on "
+                              f"{task.metadata.name}; evaluate it first (run_mteb, evaluate_all)")  # fmt: skip
+        out[task.metadata.name] = per_query
+    return out
+
+
+def evaluate_all(
+    models: dict[str, Any],
+    tasks: Sequence[RetrievalTask],
+    cache_dir: str | Path,
+    bm25: bool = True,
+    batch_size: int = 16,
+    max_length: int = 2048,
+    log=print,
+) -> dict[str, dict[str, float]]:
+    """{model: {task: nDCG@10}}: each encoder through mteb.evaluate (cached under `cache_dir`, one folder per model),
+    a task's own query instruction kept (`instruction_overrides`), and BM25 through our scorer; the models share one
+    `EncodingCache`, so no model encodes a text twice."""
+    scores: dict[str, dict[str, float]] = {}
+    if bm25:
+        scores["BM25"] = bm25_scores(tasks)
+    cache = EncodingCache(list(models.values()))  # every model registered first, so siblings share each pass
+    for label, encoder in models.items():
+        model = mteb_model(label, encoder, tasks, batch_size, max_length, cache)
+        scores[label] = run_mteb(model, [offline_task(t) for t in tasks], cache_dir)
+        log(f"evaluated {label}")
+    return scores
+
+
+def mteb_model(label: str, encoder, tasks: Sequence[RetrievalTask], batch_size: int, max_length: int, cache=None):
+    """The mteb encoder `evaluate_all` evaluates a model as on `tasks`: named `local/<label as a slug>`, with the
+    tasks' own query instructions (`instruction_overrides`), its revision the fingerprint of the encoder and the
+    evaluation settings (so the cache key of its results)."""
+    slug = "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")
+    return MTEBEncoder(encoder, instruction_overrides(encoder.config, tasks), batch_size=batch_size,
+                       max_length=max_length, name=f"local/{slug}", cache=cache)  # fmt: skip
+
+
+def query_scores(
+    models: dict[str, Any],
+    tasks: Sequence[RetrievalTask],
+    cache_dir: str | Path,
+    bm25: bool = True,
+    batch_size: int = 16,
+    max_length: int = 2048,
+) -> dict[str, dict[str, dict[str, float]]]:
+    """{model: {task: {query id: nDCG@10}}} behind `evaluate_all`'s scores, for the paired bootstrap
+    (`intervals.py`): each encoder's per-query values from the results mteb cached (no encoding; call
+    `evaluate_all` with the same arguments first), BM25's from our scorer. Each task's mean equals its score."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    if bm25:
+        out["BM25"] = bm25_query_scores(tasks)
+    for label, encoder in models.items():
+        model = mteb_model(label, encoder, tasks, batch_size, max_length)
+        out[label] = cached_query_scores(model, [offline_task(t) for t in tasks], cache_dir)
+    return out

@@ -1,0 +1,194 @@
+"""Our scorer (paper section 4.2): exact top-k by cosine in chunks, nDCG@10 and recall on ranked ids, BM25, the
+per-query scores behind every mean, MRL-style truncated widths, and the untrained-pooler baselines. Documents are
+prepared as mteb prepares a corpus (`corpus_text`), so these scores equal `mteb.evaluate`'s on the same task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..data.negatives import bm25_scores_topk
+from ..model import C2LLMEncoder
+from ..model.released import is_released_checkpoint, released_directory
+from ..retrieval import RetrievalTask, corpus_text, truncate
+from .tasks import instruction_overrides, task_prompts
+
+
+def chunked_topk(queries: np.ndarray, corpus: np.ndarray, k: int, chunk: int = 65_536) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, indices), each (Q, k), of the k best corpus rows by dot product, best first: the corpus is scored
+    `chunk` rows at a time into a running top-k, so extra memory is O(Q * (chunk + k)) (CodeSearchNet: 1M documents)."""
+    q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32))  # (Q, d)
+    k = min(k, len(corpus))
+    best_s = torch.full((q.shape[0], 0), -math.inf)
+    best_i = torch.zeros((q.shape[0], 0), dtype=torch.long)
+    for start in range(0, len(corpus), chunk):
+        block = torch.from_numpy(np.ascontiguousarray(corpus[start : start + chunk], dtype=np.float32))  # (c, d)
+        scores = q @ block.T  # (Q, c)
+        s, i = scores.topk(min(k, scores.shape[1]), dim=1)  # (Q, <=k)
+        merged_s = torch.cat([best_s, s], dim=1)
+        merged_i = torch.cat([best_i, i + start], dim=1)
+        top = merged_s.topk(k if merged_s.shape[1] >= k else merged_s.shape[1], dim=1)
+        best_s, best_i = top.values, merged_i.gather(1, top.indices)
+    return best_s.numpy(), best_i.numpy()
+
+
+def ndcg_at_k(ranked: Sequence[str], relevant: dict[str, int], k: int = 10) -> float:
+    """nDCG@k of one ranking: sum (2^rel - 1) / log2(rank + 1), divided by the ideal ranking's."""
+    dcg = sum((2 ** relevant.get(doc, 0) - 1) / math.log2(r + 2) for r, doc in enumerate(ranked[:k]))
+    ideal = sorted(relevant.values(), reverse=True)[:k]
+    idcg = sum((2**rel - 1) / math.log2(r + 2) for r, rel in enumerate(ideal))
+    return dcg / idcg if idcg > 0 else 0.0
+
+
+def recall_at_k(ranked: Sequence[str], relevant: dict[str, int], k: int = 10) -> float:
+    hits = {d for d, rel in relevant.items() if rel > 0}
+    return len(hits & set(ranked[:k])) / len(hits) if hits else 0.0
+
+
+def score_rankings(task: RetrievalTask, rankings: dict[str, list[str]], k: int = 10) -> dict[str, float]:
+    ids = list(task.queries)
+    return {
+        f"ndcg_at_{k}": float(np.mean([ndcg_at_k(rankings[q], task.qrels[q], k) for q in ids])),
+        f"recall_at_{k}": float(np.mean([recall_at_k(rankings[q], task.qrels[q], k) for q in ids])),
+        "queries": len(ids),
+        "documents": len(task.corpus),
+    }
+
+
+def query_ndcg(task: RetrievalTask, rankings: dict[str, list[str]], k: int = 10) -> dict[str, float]:
+    """{query id: nDCG@k} of each query's ranking: the per-query values whose mean `score_rankings` reports."""
+    return {q: ndcg_at_k(rankings[q], task.qrels[q], k) for q in task.queries}
+
+
+def embedding_rankings(task: RetrievalTask, queries: np.ndarray, documents: np.ndarray, k: int = 10):
+    """{query id: the ids of its top k documents} by cosine of normalised query (Q, d) and document (N, d) embeddings,
+    in task order."""
+    doc_ids = list(task.corpus)
+    _, top = chunked_topk(queries, documents, k)  # (Q, k)
+    return {q: [doc_ids[j] for j in row] for q, row in zip(task.queries, top, strict=True)}
+
+
+def embedding_query_scores(task: RetrievalTask, queries: np.ndarray, documents: np.ndarray, k: int = 10):
+    """{query id: nDCG@k} from normalised query (Q, d) and document (N, d) embeddings, in task order."""
+    return query_ndcg(task, embedding_rankings(task, queries, documents, k), k)
+
+
+def score_embeddings(task: RetrievalTask, queries: np.ndarray, documents: np.ndarray, k: int = 10) -> dict[str, float]:
+    """Scores of a task from its normalised query (Q, d) and document (N, d) embeddings, in task order."""
+    return score_rankings(task, embedding_rankings(task, queries, documents, k), k)
+
+
+def evaluate_encoder(
+    encode: Callable[..., np.ndarray], task: RetrievalTask, k: int = 10, batch_size: int = 16
+) -> dict[str, float]:
+    """Scores an encoder's `encode` (C2LLMEncoder.encode or alike) on a task by cosine top-k."""
+    docs = encode([corpus_text(t) for t in task.corpus.values()], kind="document", batch_size=batch_size)
+    queries = encode(list(task.queries.values()), kind="query", instruction=task.instruction, batch_size=batch_size)
+    return score_embeddings(task, queries, docs, k)
+
+
+def task_embeddings(
+    encoder, task: RetrievalTask, batch_size: int = 16, max_length: int | None = None, prompt: tuple | None = None
+):
+    """Unnormalised (queries (Q, d), documents (N, d)) of a task, with the prompts of the encoder's prompt style, or
+    `prompt` = (query instruction, document prefix) when given (a validation task's, `study/validation.py`)."""
+    query, document = prompt or task_prompts(encoder.config, task.name, instruction_overrides(encoder.config, [task]))
+    kwargs = {"batch_size": batch_size, "max_length": max_length, "normalize": False}
+    docs = encoder.encode([corpus_text(t) for t in task.corpus.values()], kind="document", instruction=document,
+                          **kwargs)  # fmt: skip
+    return encoder.encode(list(task.queries.values()), kind="query", instruction=query, **kwargs), docs
+
+
+def truncation_scores(
+    task: RetrievalTask, queries: np.ndarray, documents: np.ndarray, dims: Sequence[int], k: int = 10
+) -> dict[int, float]:
+    """{d: nDCG@k} with every embedding cut to its first d coordinates and re-normalised (`truncate`)."""
+    return {
+        d: float(np.mean(list(s.values())))
+        for d, s in truncation_query_scores(task, queries, documents, dims, k).items()
+    }
+
+
+def truncation_query_scores(
+    task: RetrievalTask, queries: np.ndarray, documents: np.ndarray, dims: Sequence[int], k: int = 10
+) -> dict[int, dict[str, float]]:
+    """{d: {query id: nDCG@k}}: `truncation_scores` query by query (its scores are these values' means)."""
+    width = queries.shape[1]
+    bad = [d for d in dims if not 0 < d <= width]
+    if bad:
+        raise ValueError(f"cannot truncate {width}-dimensional embeddings to {bad}")
+    return {d: embedding_query_scores(task, truncate(queries, d), truncate(documents, d), k) for d in dims}
+
+
+def bm25_scores(tasks: Sequence[RetrievalTask]) -> dict[str, float]:
+    """{task: nDCG@10} of the BM25 baseline."""
+    return {t.name: evaluate_bm25(t)["ndcg_at_10"] for t in tasks}
+
+
+def bm25_query_scores(tasks: Sequence[RetrievalTask], k: int = 10) -> dict[str, dict[str, float]]:
+    """{task: {query id: nDCG@k}} of the BM25 baseline (the values whose means `bm25_scores` gives)."""
+    return {t.name: query_ndcg(t, bm25_rankings(t, k), k) for t in tasks}
+
+
+def bm25_rankings(task: RetrievalTask, k: int = 10) -> dict[str, list[str]]:
+    """{query id: the ids of BM25's top k documents, best first}."""
+    doc_ids = list(task.corpus)
+    top = bm25_scores_topk(list(task.queries.values()), [corpus_text(task.corpus[d]) for d in doc_ids], k)
+    return {q: [doc_ids[j] for j in row] for q, row in zip(task.queries, top, strict=True)}
+
+
+def evaluate_bm25(task: RetrievalTask, k: int = 10) -> dict[str, float]:
+    """The BM25 baseline (bm25s, default parameters, no stopwords) on a task."""
+    return score_rankings(task, bm25_rankings(task, k), k)
+
+
+def baseline_encoder(trained, pooling: str):
+    """The untrained-pooler baseline of `trained`: its backbone before training (or, for a released checkpoint,
+    the release's own backbone) with a baseline pooler (mean or last token), no LoRA."""
+    cfg = trained.config
+    if is_released_checkpoint(cfg.backbone):
+        return C2LLMEncoder.from_released(
+            cfg.backbone,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            attn_implementation=cfg.attn_implementation,
+            max_length=cfg.max_length,
+            pooling=pooling,
+        )
+    cfg = dataclasses.replace(cfg, pooling=pooling, use_lora=False, embedding_dim=None,
+                              append_eos=None, gradient_checkpointing=False)  # fmt: skip
+    return C2LLMEncoder.from_config(cfg)
+
+
+def baselines(trained, poolings: Sequence[str]) -> dict[str, Any]:
+    """{label: baseline encoder} for each pooling: "untrained, mean pooling" on the run's base backbone, or
+    "released backbone, mean pooling" when `trained` is a released checkpoint. The baselines share one backbone
+    and tokenizer object (their poolers have no weights): it is loaded once, and `evaluate_all` runs it once
+    per text for all of them (`encoding.shared_forward`)."""
+    kind = "released backbone" if is_released_checkpoint(trained.config.backbone) else "untrained"
+    if not poolings:
+        return {}
+    first = baseline_encoder(trained, poolings[0])
+    built = {poolings[0]: first}
+    for p in poolings[1:]:
+        built[p] = C2LLMEncoder(first.backbone, first.tokenizer, dataclasses.replace(first.config, pooling=p))
+        built[p].directory = first.directory  # a release's backbone: keyed by its folder too (mteb.fingerprint)
+    return {f"{kind}, {p} pooling": built[p] for p in poolings}
+
+
+def evaluated_models(evaluation, run_dir) -> tuple[str, dict[str, Any]]:
+    """(label, {label: the model notebook 04 evaluates, then its `baselines`}) for `evaluation` (its EvalStage): the
+    release `eval_released` ("released <id>"), else the run's `merged/` ("C2LLM recipe (merged)")."""
+    if evaluation.eval_released:
+        label = f"released {evaluation.eval_released}"
+        trained = C2LLMEncoder.from_released(released_directory(evaluation.eval_released,
+                                                                evaluation.eval_released_revision))  # fmt: skip
+    else:
+        label, trained = "C2LLM recipe (merged)", C2LLMEncoder.from_pretrained(run_dir.require("merged"))
+    return label, {label: trained, **baselines(trained, [p for p in evaluation.baselines if p != "bm25"])}

@@ -1,0 +1,111 @@
+"""Notebook 04's tables (paper section 4.2, table 2's layout): models x tasks of nDCG@10 x 100 with each task's size,
+and `evaluate_set`, one call per task set that returns the scores, the per-query scores, the trained model's
+differences with their intervals, and the markdown of both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..retrieval import RetrievalTask
+from .intervals import differences, differences_markdown, differences_record
+from .tasks import task_sizes
+
+
+def results_frame(scores: dict[str, dict[str, float]]):
+    """Models x tasks, nDCG@10 x 100, with the mean over tasks as the last column."""
+    import pandas as pd
+
+    frame = pd.DataFrame({m: {t: 100 * v for t, v in tasks.items()} for m, tasks in scores.items()}).T
+    frame["mean"] = frame.mean(axis=1)
+    return frame.round(2)
+
+
+def results_markdown(
+    frame, title: str, sizes: dict[str, dict[str, int]] | None = None, max_length: int | None = None
+) -> str:
+    """The table as markdown; with `sizes` (`task_sizes`), rows saying how many queries and documents each
+    task's corpus held (and how many were truncated, when counted), so that no score is read without its corpus
+    size: "40 of 213" queries where a limit drew them, with a line naming the seed; with `max_length`, a line
+    stating the evaluation length."""
+    sizes = sizes or {}
+    header = "| model | " + " | ".join(frame.columns) + " |\n|---|" + "---|" * len(frame.columns) + "\n"
+    cell = lambda v: "" if v != v else f"{v:.1f}"  # noqa: E731  a blank for NaN: a public mean has no task scores
+    rows = "".join(f"| {m} | " + " | ".join(cell(v) for v in frame.loc[m]) + " |\n" for m in frame.index)
+    drawn = ("queries in the split", "seed")
+    counts = list(dict.fromkeys(key for task in sizes.values() for key in task if key not in drawn))
+    for count in counts:
+        cells = [_count_cell(sizes.get(c, {}), count) for c in frame.columns]
+        label = f"{count} at {max_length} tokens" if count.startswith("truncated") and max_length else count
+        rows += f"| *{label} per task* | " + " | ".join(cells) + " |\n"
+    stated = ""
+    seeds = sorted({task["seed"] for task in sizes.values() if "queries in the split" in task})
+    if seeds:
+        stated += (f"\nWhere a task holds more queries than the limit (\"40 of 213\"), the evaluated ones are drawn "
+                   f"with seed {', '.join(map(str, seeds))} across all of its queries, the same on every run whatever "
+                   "the order of its files; every positive of a drawn query is in its corpus.\n")  # fmt: skip
+    if max_length:
+        stated += (f"\nEvaluated at max length {max_length} tokens (instruction or document prefix included); "
+                   "longer texts are cut on the right.\n")  # fmt: skip
+    return f"### {title}\n\n{header}{rows}{stated}"
+
+
+def _count_cell(task: dict[str, int], count: str) -> str:
+    """One task's cell of a `results_markdown` count row: "" when not counted, "40 of 213" for drawn queries."""
+    if count not in task:
+        return ""
+    if count == "queries" and "queries in the split" in task:
+        return f"{task['queries']} of {task['queries in the split']}"
+    return str(task[count])
+
+
+@dataclass
+class SetEvaluation:
+    """One task set of notebook 04 scored (`evaluate_set`): models x tasks x 100 (`table`, None without tasks),
+    {model: {task: nDCG@10}}, each task's size (`task_sizes`), every query's nDCG@10 per model, the trained model's
+    differences to the others with their intervals (`intervals`: as JSON), and the markdown of both."""
+
+    table: Any = None
+    scores: dict[str, dict[str, float]] = field(default_factory=dict)
+    sizes: dict[str, dict[str, int]] = field(default_factory=dict)
+    per_query: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    differences: dict = field(default_factory=dict)
+    markdown: str = ""
+
+    @property
+    def intervals(self) -> list[dict]:
+        return differences_record(self.differences)
+
+
+def evaluate_set(
+    models: dict[str, Any],
+    tasks: Sequence[RetrievalTask],
+    cache_dir: str | Path,
+    label: str,
+    title: str,
+    name: str = "",
+    bm25: bool = True,
+    batch_size: int = 16,
+    max_length: int = 2048,
+) -> SetEvaluation:
+    """`models` (the trained one named `label`, and its baselines) and BM25 scored on `tasks` through mteb
+    (`mteb.evaluate_all`, then the per-query scores from the same cache, `mteb.query_scores`), with each task's size at
+    `max_length` and the difference of `label` to every other model with its 95 % interval over queries; the markdown
+    is the table ("### <title>", with its counts and length), then the differences ("<label> against each other model,
+    <name>"). No tasks: an empty result."""
+    from .mteb import evaluate_all, query_scores
+
+    if not tasks:
+        return SetEvaluation()
+    options = {"bm25": bm25, "batch_size": batch_size, "max_length": max_length}
+    scores = evaluate_all(models, tasks, cache_dir, **options)
+    sizes = task_sizes(tasks, models[label], max_length)
+    per_query = query_scores(models, tasks, cache_dir, **options)
+    diffs = differences(per_query, [(label, other) for other in scores if other != label])
+    table = results_frame(scores)
+    markdown = results_markdown(table, title, sizes, max_length=max_length) + "\n"
+    markdown += differences_markdown(diffs, f"{label} against each other model" + (f", {name}" if name else ""))
+    return SetEvaluation(table, scores, sizes, per_query, diffs, markdown)
