@@ -45,12 +45,8 @@ its 95 % interval from a paired bootstrap over queries, and with several seeds a
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,7 +54,6 @@ from typing import Any
 import yaml
 
 from .config import PARAMS_DIR, CompareStage, ConfigError, ModelConfig, TrainConfig, from_dict
-from .distributed import die_with_parent
 from .eval import RetrievalTask, task_embeddings, truncation_query_scores
 from .files import CorruptFile, MissingInput, load_json
 from .hardware import resolve_device, resolve_dtype
@@ -66,10 +61,10 @@ from .prompts import prompts
 from .retrieval import corpus_text
 from .sweep import RATE_KEYS, sweep, timings
 from .train import data_fingerprint, encoder_from_checkpoint, move_aside, split_params
+from .train.launch import train_in_subprocess
 from .uncertainty import difference_sentences, differences_record, seed_mean, task_means
 from .viz import TRAINING_COLUMNS
 
-REPO = Path(__file__).resolve().parent.parent
 RECIPE_KEYS = (  # what a recipe decides; the rest is the run's compute, equal for all
     "pooling", "pma_score_scale", "append_eos", "document_prefix", "prompt_style", "lora_r", "lora_alpha",
     "lora_dropout", "lora_targets", "num_negatives", "tau", "joint_softmax", "gather_with_grad", "learning_rate",
@@ -300,19 +295,7 @@ def train_recipe(model: ModelConfig, train: TrainConfig, rows_dir: Path, work_di
 
         shutil.rmtree(folder / "checkpoints")
     folder.mkdir(parents=True, exist_ok=True)
-    params = folder / "params.yaml"
-    params.write_text(yaml.safe_dump({**model.to_dict(), **train.to_dict()}, sort_keys=True))
-    command = [sys.executable, "-m", "c2llm_lib.train", "--params", str(params), "--rows", str(rows_dir),
-               "--out", str(folder / "checkpoints")]  # fmt: skip
-    log_file = folder / "train.log"
-    log(f"training in {folder} (follow it: tail -f {log_file})")
-    with open(log_file, "w") as out:  # streamed, so a long training can be followed; it dies with this process
-        done = subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True,
-                              preexec_fn=functools.partial(die_with_parent, os.getpid()))  # fmt: skip
-    if done.returncode != 0:
-        lines = [line for line in log_file.read_text().splitlines() if line.strip()] or ["(no output)"]
-        raise RuntimeError(f"training failed (exit {done.returncode}): {lines[-1]}\n"
-                           f"command: {' '.join(command)}\nfull log: {log_file}")  # fmt: skip
+    train_in_subprocess(model, train, rows_dir, folder, log)
     return with_loss_trend(json.loads(summary.read_text()), folder / "checkpoints")
 
 

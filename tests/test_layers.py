@@ -32,7 +32,8 @@ LAYERS = {
     "c2llm_lib.viz": 3, "c2llm_lib.comparison": 3, "c2llm_lib.ablations": 3, "c2llm_lib.sweep": 3,
     "c2llm_lib.validation": 3, "c2llm_lib.search": 3,
     # 4 the runner
-    "c2llm_lib.pipeline": 4, "c2llm_lib.runs": 4, "c2llm_lib.notebook": 4, "c2llm_lib.launch": 4,
+    "c2llm_lib.pipeline": 4, "c2llm_lib.params": 4, "c2llm_lib.stages": 4, "c2llm_lib.runs": 4, "c2llm_lib.notebook": 4,
+    "c2llm_lib.launch": 4,
 }  # fmt: skip
 
 # library modules that may be imported inside a function, each because importing it loads a heavy optional dependency

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from c2llm_lib.comparison import plan
-from c2llm_lib.pipeline import load_params, resolve
+from c2llm_lib.params import load_params, resolve
 from c2llm_lib.train import split_params
 
 PARAMS_DIR = Path(__file__).resolve().parent.parent / "params"

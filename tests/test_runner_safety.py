@@ -33,18 +33,8 @@ from c2llm_lib.config import (
 )
 from c2llm_lib.model.backbone import tiny_qwen2_config
 from c2llm_lib.notebook import NOTEBOOK_DIR, STAGES, parameters_cell
-from c2llm_lib.pipeline import (
-    HIDDEN_SIZES,
-    PipelineError,
-    apply_overlay,
-    load_params,
-    main,
-    parse_sets,
-    resolve,
-    resolve_run,
-    run_pipeline,
-    training_reason,
-)
+from c2llm_lib.params import HIDDEN_SIZES, apply_overlay, load_params, parse_sets, resolve, resolve_run
+from c2llm_lib.pipeline import PipelineError, main, run_pipeline, training_reason
 from c2llm_lib.runs import RunDir, RunInUse, check_run_name
 
 REPO = Path(__file__).resolve().parent.parent
@@ -362,14 +352,14 @@ def test_where_an_upstream_notebook_ran_does_not_make_it_stale(fake):
 
 def test_resume_reruns_a_notebook_whose_code_or_recipe_file_changed(fake, tmp_path, monkeypatch):
     """A changed notebook, or a changed peer recipe file that notebook 06 reads, was kept by --resume (issue 23)."""
-    import c2llm_lib.pipeline
+    import c2llm_lib.stages
 
     notebooks, params, outputs = fake
     recipes = tmp_path / "recipes"
     recipes.mkdir()
     recipe = recipes / "jina-code-0.5b.yaml"
     recipe.write_text("learning_rate: 1.0e-4\n")
-    monkeypatch.setattr(c2llm_lib.pipeline, "PARAMS_DIR", recipes)
+    monkeypatch.setattr(c2llm_lib.stages, "PARAMS_DIR", recipes)
     chosen, sets = ["01", "02", "03", "06"], {"compare_recipes": ["jina-code-0.5b"]}
     run_pipeline(params, only=chosen, sets=sets, outputs=outputs, notebook_dir=notebooks, **QUIET)
     recipe.write_text("learning_rate: 2.0e-4\n")

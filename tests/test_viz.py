@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from c2llm_lib.config import ConfigError, TrainConfig  # noqa: E402
-from c2llm_lib.pipeline import load_params  # noqa: E402
+from c2llm_lib.params import load_params  # noqa: E402
 from c2llm_lib.viz import (  # noqa: E402
     CATEGORIES,
     TokenAttention,
