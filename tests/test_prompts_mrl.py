@@ -102,7 +102,7 @@ def test_the_trainer_formats_each_prompt_style():
     # a user's own group (data_source files): jina's text-to-code category, not an error
     jina = Trainer(build_tiny(**TINY_LORA, prompt_style="jina"), _rows("own-pairs"),
                    TrainConfig(global_batch_size=4, **no_checkpoints))  # fmt: skip
-    own, _ = jina.texts(_rows("own-pairs")[:2])
+    own, _ = jina.train_step.texts(_rows("own-pairs")[:2])
     assert own[0] == "Find the most relevant code snippet given the following query:\n" + query
     assert own[2] == "Candidate code snippet:\n" + positive
 
