@@ -10,9 +10,9 @@ environment (NCCL on CUDA, gloo on CPU). `all_ranks_true` and `all_gather_json` 
 check (a finite update) and collect each rank's own small state (its RNG, for the checkpoint) without pickle.
 `die_with_parent` makes a process receive SIGTERM (or another signal) when its parent dies (Linux), so that training
 processes never outlive the runner that started them: the one body for every child the library or its tools start
-(torchrun through `launch.DIES_WITH_PARENT`, which runs this function's source before torch is imported; each rank;
-notebook 06's trainings; the preflight's probes). It imports nothing outside the standard library, so that its source
-runs on its own.
+(torchrun through `train.launch.DIES_WITH_PARENT`, which runs this function's source before torch is imported; each
+rank; notebook 06's trainings; the preflight's probes). It imports nothing outside the standard library, so that its
+source runs on its own.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import torch.distributed as dist
 
 def die_with_parent(parent: int | None = None, sig: int = signal.SIGTERM) -> None:
     """Asks Linux to send this process `sig` when its parent dies (prctl PR_SET_PDEATHSIG), and exits at once if the
-    parent `parent` (pid) is already gone. Run before torchrun becomes itself (`launch.DIES_WITH_PARENT`), by every
-    rank, and as a `Popen(preexec_fn=...)` for notebook 06's trainings and the preflight's probes (SIGKILL: a
+    parent `parent` (pid) is already gone. Run before torchrun becomes itself (`train.launch.DIES_WITH_PARENT`), by
+    every rank, and as a `Popen(preexec_fn=...)` for notebook 06's trainings and the preflight's probes (SIGKILL: a
     measuring process holding a GPU), so that a runner killed by `kill -9`, a scheduler's SIGTERM or `timeout` takes
     its processes with it instead of leaving orphans that write checkpoints into the run. A no-op where prctl is not
     available."""

@@ -53,7 +53,7 @@ INPUTS = {
 }
 # Notebooks whose folders outside the run the runner does not fingerprint: --resume always reruns them (notebook 07's
 # default folder is this Python's standard library, and its index of what it searched makes a rerun encode only what
-# changed). Every other path a notebook reads outside the run is fingerprinted (`pipeline.OUTSIDE_PATHS`).
+# changed). Every other path a notebook reads outside the run is fingerprinted (`stages.OUTSIDE_PATHS`).
 OUTSIDE_INPUTS = {"07_search_code": "the folders it searches lie outside the run"}
 PRODUCTS = {
     "01_data_prep": ("data", "metrics/data.json", "figures/data_lengths.png"),

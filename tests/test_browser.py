@@ -24,7 +24,7 @@ import nbformat
 import pytest
 
 from c2llm_lib.notebook import NOTEBOOK_DIR
-from c2llm_lib.pipeline import load_params, resolve
+from c2llm_lib.params import load_params, resolve
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

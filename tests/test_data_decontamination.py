@@ -357,7 +357,7 @@ def test_every_source_is_decontaminated_against_the_beir_sets(tmp_path, fixture_
 
 
 def test_beir_sets_reach_notebooks_01_and_04_alike():
-    from c2llm_lib.pipeline import resolve
+    from c2llm_lib.params import resolve
 
     resolved = resolve({"beir_sets": ["../my-set"]}, "p.yaml")
     assert resolved["01_data_prep"]["beir_sets"] == resolved["04_eval_mteb_code"]["beir_sets"] == ["../my-set"]

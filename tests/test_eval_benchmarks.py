@@ -14,7 +14,7 @@ from c2llm_lib.eval.benchmarks import (
     select_tasks,
 )
 from c2llm_lib.eval.mteb import MTEBEncoder
-from c2llm_lib.pipeline import load_params, parse_sets, resolve
+from c2llm_lib.params import load_params, parse_sets, resolve
 
 NAMED = ["MTEB(Code, v1)", "CoREB(v1)", "RTEB(Code, beta)", "CodeRAG"]
 

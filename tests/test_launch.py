@@ -15,9 +15,10 @@ import torch
 from c2llm_lib.checks import ConfigError
 from c2llm_lib.config import LaunchConfig, ModelConfig
 from c2llm_lib.files import load_tensors
-from c2llm_lib.launch import diagnose, failures, processes, torchrun_command
-from c2llm_lib.pipeline import PipelineError, resolve, run_pipeline
+from c2llm_lib.params import resolve
+from c2llm_lib.pipeline import PipelineError, run_pipeline
 from c2llm_lib.train import split_params
+from c2llm_lib.train.launch import diagnose, failures, processes, torchrun_command
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "params" / "smoke.yaml"
@@ -203,7 +204,7 @@ def test_a_dead_rank_fails_the_notebook_with_its_error(one_process, monkeypatch,
 
 def test_a_garbled_step_log_line_is_named(tmp_path):
     from c2llm_lib.files import CorruptFile
-    from c2llm_lib.launch import StepLog
+    from c2llm_lib.train.launch import StepLog
 
     log = tmp_path / "steps.jsonl"
     log.write_text('{"total_steps": 4, "step": 0, "world_size": 2, "note": ""}\n{"step": 1, "loss": 2.0}\n')
@@ -219,8 +220,8 @@ def test_a_second_training_is_refused_while_an_earlier_torchrun_of_the_run_lives
     import subprocess
     import sys
 
-    from c2llm_lib.launch import RankFailed, earlier_torchrun, train_processes
     from c2llm_lib.runs import RunDir
+    from c2llm_lib.train.launch import RankFailed, earlier_torchrun, train_processes
 
     run = RunDir.open("r", tmp_path)
     logs = run.root / "logs" / "02_train"

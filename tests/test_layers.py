@@ -30,7 +30,8 @@ LAYERS = {
     # 3 figures and attention, the studies, search
     "c2llm_lib.viz": 3, "c2llm_lib.study": 3, "c2llm_lib.search": 3,
     # 4 the runner
-    "c2llm_lib.pipeline": 4, "c2llm_lib.runs": 4, "c2llm_lib.notebook": 4, "c2llm_lib.launch": 4,
+    "c2llm_lib.pipeline": 4, "c2llm_lib.params": 4, "c2llm_lib.stages": 4, "c2llm_lib.runs": 4, "c2llm_lib.notebook": 4,
+    "c2llm_lib.launch": 4,
 }  # fmt: skip
 
 # library modules that may be imported inside a function, each because importing it loads a heavy optional dependency

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from c2llm_lib.checks import ConfigError
-from c2llm_lib.pipeline import PipelineError, load_params, main, resolve, run_pipeline
+from c2llm_lib.params import load_params, resolve
+from c2llm_lib.pipeline import PipelineError, main, run_pipeline
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "params" / "smoke.yaml"

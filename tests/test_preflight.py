@@ -528,7 +528,7 @@ def alive(pid: int) -> bool:
 @pytest.mark.slow
 def test_a_killed_preflight_leaves_no_measuring_process_and_its_scratch_goes_next_time(tmp_path, capsys):
     from c2llm_lib.hardware import descendants
-    from c2llm_lib.launch import library_env
+    from c2llm_lib.train.launch import library_env
 
     cmd = [sys.executable, "-m", "tools.preflight", str(PARAMS / "smoke.yaml"), "--only", "02", "--outputs",
            str(tmp_path)]  # fmt: skip

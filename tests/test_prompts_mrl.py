@@ -91,7 +91,7 @@ def test_the_trainer_formats_each_prompt_style():
         enc = build_tiny(**TINY_LORA, prompt_style=style)
         trainer = Trainer(enc, _rows("CodeSearchNetRetrieval"), TrainConfig(global_batch_size=4, num_negatives=1,
                                                                             **no_checkpoints))  # fmt: skip
-        texts[style], mask = trainer.texts(batch)
+        texts[style], mask = trainer.train_step.texts(batch)
         assert mask.tolist() == [[True], [True]] and len(texts[style]) == 6  # 2 queries, 2 positives, 2 negatives
     query, positive = batch["query"][0], batch["positive"][0]
     assert texts["c2llm"][0] == "Find the code:\n" + query and texts["c2llm"][2] == "Retrieved Answer:" + positive
@@ -102,7 +102,7 @@ def test_the_trainer_formats_each_prompt_style():
     # a user's own group (data_source files): jina's text-to-code category, not an error
     jina = Trainer(build_tiny(**TINY_LORA, prompt_style="jina"), _rows("own-pairs"),
                    TrainConfig(global_batch_size=4, **no_checkpoints))  # fmt: skip
-    own, _ = jina.texts(_rows("own-pairs")[:2])
+    own, _ = jina.train_step.texts(_rows("own-pairs")[:2])
     assert own[0] == "Find the most relevant code snippet given the following query:\n" + query
     assert own[2] == "Candidate code snippet:\n" + positive
 
@@ -122,7 +122,7 @@ def test_the_trainer_applies_mrl_and_refuses_a_width_it_cannot_cut():
     for m in metrics:  # the full width (64, weight 1) and each smaller width, weighted
         assert m["loss"] == pytest.approx(m["loss@64"] + 0.5 * m["loss@32"] + 0.25 * m["loss@16"], rel=1e-5)
     emb = torch.randn(4 * 4, 64, generator=torch.Generator().manual_seed(0))  # 4 queries, 4 positives, 4 x 2 negatives
-    out = trainer.loss_from(emb, 4, torch.ones(4, 2, dtype=torch.bool), "CodeSearchNetRetrieval")
+    out = trainer.train_step.loss_from(emb, 4, torch.ones(4, 2, dtype=torch.bool), "CodeSearchNetRetrieval")
     q, p, n = emb[:4], emb[4:8], emb[8:].view(4, 2, 64)
     expected = matryoshka_loss(q, p, n, dims=(64, 32, 16), weights=(1.0, 0.5, 0.25))["loss"]
     assert out["loss"].item() == pytest.approx(expected.item(), rel=1e-6)

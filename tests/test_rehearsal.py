@@ -242,7 +242,7 @@ def test_the_overlay_is_validated_with_the_runs_sets():
     """A params file that needs a --set to be valid (your folder or file) takes the overlay: the sets take part in
     the overlay's validation, and are laid over it afterwards, as on the command line."""
     from c2llm_lib.checks import ConfigError
-    from c2llm_lib.pipeline import apply_overlay, load_params
+    from c2llm_lib.params import apply_overlay, load_params
 
     for stem, sets in USER_DATA.items():
         merged = apply_overlay(load_params(PARAMS / f"{stem}.yaml"), OVERLAY, sets=sets)

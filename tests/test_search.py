@@ -459,7 +459,7 @@ def test_the_search_stage_names_a_bad_value(values, message):
 
 def test_a_plain_pipeline_run_stops_before_notebook_07():
     from c2llm_lib.notebook import STAGES
-    from c2llm_lib.pipeline import select_notebooks
+    from c2llm_lib.params import select_notebooks
 
     assert select_notebooks(None) == [n for n in STAGES if n != "07_search_code"] and len(STAGES) == 7
     assert select_notebooks(["07"]) == ["07_search_code"]

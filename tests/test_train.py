@@ -41,7 +41,7 @@ def test_grad_cache_equals_the_plain_step(make_encoder):
         enc = tiny(make_encoder)
         trainer = Trainer(enc, rows, train_config(grad_cache=grad_cache, grad_cache_chunk=3))
         batch = rows[next(iter(trainer.sampler))]
-        out = trainer.forward_backward(batch)
+        out = trainer.train_step.forward_backward(batch)
         losses.append(out["loss"].item())
         grads.append({n: p.grad.clone() for n, p in enc.named_parameters() if p.grad is not None})
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)

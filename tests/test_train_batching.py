@@ -59,9 +59,9 @@ def test_micro_batches_sort_by_length_within_the_budget():
 
 def reference_step(trainer, batch):
     """Loss and gradients of the former step: ONE left-padded forward of queries, positives and negatives."""
-    texts, mask = trainer.texts(batch)
+    texts, mask = trainer.train_step.texts(batch)
     tokens = trainer.encoder.tokenize_formatted(texts, trainer.cfg.max_length)  # (N, T)
-    out = trainer.loss_from(trainer.encoder(**tokens), len(batch["query"]), mask, batch["dataset"][0])
+    out = trainer.train_step.loss_from(trainer.encoder(**tokens), len(batch["query"]), mask, batch["dataset"][0])
     out["loss"].backward()
     return out["loss"].item(), int(tokens["attention_mask"].sum()), tokens["attention_mask"].numel()
 
@@ -78,7 +78,7 @@ def test_micro_batched_step_equals_one_padded_forward(make_encoder, grad_cache):
         batch = rows[next(iter(trainer.sampler))]
         if micro:
             seen, handle = record_forwards(enc)
-            loss = trainer.forward_backward(batch)["loss"].item()
+            loss = trainer.train_step.forward_backward(batch)["loss"].item()
             handle.remove()
         else:
             loss, real, padded = reference_step(trainer, batch)
@@ -101,7 +101,7 @@ def test_micro_batched_step_equals_one_padded_forward(make_encoder, grad_cache):
         assert f["lengths"] == sorted(f["lengths"], reverse=True)  # length-sorted
     embedded = sorted(n for f in graph for n in f["lengths"])
     assert len(embedded) == (2 + cfg.num_negatives) * b and sum(embedded) == real  # each text once, with a graph
-    texts = trainer.texts(batch)[0]
+    texts = trainer.train_step.texts(batch)[0]
     query_lengths = sorted(trainer.encoder.tokenize_formatted(texts[:b], cfg.max_length)["attention_mask"].sum(-1))
     taken = []
     for f in graph:  # the first micro-batches hold exactly the queries: no forward mixes them with documents

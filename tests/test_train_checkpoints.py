@@ -20,6 +20,7 @@ from c2llm_lib.train import (
     NonFiniteWeights,
     TrainConfig,
     Trainer,
+    TrainStep,
     checkpoint_schedule,
     checkpoints_to_merge,
     encoder_from_checkpoint,
@@ -54,7 +55,7 @@ def names(folder):
 
 def record(trainer, path):
     """The part of notebook 02's metrics/train.json that notebook 03 reads: the checkpoints, and what identifies the
-    training (the same fields as `launch.TrainRecord.summary`)."""
+    training (the same fields as `train.launch.TrainRecord.summary`)."""
     path.write_text(json.dumps({"checkpoints": trainer.checkpoints, "model_config": trainer.encoder.config.to_dict(),
                                 "train_config": trainer.cfg.to_dict(), "data_fingerprint": trainer.data_fingerprint,
                                 "processes": trainer.world_size}))  # fmt: skip
@@ -323,7 +324,7 @@ def test_an_infinite_learning_rate_never_writes_a_checkpoint(make_encoder, tmp_p
 
 
 def test_a_non_finite_update_stops_before_its_checkpoint_and_the_last_one_is_good(make_encoder, tmp_path, monkeypatch):
-    original = Trainer.forward_backward
+    original = TrainStep.forward_backward  # the loop's step
 
     def infinite_gradient_at_step_2(self, batch):
         out = original(self, batch)
@@ -331,7 +332,7 @@ def test_a_non_finite_update_stops_before_its_checkpoint_and_the_last_one_is_goo
             next(p for _, p in self.trained).grad[0, 0] = math.inf  # the loss stays finite
         return out
 
-    monkeypatch.setattr(Trainer, "forward_backward", infinite_gradient_at_step_2)
+    monkeypatch.setattr(TrainStep, "forward_backward", infinite_gradient_at_step_2)
     trainer = Trainer(tiny(make_encoder), make_rows(), train_config(max_steps=4, checkpoint_steps=[1, 2]), tmp_path)
     message = r"gradients at step 2 \(dataset Set\d\) are non-finite in 1 of \d+ trainable tensors .* though the loss"
     with pytest.raises(NonFiniteGradients, match=message + r" was finite.*stopping before the update") as caught:

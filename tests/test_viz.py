@@ -16,9 +16,9 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from c2llm_lib.checks import ConfigError
+from c2llm_lib.checks import ConfigError  # noqa: E402
 from c2llm_lib.config import TrainConfig  # noqa: E402
-from c2llm_lib.pipeline import load_params  # noqa: E402
+from c2llm_lib.params import load_params  # noqa: E402
 from c2llm_lib.viz import (  # noqa: E402
     CATEGORIES,
     TokenAttention,

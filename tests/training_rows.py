@@ -33,19 +33,19 @@ def make_rows():
 
 def train_until_killed(trainer, step, monkeypatch):
     """Trains until the kernel dies as step `step` (1-based) begins."""
-    from c2llm_lib.train import Trainer
+    from c2llm_lib.train import TrainStep
 
-    original = Trainer.forward_backward
+    original = TrainStep.forward_backward
 
     def dies(self, batch):
         if self.step == step - 1:
             raise KeyboardInterrupt("the kernel died")
         return original(self, batch)
 
-    monkeypatch.setattr(Trainer, "forward_backward", dies)
+    monkeypatch.setattr(TrainStep, "forward_backward", dies)
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
-    monkeypatch.setattr(Trainer, "forward_backward", original)
+    monkeypatch.setattr(TrainStep, "forward_backward", original)
 
 
 def uneven_rows():

@@ -5,7 +5,7 @@ the processes of several machines), e.g. under srun:
                            [--set KEY=VALUE ...] [--overlay YAML] [--outputs DIR] [--log-dir DIR]
 
 Node 0 runs notebook 02 through the pipeline (the run must hold notebook 01's data); every other machine resolves
-the same params and starts its share of the same torchrun command (`c2llm_lib.launch.torchrun_command`), writing
+the same params and starts its share of the same torchrun command (`c2llm_lib.train.launch.torchrun_command`), writing
 nothing in the run directory, after checking by node 0's rule (`pipeline.training_reason`) that there is a training
 to join. A tool beside the library (no notebook calls it): it imports c2llm_lib, which never imports it. It was
 `python -m c2llm_lib.launch`, which now names this command and exits with status 2.
@@ -23,7 +23,10 @@ from typing import Any
 from c2llm_lib.checks import ConfigError
 from c2llm_lib.config import LaunchConfig, ModelConfig, TrainConfig, from_dict
 from c2llm_lib.files import CorruptFile
-from c2llm_lib.launch import (
+from c2llm_lib.params import parse_sets, resolve_run
+from c2llm_lib.pipeline import REPO, PipelineError, run_pipeline, training_reason
+from c2llm_lib.runs import RunInUse
+from c2llm_lib.train.launch import (
     RENDEZVOUS_TIMEOUT_S,
     RankFailed,
     check_endpoint,
@@ -32,8 +35,6 @@ from c2llm_lib.launch import (
     torchrun_command,
     trainer_params,
 )
-from c2llm_lib.pipeline import REPO, PipelineError, parse_sets, resolve_run, run_pipeline, training_reason
-from c2llm_lib.runs import RunInUse
 
 FLAGS = ("nnodes", "node_rank", "rdzv_endpoint", "nproc")  # notebook 02's keys the launcher takes as --nnodes ...
 

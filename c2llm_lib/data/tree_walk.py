@@ -298,7 +298,7 @@ def no_source(name: str, root: Path, report: SkipReport, what: str = "source fil
 
 def walked_files(root: str | os.PathLike) -> list[tuple[str, Path]]:
     """(file id, path) of every file of a code root that the path rules let mining read (folders, tests, .gitignore,
-    links, languages), none of them read: what the runner fingerprints of a code root (`pipeline.outside_fingerprint`
+    links, languages), none of them read: what the runner fingerprints of a code root (`stages.outside_fingerprint`
     hashes their bytes, which the content rules judge). A root that cannot be read is a `DataError`."""
     path = Path(root).expanduser()
     name = Path(os.path.abspath(path)).name or path.resolve().name or "root"

@@ -8,22 +8,15 @@ A training of the sweep (selected on validation) is never scored on test (`score
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
-import os
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..config import ModelConfig, TrainConfig
-from ..distributed import die_with_parent
 from ..eval.intervals import seed_mean, task_means
 from ..eval.scoring import RetrievalTask, task_embeddings, truncation_query_scores
 from ..files import CorruptFile, load_json
@@ -31,10 +24,9 @@ from ..hardware import resolve_device, resolve_dtype
 from ..prompts import prompts
 from ..retrieval import corpus_text
 from ..train import data_fingerprint, encoder_from_checkpoint, move_aside
+from ..train.launch import train_in_subprocess
 from .plan import Entry
 from .sweep import RATE_KEYS, sweep
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def resolved_compute(model: ModelConfig) -> dict[str, str]:
@@ -64,9 +56,9 @@ def training_folder(model: ModelConfig, train: TrainConfig, rows_dir: Path, work
 
 
 def train_recipe(model: ModelConfig, train: TrainConfig, rows_dir: Path, work_dir: Path, log=print) -> dict[str, Any]:
-    """The summary of one training on the rows in `rows_dir`, in its own process (`train_process`), under
-    `work_dir/<config_key>/`. A finished training on the same rows (its summary's fingerprint) is reused; one on other
-    rows is moved aside (`<hash>.other-rows-<time>`, nothing deleted) and trained again."""
+    """The summary of one training on the rows in `rows_dir`, in its own process (`train.launch.train_in_subprocess`),
+    under `work_dir/<config_key>/`. A finished training on the same rows (its summary's fingerprint) is reused; one on
+    other rows is moved aside (`<hash>.other-rows-<time>`, nothing deleted) and trained again."""
     rows, folder = training_folder(model, train, rows_dir, work_dir)
     summary = folder / "checkpoints" / "train_summary.json"
     if summary.is_file():
@@ -80,27 +72,8 @@ def train_recipe(model: ModelConfig, train: TrainConfig, rows_dir: Path, work_di
     if (folder / "checkpoints").exists():  # an interrupted earlier attempt: its partial checkpoints are ours
         shutil.rmtree(folder / "checkpoints")
     folder.mkdir(parents=True, exist_ok=True)
-    params = folder / "params.yaml"
-    params.write_text(yaml.safe_dump({**model.to_dict(), **train.to_dict()}, sort_keys=True))
-    log_file = folder / "train.log"
-    log(f"training in {folder} (follow it: tail -f {log_file})")
-    train_process(params, rows_dir, folder / "checkpoints", log_file)
+    train_in_subprocess(model, train, rows_dir, folder, log)
     return with_loss_trend(json.loads(summary.read_text()), folder / "checkpoints")
-
-
-def train_process(params: Path, rows_dir: Path, out: Path, log_file: Path) -> None:
-    """Notebook 06's launcher of one training: `python -m c2llm_lib.train` on `params` and `rows_dir` into `out`, its
-    output streamed to `log_file`, in a process that dies with this one. A failure raises with its last line, the
-    command and where its full log is."""
-    command = [sys.executable, "-m", "c2llm_lib.train", "--params", str(params), "--rows", str(rows_dir),
-               "--out", str(out)]  # fmt: skip
-    with open(log_file, "w") as stream:  # streamed, so a long training can be followed; it dies with this process
-        done = subprocess.run(command, cwd=REPO, stdout=stream, stderr=subprocess.STDOUT, text=True,
-                              preexec_fn=functools.partial(die_with_parent, os.getpid()))  # fmt: skip
-    if done.returncode != 0:
-        lines = [line for line in log_file.read_text().splitlines() if line.strip()] or ["(no output)"]
-        raise RuntimeError(f"training failed (exit {done.returncode}): {lines[-1]}\n"
-                           f"command: {' '.join(command)}\nfull log: {log_file}")  # fmt: skip
 
 
 def with_loss_trend(summary: dict[str, Any], checkpoints: Path, window: int = 5) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """`python -m c2llm_lib.train`: the entry point torchrun starts on every rank (notebook 02 with several processes,
-`launch.py`; notebook 06's trainings, `comparison.py`), and what it reports: throughput and peak memory.
+`launch.torchrun_command`; notebook 06's trainings, `launch.train_in_subprocess`), and what it reports: throughput
+and peak memory.
 
 A named error (a bad parameter, an unreadable or malformed params file, a missing rows folder) prints one line,
 `error: ...`, and exits with status 1 (`one_line_errors`); anything else is a real crash and keeps its traceback.

@@ -1,5 +1,5 @@
-"""The training loop (paper section 4.1): `Trainer`, the loop over the sampler's global batches around `TrainStep`,
-with the step metrics, checkpoints and resuming.
+"""The training loop (paper section 4.1): `Trainer`, which holds a `TrainStep` and runs it over the sampler's global
+batches, with the step metrics, checkpoints and resuming.
 
 Checkpoints are written at `checkpoint_steps` and at `checkpoint_fractions` of the run's optimizer steps
 (`schedule.checkpoint_schedule`). A killed run resumed from its last checkpoint ends with the same weights as an
@@ -109,12 +109,15 @@ class TrainResult:
     seconds: float
 
 
-class Trainer(TrainStep):
+class Trainer:
     """Trains `encoder` (with LoRA) on `rows` (a datasets.Dataset of unified records): the loop over the sampler's
-    global batches (`TrainStep.take_step` for each), the step metrics, checkpoints, and resuming."""
+    global batches, each one optimizer step of its `train_step` (`TrainStep.take_step`), the step metrics,
+    checkpoints, and resuming. The step holds the optimizer, the step count and K; the loop sets its scheduler."""
 
     def __init__(self, encoder: C2LLMEncoder, rows, cfg: TrainConfig, checkpoint_root: str | Path | None = None):
-        super().__init__(encoder, cfg)
+        self.train_step = TrainStep(encoder, cfg, last_good=self.last_good)
+        self.encoder, self.cfg = encoder, cfg
+        self.rank, self.world_size = self.train_step.rank, self.train_step.world_size
         self.rows = rows
         self.k = min(cfg.num_negatives, most_negatives(rows))  # K: what the run asks, at most what any row holds
         self.checkpoint_root = Path(checkpoint_root) if checkpoint_root is not None else None
@@ -152,8 +155,31 @@ class Trainer(TrainStep):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio, cfg.lr_schedule)
         )
+        self.train_step.scheduler = self.scheduler  # the step steps it; its length is the run's
         self.metrics: list[dict[str, Any]] = []
         self.checkpoints: list[str] = []
+
+    @property
+    def optimizer(self) -> torch.optim.AdamW:
+        return self.train_step.optimizer
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken: the step's own count, which its messages name."""
+        return self.train_step.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.train_step.step = value
+
+    @property
+    def k(self) -> int:
+        """K, the hard negatives per row the step uses."""
+        return self.train_step.k
+
+    @k.setter
+    def k(self, value: int) -> None:
+        self.train_step.k = value
 
     @functools.cached_property
     def data_fingerprint(self) -> str:
@@ -177,7 +203,7 @@ class Trainer(TrainStep):
         while self.step < self.total_steps:
             for indices in self.sampler:
                 batch = self.rows[indices]
-                logged = self.take_step(batch)
+                logged = self.train_step.take_step(batch)
                 self.step += 1
                 self.metrics.append({"step": self.step, "epoch": self.sampler.epoch, **logged})
                 bar.update(1)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -74,9 +75,11 @@ def head_groups(pooler: torch.nn.Module, lr: float, attention_lr: float) -> list
 class TrainStep:
     """One optimizer step on one global batch: embed its texts in length-sorted micro-batches (with GradCache, twice),
     the loss over the global batch, the ranks' agreement that it is finite, backward, clipping, the AdamW update, the
-    check that the weights stayed finite, and the scheduler's step. `Trainer` adds the loop around it."""
+    check that the weights stayed finite, and the scheduler's step. A `Trainer` holds one and loops around it."""
 
-    def __init__(self, encoder: C2LLMEncoder, cfg: TrainConfig):
+    def __init__(
+        self, encoder: C2LLMEncoder, cfg: TrainConfig, last_good: Callable[[], str] = lambda: "none written yet"
+    ):
         if encoder.base_model is encoder.backbone:
             raise ValueError("training needs LoRA: build the encoder with use_lora=True")
         too_wide = [d for d in cfg.mrl_dims if d >= encoder.embedding_dim]
@@ -105,10 +108,7 @@ class TrainStep:
         self._tokens = 0  # real (non-padding) tokens embedded with a graph in the current step
         self._slots = 0  # token slots (real and padding) computed with a graph in the current step
         self._forwards = 0  # micro-batches embedded with a graph in the current step (this rank's)
-
-    def last_good(self) -> str:
-        """The last checkpoint written, for error messages (the loop writes checkpoints)."""
-        return "none written yet"
+        self.last_good = last_good  # the last checkpoint written, for error messages (the loop writes them)
 
     @property
     def token_budget(self) -> int:

@@ -109,7 +109,7 @@ def probe_spec(setup: Setup, who: Subject, nproc: int, limits: Limits, checkpoin
 def child_env(gpu: int | None) -> dict[str, str]:
     """This library first on the children's path (as torchrun's ranks get it), then the repository these tools lie in
     (the probe is `tools.preflight.probe`), one GPU each when there are GPUs."""
-    from c2llm_lib.launch import library_env
+    from c2llm_lib.train.launch import library_env
 
     env = {**library_env(), "HF_HUB_OFFLINE": "1"}  # a probe loads what is here: no multi-GB download
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(TOOLS_ROOT)])

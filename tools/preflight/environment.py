@@ -113,7 +113,7 @@ def check_attention(setup: Setup, device: torch.device, dtype: torch.dtype, arch
 
 def check_collectives(setup: Setup) -> tuple[Check, int]:
     """The backend several processes need: NCCL on GPUs, gloo on a CPU; (check, processes on this machine)."""
-    from c2llm_lib.launch import processes
+    from c2llm_lib.train.launch import processes
 
     try:
         nproc = processes(setup.launch, setup.model)

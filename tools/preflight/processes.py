@@ -40,7 +40,7 @@ def rank_main(rank: int, world: int, port: int, params: str, folder: str, sizes:
 
     from c2llm_lib.distributed import all_gather_json, gather_with_grad
     from c2llm_lib.hardware import resolve_device, resolve_dtype
-    from c2llm_lib.pipeline import read_yaml
+    from c2llm_lib.params import read_yaml
     from c2llm_lib.train import split_params
 
     texts, width, trainable, cuda = sizes
@@ -92,7 +92,7 @@ def check_processes(setup: Setup, nproc: int, texts: int, width: int, trainable:
                      f"{setup.launch.nnodes - 1} machine(s) are checked by the preflight run on each")  # fmt: skip
     if nproc == 1:
         return Check("processes", "ranks", "pass", f"1 process here, {world} in all", "; ".join(notes))
-    from c2llm_lib.launch import trainer_params
+    from c2llm_lib.train.launch import trainer_params
 
     cuda = torch.cuda.is_available() and setup.model.device in ("auto", "cuda")
     with tempfile.TemporaryDirectory(prefix="c2llm-preflight-ranks-") as tmp:

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from c2llm_lib.checks import ConfigError
-from c2llm_lib.pipeline import REPO, parse_sets
+from c2llm_lib.params import parse_sets
+from c2llm_lib.pipeline import REPO
 
 from . import device as measure
 from .disk import check_disk, check_run_dir, data_needs, model_needs, round_trip_check, scratch_folder

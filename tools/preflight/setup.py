@@ -75,7 +75,7 @@ def load_setup(params_file: str | Path, sets: dict[str, Any] | None = None, over
                outputs: str | Path = "outputs", only: list[str] | None = None) -> Setup:  # fmt: skip
     """The run's parameters as `pipeline.run_pipeline` resolves them; a bad file, key or value is the runner's own
     `ConfigError`, naming it."""
-    from c2llm_lib.pipeline import resolve_run
+    from c2llm_lib.params import resolve_run
 
     name, given, resolved, selected = resolve_run(params_file, sets or {}, overlay, only)
     source = str(params_file)
