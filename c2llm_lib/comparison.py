@@ -60,6 +60,7 @@ import yaml
 from .config import PARAMS_DIR, CompareStage, ConfigError, ModelConfig, TrainConfig, from_dict
 from .distributed import die_with_parent
 from .eval import RetrievalTask, task_embeddings, truncation_query_scores
+from .figures import TRAINING_COLUMNS
 from .files import CorruptFile, MissingInput, load_json
 from .hardware import resolve_device, resolve_dtype
 from .prompts import prompts
@@ -67,7 +68,6 @@ from .retrieval import corpus_text
 from .sweep import RATE_KEYS, sweep, timings
 from .train import data_fingerprint, encoder_from_checkpoint, move_aside, split_params
 from .uncertainty import difference_sentences, differences_record, seed_mean, task_means
-from .viz import TRAINING_COLUMNS
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE_KEYS = (  # what a recipe decides; the rest is the run's compute, equal for all

@@ -37,7 +37,7 @@ module turns a run's merged model into a code search over a folder and shows why
   01's text->code recipe (`offline.pair_records`), which are that run's held-out queries; for folders named in
   `search_roots`, the same documentation queries, which may have been trained on.
 - **Showing hits**: `result_html` is one query's table of the model's hits beside BM25's, each with its file, lines
-  and score and its code shaded by the PMA attention (`viz.attention_spans`, notebook 05's view; a last-token or
+  and score and its code shaded by the PMA attention (`figures.attention_spans`, notebook 05's view; a last-token or
   mean model says it has no attention to shade); `results_page` a whole page; `search_widget` an ipywidgets query
   box for JupyterLab.
 
@@ -66,15 +66,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .attention import stored_attention
 from .batching import length_batches
 from .config import MAX_TOKENS, SearchStage
 from .data.code_trees import SourceFile, code_roots, every_function, source_files
 from .data.grammars import summary_of
 from .data.offline import SNAPSHOT_DIR, TEXT_TO_CODE, load_snapshot, pair_records, split_of
 from .data.records import DataError, SkipReport
+from .figures import attention_spans
 from .files import CorruptFile, fingerprint, load_json, load_tensors
 from .prompts import prompts
-from .viz import attention_spans, stored_attention
 
 FORMAT_VERSION = 1
 INDEX_FILES = ("index.json", "tensors.safetensors")
@@ -671,7 +672,7 @@ class Searcher:
         return result
 
     def shaded(self, row: int):
-        """The document's tokens with their stored PMA attention (`viz.TokenAttention`), or None without PMA."""
+        """The document's tokens with their stored PMA attention (`attention.TokenAttention`), or None without PMA."""
         if self.index.attention is None:
             return None
         if row not in self._shaded:

@@ -29,7 +29,8 @@ LAYERS = {
     "c2llm_lib.train": 2, "c2llm_lib.merge": 2, "c2llm_lib.export": 2, "c2llm_lib.eval": 2, "c2llm_lib.mteb_code": 2,
     "c2llm_lib.uncertainty": 2,
     # 3 figures and attention, the studies, search
-    "c2llm_lib.viz": 3, "c2llm_lib.comparison": 3, "c2llm_lib.ablations": 3, "c2llm_lib.sweep": 3,
+    "c2llm_lib.attention": 3, "c2llm_lib.figures": 3,
+    "c2llm_lib.comparison": 3, "c2llm_lib.ablations": 3, "c2llm_lib.sweep": 3,
     "c2llm_lib.validation": 3, "c2llm_lib.search": 3,
     # 4 the runner
     "c2llm_lib.pipeline": 4, "c2llm_lib.runs": 4, "c2llm_lib.notebook": 4, "c2llm_lib.launch": 4,
@@ -212,7 +213,7 @@ def test_the_rules_catch_an_upward_import_a_circle_a_function_level_import_and_t
         "c2llm_lib.config": ("c2llm_lib/config.py", "import json\nfrom .eval import score\n", False),
         "c2llm_lib.eval": ("c2llm_lib/eval.py", "from .uncertainty import interval\n", False),
         "c2llm_lib.uncertainty": ("c2llm_lib/uncertainty.py", "def f():\n    from . import eval\n", False),
-        "c2llm_lib.viz": ("c2llm_lib/viz.py", "import numpy\nfrom tools.scale import plan\n", False),
+        "c2llm_lib.figures": ("c2llm_lib/figures.py", "import numpy\nfrom tools.scale import plan\n", False),
         "c2llm_lib.search": ("c2llm_lib/search.py", "def g():\n    import c2llm_lib.mteb_code\n", False),
         "c2llm_lib.mteb_code": ("c2llm_lib/mteb_code.py", "import mteb\n", False),
         "c2llm_lib.data": ("c2llm_lib/data/__init__.py", "from .mix import rows\n", True),
@@ -225,7 +226,7 @@ def test_the_rules_catch_an_upward_import_a_circle_a_function_level_import_and_t
     assert f"c2llm_lib/config.py:2: {upward}" in found
     assert any(p.startswith("c2llm_lib/uncertainty.py:2: function-level import of the library: c2llm_lib.eval")
                for p in found)  # fmt: skip
-    assert "c2llm_lib/viz.py:2: imports tools/: the library never imports its tools (tools.scale)" in found
+    assert "c2llm_lib/figures.py:2: imports tools/: the library never imports its tools (tools.scale)" in found
     assert "c2llm_lib/extra.py:1: no layer: add c2llm_lib.extra (or its package) to LAYERS in tests/test_layers.py" in (
         found)  # fmt: skip
     [circle] = [p for p in found if ": import circle: " in p]

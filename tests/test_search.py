@@ -134,7 +134,7 @@ def test_the_index_holds_encodes_embeddings_and_the_pma_attention(encoder, tree)
     lengths = encoder.token_lengths(encoder.format_texts(texts, "document", settings["document_instruction"]), 24)
     assert [len(a) for a in index.attention] == lengths  # one weight per token the model saw (cut at 24)
     assert all(abs(float(a.sum()) - 1) < 1e-4 for a in index.attention)
-    from c2llm_lib.viz import pma_attention
+    from c2llm_lib.attention import pma_attention
 
     first = pma_attention(encoder, texts[:1], "document", settings["document_instruction"], max_tokens=24)[0]
     np.testing.assert_allclose(index.attention[0], first.weights.mean(0), atol=1e-5)  # notebook 05's attention
@@ -498,7 +498,7 @@ def test_notebook_07_searches_the_smoke_run_and_reuses_its_index_on_resume(smoke
 
 
 def test_stored_attention_refuses_weights_for_another_tokenisation(encoder):
-    from c2llm_lib.viz import pma_attention, stored_attention
+    from c2llm_lib.attention import pma_attention, stored_attention
 
     text = "def f(x):\n    return x"
     fresh = pma_attention(encoder, [text], "document", max_tokens=64)[0]
