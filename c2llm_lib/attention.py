@@ -4,6 +4,9 @@ docs/evaluation.md#attention-notebook-05)."""
 
 from __future__ import annotations
 
+import io
+import keyword
+import tokenize
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,9 +42,8 @@ class TokenAttention:
 
 
 def tokenize_with_offsets(encoder, text: str, kind: str, instruction: str | None, max_tokens: int):
-    """The prompted text, the token ids the model gets for it (truncated to `max_tokens`, as `encode` does), each
-    token's character span in the prompted text (None for an appended EOS), the prefix's length in characters,
-    and how many tokens the whole prompted text has (EOS included when appended)."""
+    """The prompted text, its token ids as `encode` cuts them to `max_tokens`, each token's character span (None for an
+    appended EOS), the prefix's length in characters, and the whole prompted text's token count (EOS included)."""
     formatted = encoder.format_texts([text], kind, instruction)[0]
     batch = encoder.tokenize_formatted([formatted], max_tokens)
     ids = batch["input_ids"][0][batch["attention_mask"][0].bool()].tolist()  # (T,) real tokens only
@@ -68,27 +70,39 @@ def require_pma(encoder) -> None:
 def pma_attention(
     encoder, texts: Sequence[str], kind: str = "document", instruction: str | None = None, max_tokens: int = 80
 ) -> list[TokenAttention]:
-    """PMA attention over each text's own tokens (no padding), truncated to `max_tokens` tokens; each item
-    records the full text's length (`full_tokens`) and whether it was cut (`truncated`)."""
+    """PMA attention over each text's own tokens (no padding), cut to `max_tokens`; each item records the whole text's
+    length (`full_tokens`) and whether it was cut (`truncated`)."""
     require_pma(encoder)
-    out = []
-    tok = encoder.tokenizer
-    special = set(tok.all_special_ids)
-    for n, text in enumerate(texts):
-        _, ids, offsets, prefix_chars, full_tokens = tokenize_with_offsets(encoder, text, kind, instruction,
-                                                                           max_tokens)  # fmt: skip
+    return [_token_attention(encoder, text, None, kind, instruction, max_tokens, n) for n, text in enumerate(texts)]
+
+
+def stored_attention(
+    encoder, text: str, weights: np.ndarray, kind: str = "document", instruction: str | None = None,
+    max_tokens: int = 80,
+) -> TokenAttention:  # fmt: skip
+    """A `TokenAttention` for weights computed earlier over `text`'s tokens (a search index keeps each function's):
+    (H, T) or (T,), for the T tokens `encode` gives the text at `max_tokens`; another count is an error."""
+    return _token_attention(encoder, text, np.asarray(weights, dtype=np.float32), kind, instruction, max_tokens)
+
+
+def _token_attention(encoder, text: str, weights: np.ndarray | None, kind: str, instruction: str | None,
+                     max_tokens: int, n: int = 0) -> TokenAttention:  # fmt: skip
+    """`text`'s readable tokens with `weights`, or with the PMA head's attention over them when `weights` is None."""
+    _, ids, offsets, prefix_chars, full_tokens = tokenize_with_offsets(encoder, text, kind, instruction, max_tokens)
+    if weights is None:
         if not ids:
             raise ValueError(f"pma_attention: text {n} ({text[:40]!r}) has no tokens, even with its prompt")
         batch = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
         with torch.no_grad():
             _, attn = encoder(**batch, return_attention=True)  # (1, H, T)
-        out.append(_token_attention(tok, special, ids, offsets, prefix_chars, full_tokens,
-                                    attn[0].float().cpu().numpy()))  # (H, T)  # fmt: skip
-    return out
-
-
-def _token_attention(tok, special: set[int], ids: list[int], offsets: list, prefix_chars: int, full_tokens: int,
-                     weights: np.ndarray) -> TokenAttention:  # fmt: skip
+        weights = attn[0].float().cpu().numpy()  # (H, T)
+    weights = weights[None, :] if weights.ndim == 1 else weights  # (H, T)
+    if weights.ndim != 2 or weights.shape[1] != len(ids):
+        raise ValueError(f"stored_attention: {weights.shape[-1]} weights for the {len(ids)} tokens this encoder gives "
+                         f"the text at {max_tokens} tokens ({text[:40]!r}): computed with another tokenizer, prompt "
+                         "or length")  # fmt: skip
+    tok = encoder.tokenizer
+    special = set(tok.all_special_ids)
     return TokenAttention(
         tokens=[readable_token(tok.decode([i])) for i in ids],
         weights=weights,  # (H, T)
@@ -98,30 +112,10 @@ def _token_attention(tok, special: set[int], ids: list[int], offsets: list, pref
     )
 
 
-def stored_attention(
-    encoder, text: str, weights: np.ndarray, kind: str = "document", instruction: str | None = None,
-    max_tokens: int = 80,
-) -> TokenAttention:  # fmt: skip
-    """A `TokenAttention` for attention computed earlier over `text`'s tokens (e.g. kept in a search index): weights
-    (H, T) or (T,) (one row, e.g. the mean over heads), for the T tokens `encode` gives the text at `max_tokens`. A
-    count of weights that is not T (another tokenizer, prompt or length) is an error."""
-    _, ids, offsets, prefix_chars, full_tokens = tokenize_with_offsets(encoder, text, kind, instruction, max_tokens)
-    weights = np.asarray(weights, dtype=np.float32)
-    weights = weights[None, :] if weights.ndim == 1 else weights  # (H, T)
-    if weights.ndim != 2 or weights.shape[1] != len(ids):
-        raise ValueError(f"stored_attention: {weights.shape[-1]} weights for the {len(ids)} tokens this encoder gives "
-                         f"the text at {max_tokens} tokens ({text[:40]!r}): computed with another tokenizer, prompt "
-                         "or length")  # fmt: skip
-    tok = encoder.tokenizer
-    return _token_attention(tok, set(tok.all_special_ids), ids, offsets, prefix_chars, full_tokens, weights)
-
-
 def attention_documents(heldout=None) -> list[tuple[str, str]]:
-    """(text, language) of the held-out documents notebook 05 draws attention over. With a run's held-out split
-    (`data/heldout` of a files or code run, a Dataset or rows) its distinct positives: whole documents before a code
-    run's code->code continuations (fragments of a function), and within each the languages in turn, so that the
-    first few examples span them. Without one, the offline snapshot's held-out Python functions (the corpus of
-    the default run's figures)."""
+    """(text, language) of notebook 05's held-out documents: a files or code run's distinct positives (`data/heldout`),
+    whole documents before code->code continuations and languages in turn so the first few span them; without one,
+    the offline snapshot's held-out Python functions (the default run's figures)."""
     if heldout is None:
         wanted = ("test", "CodeSearchNetRetrieval", "python")
         return [(r["positive"], "python") for r in load_snapshot()
@@ -149,12 +143,8 @@ CATEGORIES = ("identifier", "keyword", "operator/punctuation", "literal", "comme
 
 
 def char_categories(code: str) -> list[str]:
-    """The category of every character of Python source, from Python's `tokenize` ("whitespace" between
-    tokens). A docstring (a string that is a whole statement) counts as comment/docstring."""
-    import io
-    import keyword
-    import tokenize
-
+    """The category of every character of Python source from Python's `tokenize` ("whitespace" between tokens); a
+    docstring (a string that is a whole statement) counts as comment/docstring."""
     cats = ["whitespace"] * len(code)
     starts = [0]
     for line in code.splitlines(keepends=True):
@@ -212,10 +202,8 @@ def _leaf_category(node, text: str) -> str:
 
 
 def grammar_char_categories(code: str, language: str) -> list[str] | None:
-    """The category of every character of `code` from the leaves of its parse by `language`'s tree-sitter grammar
-    (`data.grammars`, the grammars that mine your code; `_leaf_category`), "whitespace" between leaves; None for a
-    language with no grammar there. A fragment (a code->code continuation) parses with error nodes, whose leaves are
-    classified all the same."""
+    """The category of every character of `code` from its leaves under `language`'s tree-sitter grammar
+    (`data.grammars`; a fragment's error nodes too), "whitespace" between; None for a language with no grammar."""
     grammar = next((g for g in GRAMMARS if g.language == language), None)
     if grammar is None:
         return None
@@ -235,19 +223,16 @@ def grammar_char_categories(code: str, language: str) -> list[str] | None:
 
 
 def code_char_categories(code: str, language: str) -> list[str] | None:
-    """The category of every character of `code`: Python's own `tokenize` for Python (`char_categories`), the
-    language's tree-sitter grammar for the other languages mined from code (`grammar_char_categories`), and None
-    for a language with neither (a files run's "mixed" rows, SQL, prose): no scheme pretends to read it."""
+    """The category of every character of `code`: Python's `tokenize` for Python, the language's own tree-sitter grammar
+    for the others mined from code, None for a language with neither (a files run's "mixed" rows, SQL, prose)."""
     return char_categories(code) if language == "python" else grammar_char_categories(code, language)
 
 
 def token_categories(encoder, text: str, kind: str = "document", instruction: str | None = None,
                      max_tokens: int = 512, language: str = "python") -> list[str] | None:  # fmt: skip
-    """The category of each token `pma_attention` shows for `text`, from character offsets: a token lying wholly
-    inside the instruction or document prefix is "instruction/prefix"; any other token takes the category of the
-    first non-space character of its code part (a token fusing the prefix's end with code, as `:def`, counts as
-    code); special tokens are "special". The characters' categories come from `code_char_categories` for the
-    text's `language`; None when that language has no scheme."""
+    """The category of each token `pma_attention` shows for `text`: "instruction/prefix" for a token wholly inside the
+    prefix, "special", else that of the first non-space character of its code part (`code_char_categories`, so a
+    token fusing the prefix's end with code, as `:def`, counts as code); None when the language has no scheme."""
     chars = code_char_categories(text, language)
     if chars is None:
         return None
@@ -268,10 +253,8 @@ def token_categories(encoder, text: str, kind: str = "document", instruction: st
 
 
 def attention_shares(items: Sequence[TokenAttention], categories: Sequence[Sequence[str] | None]):
-    """Share of attention (mean over heads, then over texts) by token category; the shares sum to 1. The shares
-    are over the tokens each text was cut to (`truncation_summary` says how many texts were cut). A text whose
-    categories are None (a language with no scheme, `token_categories`) is left out; with none left every share is
-    NaN."""
+    """Share of attention (mean over heads, then over texts) by token category over the tokens each text was cut to,
+    summing to 1; a text whose categories are None is left out, and with none left every share is NaN."""
     import pandas as pd
 
     kept = [(item, cats) for item, cats in zip(items, categories, strict=True) if cats is not None]
@@ -287,9 +270,8 @@ def attention_shares(items: Sequence[TokenAttention], categories: Sequence[Seque
 
 
 def position_profile(items: Sequence[TokenAttention], bins: int = 10):
-    """Share of attention by relative position of the token in its whole text (bins of equal width). A text
-    cut to its first T tokens is placed in its full length, not stretched: its bins past the cut get nothing
-    (an appended EOS stays at the end)."""
+    """Share of attention by the token's relative position in its whole text (equal bins): a text cut to its first T
+    tokens is placed in its full length, not stretched (its appended EOS stays at the end)."""
     import pandas as pd
 
     shares = np.zeros(bins)
@@ -304,8 +286,7 @@ def position_profile(items: Sequence[TokenAttention], bins: int = 10):
 
 
 def attention_entropy(item: TokenAttention) -> np.ndarray:
-    """Entropy (nats) of each head's attention over the tokens the model saw, (H,); log(T) is uniform attention
-    over those T tokens (fewer than the text's `full_tokens` when it was truncated)."""
+    """Entropy (nats) of each head's attention over the T tokens the model saw, (H,); log(T) is uniform attention."""
     p = np.clip(item.weights, 1e-12, 1.0)
     return -(p * np.log(p)).sum(-1)
 

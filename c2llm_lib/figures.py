@@ -4,6 +4,7 @@ attention as a heatmap and shaded HTML (section 3), coloured relative to uniform
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 
 import numpy as np
@@ -28,22 +29,15 @@ def relative_to_uniform(weights: np.ndarray) -> np.ndarray:
     return weights * weights.shape[-1]
 
 
-def _uniform_norm():
-    """The shared colour scale: log, from 1/UNIFORM_RANGE to UNIFORM_RANGE, so 1 (uniform) sits in the middle."""
-    from matplotlib.colors import LogNorm
-
-    return LogNorm(vmin=1 / UNIFORM_RANGE, vmax=UNIFORM_RANGE)
-
-
 def attention_heatmap(item: TokenAttention, title: str = ""):
-    """Two panels: attention averaged over heads, and heads x tokens; prefix and special tokens marked. Colour is
-    weight x T on one log scale shared by both panels and every figure: white is uniform attention (1/T on each
-    token), red more, blue less, saturated at UNIFORM_RANGE times more or less."""
+    """Two panels, attention averaged over heads and heads x tokens, prefix and special tokens marked; colour is
+    weight x T on one log scale for every figure: white uniform, red more, blue less, saturated at UNIFORM_RANGE."""
     import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm
     from matplotlib.ticker import FixedLocator, FuncFormatter
 
     H, T = item.weights.shape
-    norm = _uniform_norm()
+    norm = LogNorm(vmin=1 / UNIFORM_RANGE, vmax=UNIFORM_RANGE)  # 1 (uniform) in the middle
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, 0.22 * T) + 1.2, 2.4 + 0.12 * H), sharex=True,
                                       layout="constrained",
                                       gridspec_kw={"height_ratios": [1, max(2, H // 4)]})  # fmt: skip
@@ -74,11 +68,8 @@ def attention_heatmap(item: TokenAttention, title: str = ""):
 
 
 def loss_description(train, negatives_used: int | None = None, short_rows: int = 0) -> str:
-    """The training loss a recipe (a `config.TrainConfig` or its dict) optimises, in words: section 4.1's
-    in-batch InfoNCE over the global batch plus a hard-negative InfoNCE over 1 + K candidates at tau, its
-    in-batch-only form (K = 0), one joint softmax, and the Matryoshka sum over widths (`losses.py`). K is the one
-    the trainer used (`negatives_used`: the recipe's K, at most what any row holds) when given, saying so where it
-    differs from the recipe's, and `short_rows` rows with fewer than K negatives (scored over those they have)."""
+    """The loss a recipe (a `config.TrainConfig` or its dict) optimises, in words (section 4.1, `losses.py`), with the K
+    the trainer used (`negatives_used`) where it differs and the `short_rows` rows holding fewer than K negatives."""
     if isinstance(train, dict):
         train = from_dict(TrainConfig, train, "loss_curves(train=...)")
     if not isinstance(train, TrainConfig):
@@ -103,10 +94,8 @@ def loss_description(train, negatives_used: int | None = None, short_rows: int =
 
 
 def loss_curves(metrics: Sequence[dict], train=None, negatives_used: int | None = None):
-    """Training loss per step, coloured by the batch's dataset, with the learning rate on a second axis; titled
-    with the loss `train` (a `config.TrainConfig` or its dict) names, when given, with the K the trainer used
-    (`negatives_used`) and the rows that held fewer (the steps' `short_of_k`). Steps that logged per-width
-    Matryoshka losses (`loss@d`) get a second panel with one curve per width."""
+    """Training loss per step, coloured by dataset, the learning rate on a second axis, titled by `loss_description`
+    when `train` is given; per-width Matryoshka losses (`loss@d`) get a second panel with one curve per width."""
     import matplotlib.pyplot as plt
     import pandas as pd
     import seaborn as sns
@@ -150,11 +139,7 @@ def score_bars(frame):
 
 
 def attention_html(item: TokenAttention, title: str = "") -> str:
-    """The text with each token's background shaded by its mean attention relative to uniform (weight x T, on the
-    heatmaps' log scale): no shade is uniform attention, red more, blue less, full colour at UNIFORM_RANGE
-    times more or less."""
-    import html
-
+    """A page of the text with each token shaded by its mean attention relative to uniform (`attention_spans`)."""
     T = len(item.tokens)
     cut = f" Truncated: only the first {T} of {item.full_tokens} tokens were used." if item.truncated else ""
     legend = (f"Shade: attention relative to uniform (1/{T} per token): none = uniform, red = more, blue = less, "
@@ -164,10 +149,8 @@ def attention_html(item: TokenAttention, title: str = "") -> str:
 
 
 def attention_spans(item: TokenAttention, style: str = "font-size:13px;line-height:1.6") -> str:
-    """The `<pre>` of `attention_html`: each token in a span shaded by its mean attention relative to uniform (red
-    more, blue less, full colour at UNIFORM_RANGE times), its weight in the span's title; special tokens boxed."""
-    import html
-
+    """A `<pre>` of each token shaded by its mean attention relative to uniform (weight x T on the heatmaps' log scale:
+    none uniform, red more, blue less, full colour at UNIFORM_RANGE times), its weight in its title, specials boxed."""
     weights = item.weights.mean(0)  # (T,)
     relative = relative_to_uniform(weights)  # (T,)
     strength = np.clip(np.log(np.maximum(relative, 1e-12)) / np.log(UNIFORM_RANGE), -1.0, 1.0)  # (T,) in [-1, 1]
@@ -206,9 +189,8 @@ TRAINING_COLUMNS = ("tokens/s", "peak memory GB", "train s", "loss_first", "loss
 
 
 def recipe_comparison(frame, dims_table):
-    """One figure for the recipe comparison (`comparison.comparison_frame` and `dimension_table`): per-task
-    nDCG@10 of every recipe at full width (and BM25), mean nDCG@10 against embedding dimension per curve, and
-    training throughput and peak memory."""
+    """The recipe comparison (`comparison.comparison_frame`, `dimension_table`): per-task nDCG@10 at full width (and
+    BM25), mean nDCG@10 against embedding dimension, training throughput and peak memory."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 
@@ -239,11 +221,8 @@ def recipe_comparison(frame, dims_table):
 
 
 def pooling_study(frame, intervals: dict[str, dict]):
-    """The pooling study's figure (`ablations.pooling_frame`, `ablations.mean_intervals`). Left: mean nDCG@10 per
-    pooler with its 95 % bootstrap interval (over trainings and queries where the intervals hold several seeds, else
-    over queries; the title says which), and each seed's mean as a dot. Right: mean nDCG@10 against the embedding
-    width, PMA trained to project to d against the full PMA embedding truncated to d, with intervals; every width is
-    a tick."""
+    """The pooling study (`ablations.pooling_frame`, `mean_intervals`): mean nDCG@10 per pooler with its 95 % interval
+    and each seed's mean as a dot; and against the width d, PMA projection to d vs truncation to d, with intervals."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1, 1.4]})

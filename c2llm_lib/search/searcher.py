@@ -141,13 +141,11 @@ def pick_queries(stage: SearchStage, sources: Sources, index: SearchIndex) -> li
     return unique[: stage.search_query_count]
 
 
-# showing hits -------------------------------------------------------------------------------------------------------
 CELL = "vertical-align:top;padding:4px 8px;border-top:1px solid #ccc;width:50%;text-align:left"
 CODE = "font-size:12px;line-height:1.5;max-height:18em;overflow:auto;margin:2px 0;white-space:pre"
 
 
 def _hit_html(searcher: Searcher, hit: Hit, rank: int, query: KnownQuery, what: str) -> str:
-
     doc = searcher.index.documents[hit.index]
     mark = " <b style='color:#1a7f37'>&#10003; the expected function</b>" if query.known and query.matches(doc) else ""
     head = (f"<div class='c2llm-hit'>{rank}. <code>{html.escape(doc.where)}</code> <b>{html.escape(doc.function)}</b>"
@@ -155,13 +153,11 @@ def _hit_html(searcher: Searcher, hit: Hit, rank: int, query: KnownQuery, what: 
     item = searcher.shaded(hit.index)
     if item is None:
         return head + f"<pre style='{CODE}'>{html.escape(doc.code)}</pre>"
-
     return head + attention_spans(item, CODE)
 
 
 def result_html(searcher: Searcher, result: SearchResult) -> str:
     """One query's hits: the model's beside BM25's, with files, lines, scores, and the code shaded by PMA attention."""
-
     query = result.query
     lines = [f"<h4>{html.escape(query.text)}</h4>"]
     if query.known:
@@ -194,7 +190,6 @@ LEGEND = ("Each hit's code is shaded by the PMA head's attention over its tokens
 
 def results_page(searcher: Searcher, results: Sequence[SearchResult], title: str) -> str:
     """A whole HTML page of every query's hits."""
-
     body = "".join(result_html(searcher, r) for r in results)
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body>"
             f"<h3>{html.escape(title)}</h3><p>{html.escape(LEGEND)}</p>{body}</body></html>")  # fmt: skip
@@ -245,7 +240,6 @@ def search_metrics(index: SearchIndex, report: IndexReport, results: Sequence[Se
 def search_widget(searcher: Searcher, k: int = 5, min_score: float = 0.0):
     """A query box for JupyterLab (ipywidgets): type a query and press Enter or Search; the hits table appears below,
     and an error (an empty query, say) is shown in its place."""
-
     import ipywidgets as widgets
 
     box = widgets.Text(placeholder="describe the function you are looking for", description="Query:",
