@@ -152,7 +152,7 @@ def test_undocumented_functions_and_non_doc_comments_give_no_pair(mined):
 
 
 def test_every_function_documented_or_not_through_the_same_walk(mined):
-    """The documents of a search (search.py): every named function, with mining's lines and code for the documented
+    """The documents of a search (search/): every named function, with mining's lines and code for the documented
     ones, found by the same walk and skip rules."""
     rows, mining = mined
     report = SkipReport()

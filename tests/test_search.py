@@ -1,4 +1,4 @@
-"""Notebook 07's search (c2llm_lib/search.py) on a tiny fixture folder and the tiny random model: the documents and
+"""Notebook 07's search (c2llm_lib/search/) on a tiny fixture folder and the tiny random model: the documents and
 their lines, the index against `encode`, saving and reuse, re-encoding only what changed, the bound on files, the
 plan said before encoding, a killed indexing, the threshold, known answers, errors naming what is wrong, the HTML
 and the widget, and the time a query takes over a few thousand documents. Scores of the tiny model mean nothing:
@@ -19,27 +19,19 @@ from c2llm_lib.checks import ConfigError
 from c2llm_lib.config import SearchStage
 from c2llm_lib.data.offline import split_of
 from c2llm_lib.data.records import DataError
-from c2llm_lib.files import CorruptFile
+from c2llm_lib.files import CorruptFile, fingerprint
 from c2llm_lib.runs import RunDir
-from c2llm_lib.search import (
-    Document,
+from c2llm_lib.search.index import (
     FileState,
-    KnownQuery,
-    Searcher,
     SearchIndex,
     index_payload,
     index_settings,
-    offline_sources,
-    pick_queries,
     previous_index,
     read_index,
-    result_html,
-    results_page,
-    search_metrics,
-    search_sources,
-    search_widget,
     update_index,
 )
+from c2llm_lib.search.searcher import Searcher, pick_queries, result_html, results_page, search_metrics, search_widget
+from c2llm_lib.search.sources import Document, KnownQuery, offline_sources, search_sources
 
 from conftest import build_tiny
 
@@ -135,7 +127,7 @@ def test_the_index_holds_encodes_embeddings_and_the_pma_attention(encoder, tree)
     lengths = encoder.token_lengths(encoder.format_texts(texts, "document", settings["document_instruction"]), 24)
     assert [len(a) for a in index.attention] == lengths  # one weight per token the model saw (cut at 24)
     assert all(abs(float(a.sum()) - 1) < 1e-4 for a in index.attention)
-    from c2llm_lib.viz import pma_attention
+    from c2llm_lib.attention import pma_attention
 
     first = pma_attention(encoder, texts[:1], "document", settings["document_instruction"], max_tokens=24)[0]
     np.testing.assert_allclose(index.attention[0], first.weights.mean(0), atol=1e-5)  # notebook 05's attention
@@ -187,6 +179,17 @@ def test_another_model_or_length_encodes_everything_again(encoder, tree):
     assert report.notes == ["the index was built with other settings (max_length): every file is encoded again"]
 
 
+def test_the_model_is_named_by_its_folder_s_files(encoder, tmp_path):
+    """`index_settings` names a model folder by its `files.fingerprint` (a retrained model differs), a name as given."""
+    model = tmp_path / "merged"
+    model.mkdir()
+    (model / "weights.safetensors").write_bytes(b"one")
+    first = index_settings(encoder, model, 64)["model"]
+    assert first == f"merged:{fingerprint(model, 'merged')}" and index_settings(encoder, "tiny", 64)["model"] == "tiny"
+    (model / "weights.safetensors").write_bytes(b"two")
+    assert index_settings(encoder, model, 64)["model"] != first
+
+
 def test_search_max_files_bounds_the_index(encoder, tree):
     index, report = build(encoder, tree, max_files=2)
     assert list(index.files) == ["proj/pkg/geometry.py", "proj/pkg/text.js"] and report.beyond_max_files == 1
@@ -222,7 +225,7 @@ def test_a_killed_indexing_keeps_the_files_it_had_encoded(encoder, tmp_path, mon
     for f in range(5):
         (root / f"m{f}.py").write_text("".join(f"def f{f}_{i}(x):\n    return x * {i}\n\n\n" for i in range(4)))
     run = RunDir.open("r", tmp_path / "outputs")
-    import c2llm_lib.search as search
+    import c2llm_lib.search.index as search
 
     monkeypatch.setattr(search, "CHUNK", 4)  # one file per chunk
     monkeypatch.setattr(search, "PROBE", 1)
@@ -499,7 +502,7 @@ def test_notebook_07_searches_the_smoke_run_and_reuses_its_index_on_resume(smoke
 
 
 def test_stored_attention_refuses_weights_for_another_tokenisation(encoder):
-    from c2llm_lib.viz import pma_attention, stored_attention
+    from c2llm_lib.attention import pma_attention, stored_attention
 
     text = "def f(x):\n    return x"
     fresh = pma_attention(encoder, [text], "document", max_tokens=64)[0]

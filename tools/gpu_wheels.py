@@ -86,7 +86,7 @@ LEFT_OUT = {  # needs of carried wheels that the check does without at run time
     "kernel never completes; without it the wheels fit beside the repository in a device call",
 }
 NOT_NEEDED = {  # modules the library imports that no part of the check reaches
-    "ipywidgets": "notebook 07's search widgets (search.py); the check runs notebooks 01-05",
+    "ipywidgets": "notebook 07's search widgets (search/searcher.py); the check runs notebooks 01-05",
 }
 IMAGE_ROOTS = (
     "torch",

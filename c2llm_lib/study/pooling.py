@@ -26,10 +26,10 @@ from ..eval.intervals import (
     training_bootstrap_mean,
     training_differences,
 )
+from ..figures import pooling_study
 from ..hardware import cpu_info, resolve_device, resolve_dtype
 from ..model import C2LLMEncoder
 from ..train import Trainer
-from ..viz import pooling_study
 from .plan import Entry
 from .sweep import Grid, edge_sentences, rates_label, sweep_frame, sweep_markdown
 from .trainings import query_rows, seed_query_rows

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..eval.intervals import difference_sentences, differences, differences_markdown, differences_record, task_means
-from ..viz import TRAINING_COLUMNS, recipe_comparison
+from ..figures import TRAINING_COLUMNS, recipe_comparison
 from .plan import Entry
 from .trainings import query_rows
 
