@@ -682,3 +682,13 @@ def test_crafted_model_and_mirror_files_are_refused_not_trusted(tmp_path):
     (repo / "README.md").write_text("---\nconfigs: [\n---\n")
     found = dataset_in_mirror("mteb/StackOverflowQA", "7b46f5eb" * 5, "StackOverflowQA", tmp_path / "mirror")
     assert not found.ok and "unreadable configs" in found.problem
+
+
+def test_the_projection_counts_every_sweep_point_as_a_training_of_its_own():
+    """The sweep trains at sweep_seed, not a comparison seed, so each grid point is a training beside the comparison's
+    own; the count took one point per full-width model as a comparison seed's training and read one training short per
+    model. params/ablation-cpu.yaml: 3 poolers x 3 LoRA rates = 9 sweep trainings (PMA's attention rate is fixed), then
+    (3 poolers + PMA at d = 128) x 3 seeds = 12."""
+    setup = load_setup(PARAMS / "ablation-cpu.yaml")
+    assert measure.comparison_trainings(setup) == 9 + 12
+    assert measure.comparison_trainings(load_setup(PARAMS / "ablation-cpu.yaml", {"compare_sweep": False})) == 12

@@ -381,7 +381,8 @@ def comparison_trainings(setup: Setup) -> int:
     """The trainings notebook 06 runs on this run's compute, each counted at this run's seconds per step:
     `study.plan.plan`'s (each recipe, each PMA recipe again at every width of compare_pma_dims, and the pooling study's
     poolers and widths) once per seed of compare_seeds, and with compare_sweep every grid point of each full-width
-    model at the first seed (the chosen point is that seed's training, counted once)."""
+    model, each a training of its own: the sweep trains at `sweep_seed`, never a comparison seed, so no comparison
+    training is the sweep's chosen point."""
     if not setup.trains or not setup.runs("06"):
         return 0
     from c2llm_lib.study.plan import plan
@@ -394,7 +395,7 @@ def comparison_trainings(setup: Setup) -> int:
     if compare.compare_sweep:
         grid = Grid(compare.sweep_learning_rates, compare.sweep_pma_learning_rates,
                     compare.sweep_pma_attention_learning_rates)  # fmt: skip
-        total += sum(len(points(e.model, e.train, grid)) - 1 for e in entries if e.parent is None)
+        total += sum(len(points(e.model, e.train, grid)) for e in entries if e.parent is None)
     return total
 
 
