@@ -165,7 +165,7 @@ def attention_spans(item: TokenAttention, style: str = "font-size:13px;line-heig
 
 def dimension_curves(table, hidden: int, dims: Sequence[int]):
     """Mean nDCG@10 against embedding dimension: PMA trained at d versus the full PMA embedding truncated to d
-    (rows named as `ablations.variants` and notebook 04 name them)."""
+    (rows named as `study.pooling.variants` names them)."""
     import matplotlib.pyplot as plt
     import pandas as pd
     import seaborn as sns
@@ -184,12 +184,12 @@ def dimension_curves(table, hidden: int, dims: Sequence[int]):
     return detached(fig)
 
 
-# the training's columns of `comparison.comparison_frame` (the others are the recipe, its curve, and nDCG@10 per task)
+# the training's columns of `study.recipes.comparison_frame` (the others: the recipe, its curve, nDCG@10 per task)
 TRAINING_COLUMNS = ("tokens/s", "peak memory GB", "train s", "loss_first", "loss_last")
 
 
 def recipe_comparison(frame, dims_table):
-    """The recipe comparison (`comparison.comparison_frame`, `dimension_table`): per-task nDCG@10 at full width (and
+    """The recipe comparison (`study.recipes.comparison_frame`, `dimension_table`): per-task nDCG@10 at full width (and
     BM25), mean nDCG@10 against embedding dimension, training throughput and peak memory."""
     import matplotlib.pyplot as plt
     import seaborn as sns
@@ -221,8 +221,9 @@ def recipe_comparison(frame, dims_table):
 
 
 def pooling_study(frame, intervals: dict[str, dict]):
-    """The pooling study (`ablations.pooling_frame`, `mean_intervals`): mean nDCG@10 per pooler with its 95 % interval
-    and each seed's mean as a dot; and against the width d, PMA projection to d vs truncation to d, with intervals."""
+    """The pooling study (`study.pooling.pooling_frame`, `mean_intervals`): mean nDCG@10 per pooler with its 95 %
+    interval and each seed's mean as a dot; and against the width d, PMA projection to d vs truncation to d, with
+    intervals."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1, 1.4]})

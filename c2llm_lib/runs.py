@@ -529,8 +529,8 @@ class RunDir:
         return path
 
     def save_search_index(self, files: dict[str, bytes]) -> Path:
-        """search/index/ (notebook 07, `search.index_payload`): the index's files written at once, replacing the old
-        index whole, so a killed run leaves the previous or the new one, never a mix."""
+        """search/index/ (notebook 07, `search.index.index_payload`): the index's files written at once, replacing the
+        old index whole, so a killed run leaves the previous or the new one, never a mix."""
         with atomic_directory(self.search_index_dir) as staging:
             for name, data in files.items():
                 if not name or Path(name).name != name:

@@ -1,4 +1,4 @@
-"""The unseen-library evaluation (`data/unseen.py`, `eval.unseen_tasks`, notebooks 01 and 04's `unseen_packages`):
+"""The unseen-library evaluation (`data/unseen.py`, `eval.tasks.unseen_tasks`, notebooks 01 and 04's `unseen_packages`):
 known answers of the miner on a tiny crafted wheel, the pin refusing a tampered file, decontamination by text and by
 source, every bad package named, and notebook 04's table on a tiny run. Nothing here reaches the index: the wheels
 are written in the test and laid in the cache (`C2LLM_CACHE`) where `downloads.pip_wheel` looks first."""

@@ -272,7 +272,7 @@ def functions(
     tree: Any, source: bytes, grammar: Grammar, counts: dict[str, int], every: bool = False
 ) -> Iterator[Function]:
     """The documented functions of a parsed file, in source order; `counts` gains "functions" and "documented".
-    With `every`, undocumented functions too (their `doc` empty): the documents a search indexes (`search.py`)."""
+    With `every`, undocumented functions too (their `doc` empty): the documents a search indexes (`search/index.py`)."""
     _, query = parser_for(grammar)
     nodes = tree_sitter.QueryCursor(query).captures(tree.root_node).get("function", [])
     source_lines = source.split(b"\n")

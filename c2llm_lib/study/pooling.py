@@ -2,7 +2,8 @@
 the mean, PMA projecting to d (equations 2-3) against the full PMA embedding truncated to d, and PMA's encoding cost.
 Notebook 06 (`compare_poolings`) is the study to read: per-pooler rates from the sweep, every seed, and each difference
 with 95 % intervals over queries and, with several seeds, over trainings and queries, by which the sentences judge.
-Notebook 04's quick check (`variants`, `train_variant`, `ablation_pairs`) trains in the kernel at one rate and seed.
+`variants`, `train_variant`, `ablation_pairs` (notebook 04's former quick check) train in the kernel at one rate
+and seed.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def train_variant(model: ModelConfig, train: TrainConfig, rows) -> C2LLMEncoder:
 
 
 def ablation_pairs(dims: Sequence[int]) -> list[tuple[str, str]]:
-    """The comparisons of notebook 04's ablation table (rows named as `variants` and the notebook name them): PMA
+    """The comparisons of an in-kernel pooling table (rows named as `variants` names them): PMA
     against each other pooler, and PMA trained to each d against the full PMA embedding truncated to d."""
     return [("PMA (trained)", "last token (trained)"), ("PMA (trained)", "mean (trained)")] + [
         (f"PMA d={d} (trained)", f"PMA truncated to {d}") for d in dims

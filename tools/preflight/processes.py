@@ -2,7 +2,7 @@
 
 With `nproc` > 1, the preflight starts that many processes for a few seconds, as torchrun's ranks would start: NCCL,
 one GPU each, on a GPU machine; gloo on a CPU. Each rank reads the trainer's parameters from the file the launcher
-would write (`launch.trainer_params`, through `train.split_params`), resolves its dtype on its own device, and the
+would write (`train.launch.trainer_params`, through `train.split_params`), resolves its dtype on its own device, and the
 ranks compare both (a rank that differs is named); then they all-gather a tensor the size of a step's embeddings and
 all-reduce one the size of the trainable parameters (DDP's gradients), and time that gathered step. With several
 machines, this machine's ranks are checked here and `rdzv_endpoint` must resolve; the cross-machine part runs when the
