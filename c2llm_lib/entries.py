@@ -1,6 +1,4 @@
-"""`data_files` entries (notebook 01's data_source "files", data/files.py) and the languages a record may name, typed
-here so that a bad entry is refused, named, when the parameters are read (section 4.1's data, from the user's files).
-"""
+"""`data_files` entries (`data_source: files`) and the languages a record may name, checked when params are read."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ class FileEntry:
 
 
 def file_entries(data_files: Any) -> list[FileEntry]:
-    """The `data_files` parameter (a list of paths and mappings, as YAML gives it) as `FileEntry`s; a bad entry is a
-    `ConfigError` naming it and its key."""
+    """The `data_files` parameter (paths and mappings from YAML) as `FileEntry`s; a bad one is a `ConfigError`."""
     if not isinstance(data_files, list):
         raise ConfigError(
             f"parameter 'data_files' must be a list of paths or {{path, instruction, group, language}} mappings, "

@@ -1,6 +1,4 @@
-"""Pinned packages: the unseen-library evaluation's packages (data/unseen.py mines them), each a name, version and the
-sha256 of its wheel, and the `unseen_packages` parameter parsed into pins (a key of notebooks 01 and 04).
-"""
+"""Pinned packages (name, version, wheel sha256) of the unseen-library evaluation, and `unseen_packages` parsed."""
 
 from __future__ import annotations
 
@@ -41,8 +39,7 @@ def canonical(name: str) -> str:
 
 
 def package_pins(entries: Sequence[str]) -> list[PackagePin]:
-    """The `unseen_packages` parameter as pins: a name from `PINNED`, or "<name> <version> sha256:<64 hex digits>";
-    a `ConfigError` names an entry that is neither, an unknown name, and a package named twice."""
+    """`unseen_packages` as pins (a `PINNED` name or "<name> <version> sha256:<hex>"); a bad one is a `ConfigError`."""
     if isinstance(entries, str) or not isinstance(entries, Sequence):
         raise ConfigError(f"parameter 'unseen_packages' must be a list of package names or pins, got "
                           f"{type(entries).__name__} {entries!r}")  # fmt: skip

@@ -1,10 +1,4 @@
-"""What every retrieval evaluation shares (paper section 4.2): the task shape, the document text a model sees, and
-MRL-style truncation of embeddings (`truncate`, and `Truncated`, an encoder seen through it).
-
-A small module beside the data (layer 1 of docs/layout.md), so that the dependencies run one way: the data readers
-(`data.beir`, `data.mix`) build tasks and document texts, the evaluation (`eval/`, layer 2) scores them, and both
-import this module, which imports neither.
-"""
+"""What every retrieval evaluation shares (section 4.2): the task shape, a model's document text, MRL truncation."""
 
 from __future__ import annotations
 
@@ -30,8 +24,7 @@ class RetrievalTask:
 
 
 def file_safe(name: str) -> str:
-    """A task name usable as a file name in mteb's result cache: letters, digits and . _ + # - kept, any other run of
-    characters '-' (a user's group or folder name may hold a slash or spaces)."""
+    """A task name usable as a file name: letters, digits and . _ + # - kept, any other run of characters '-'."""
     return re.sub(r"[^A-Za-z0-9._+#-]+", "-", name).strip("-.") or "unnamed"
 
 
@@ -47,8 +40,7 @@ def truncate(x: np.ndarray, dim: int) -> np.ndarray:
 
 
 class Truncated:
-    """An encoder whose embeddings are cut to their first `dim` coordinates and re-normalised (the MRL-style
-    alternative that PMA's projection is compared with)."""
+    """An encoder whose embeddings are cut to `dim` and re-normalised (the MRL-style alternative to PMA)."""
 
     def __init__(self, encoder: C2LLMEncoder, dim: int) -> None:
         if not 0 < dim <= encoder.embedding_dim:

@@ -1,5 +1,4 @@
-"""Training data (paper section 4.1): sources registry, unified records, decontamination, hard
-negatives, the offline real-code default dataset and its statistics, and a user's own files (`files.py`)."""
+"""Training data (paper section 4.1): sources, records, decontamination, negatives, the offline set, own files."""
 
 from .mix import Prepared, add_hard_negatives, prepare_rows, prepare_sources
 from .negatives import mine_negatives

@@ -1,27 +1,5 @@
-"""A local retrieval set in the BEIR layout, as one evaluation task (notebook 04's `beir_sets`, paper section 4.2).
-
-BEIR (and mteb's retrieval loaders) lay a retrieval set out as a folder:
-
-    corpus.jsonl      one JSON object a line: "_id", "text", and optionally "title" (a text, "" when absent)
-    queries.jsonl     one JSON object a line: "_id", "text"
-    qrels/test.tsv    tab-separated, a header line `query-id  corpus-id  score`, then one judgement a line
-                      (an integer score; > 0 is relevant, graded scores count as graded relevance in nDCG)
-
-`read_beir` reads one into a `RetrievalTask` named `beir-<folder name>`. The queries are those that `qrels/test.tsv`
-judges relevant to a document (a score above 0; a BEIR queries file often holds every split's queries), in the
-file's order; the corpus is every document,
-each as mteb prepares it (`retrieval.corpus_text`: title and text joined, stripped). Other fields and extra keys
-are ignored. Evaluation data is read strictly: a missing folder or file, a line that is not a JSON object or not
-UTF-8, a missing or non-text field, an empty text, an id given twice, a header other than the three columns, a row
-with another number of cells, a non-integer score, a judgement naming an unknown query or document or repeating one,
-an empty corpus and a file with no judgement are errors naming the file, the line and the column. Nothing is
-written beside the set.
-
-`beir_keys` reads the same sets for notebook 01 (`beir_sets` is its key too): the `records.text_key`s of the judged
-queries and of every document a judgement marks relevant, as the model sees it and bare (as
-`decontamination.split_keys` keys MTEB's), which no training row may hold (`decontamination.BEIR_TEXT`). All judged
-queries count, not only the `eval_limit` that notebook 04 scores.
-"""
+"""A local BEIR-layout retrieval set as one task (notebook 04's `beir_sets`, section 4.2), read strictly, and
+the keys notebook 01 keeps out of training (`beir_keys`): docs/own-data.md#your-own-retrieval-sets."""
 
 from __future__ import annotations
 
@@ -130,7 +108,6 @@ def _qrels(path: Path, queries: dict, corpus: dict) -> dict[str, dict[str, int]]
 
 
 def _read(folder: str | Path) -> tuple[Path, dict, dict, dict]:
-    """(folder, {judged query id: text}, corpus rows by id, {query id: {document id: score}} of the judged queries)."""
     root = Path(folder).expanduser()
     if not root.is_dir():
         what = "not a folder" if root.exists() else "no such folder"
@@ -149,9 +126,7 @@ def _read(folder: str | Path) -> tuple[Path, dict, dict, dict]:
 
 
 def read_beir(folder: str | Path, instruction: str) -> RetrievalTask:
-    """The BEIR set in `folder` (a relative path resolves from the working directory: notebooks/ in the pipeline) as
-    the task `beir-<folder name>`, its queries given `instruction` (the c2llm prompt style's; the peer styles use
-    their own prompt sets). Every error names the file, line and column (module docstring)."""
+    """The BEIR set in `folder` (relative: from the working directory) as the task `beir-<folder name>`."""
     root, queries, corpus_rows, qrels = _read(folder)
     corpus = {d: corpus_text(values["text"], values["title"]) for d, (_, values) in corpus_rows.items()}
     name = file_safe(root.resolve().name)
@@ -173,17 +148,14 @@ def read_beir_sets(folders: list[str], instruction: str) -> list[RetrievalTask]:
 
 @dataclass(frozen=True)
 class BeirKeys:
-    """The BEIR sets a run scores (folders as given) and the `text_key`s of their judged queries and relevant
-    documents, which notebook 01 keeps out of training (`decontamination.BEIR_TEXT`)."""
+    """The BEIR sets a run scores and the `text_key`s of their judged queries and relevant documents."""
 
     folders: tuple[str, ...] = ()
     keys: frozenset[str] = frozenset()
 
 
 def beir_keys(folders: Sequence[str]) -> BeirKeys:
-    """The keys of each set's judged queries and of each document judged relevant (score > 0) to one, as the model
-    sees it (title and text) and bare; read as strictly as `read_beir` reads them for notebook 04 (the same errors,
-    here before any training)."""
+    """The keys of each set's judged queries and relevant documents (as the model sees them and bare), read strictly."""
     keys: set[str] = set()
     for folder in folders:
         _, queries, corpus_rows, qrels = _read(folder)

@@ -1,23 +1,5 @@
-"""Notebook 01's stage: the training set of a run, from the offline snapshot, the hub, a user's files or a user's code
-(section 4.1).
-
-Offline, the training rows are the snapshot's train split (real code, split by file), decontaminated
-against every offline evaluation text (the held-out split and HumanEval), capped per (dataset,
-language) group if asked, with K hard negatives mined per group. From the hub (or a local folder laid
-out like it), the rows are the registry sources' training splits, decontaminated against the offline
-sets and, if asked, the MTEB(Code, v1) evaluation: a row goes when its query is a test query or its
-positive a relevant test document (`decontamination.mteb_test_keys`, with the rules). From a user's
-files (`data_source: files`, `files.py`), the rows are theirs, a stable share of the queries held out for
-evaluation (`Prepared.heldout`), the rest decontaminated against the held-out texts, the offline sets and, if
-asked, MTEB(Code, v1); rows that bring negatives keep them (at most K) and are topped up with mined ones. From the
-user's code (`data_source: code`, `code_trees.py`), the rows are the train split of the pairs mined
-from `code_roots`, decontaminated against the held-out split's texts and function bodies too, and the held-out split
-comes back as `Prepared.heldout`; capping and negatives as for the others. Whatever the source, the training rows
-are also decontaminated against the BEIR sets the run scores in notebook 04 (`beir_sets`, `beir.beir_keys`: their
-judged queries and relevant documents, `decontamination.BEIR_TEXT`) and against the libraries it evaluates as unseen
-(`unseen_packages`, `unseen.unseen_keys`: every query and document of their tasks, `decontamination.UNSEEN_TEXT`);
-a run whose offline snapshot or code roots hold files of such a library is refused (`unseen.source_overlap`).
-"""
+"""Notebook 01's stage: the training set of a run from the offline snapshot, the hub, a user's files or a user's code
+(section 4.1), decontaminated, capped per group and given K hard negatives (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -41,7 +23,6 @@ from .unseen import mine_packages, unseen_keys
 
 
 def offline_eval_texts() -> list[str]:
-    """Every query and document of the offline evaluation sets."""
     rows = [r for r in load_snapshot() if r["split"] == "test"] + humaneval_records()
     return [t for r in rows for t in (r["query"], r["positive"])]
 
@@ -53,7 +34,6 @@ def _kept_indices(groups: Iterable[Sequence[int]], cap: int, seed: int) -> list[
 
 
 def _capped(rows: list[dict], cap: int | None, seed: int) -> list[dict]:
-    """At most `cap` rows per (dataset, language) group, in snapshot order."""
     if cap is None:
         return rows
     groups: dict[tuple[str, str], list[int]] = {}
@@ -63,8 +43,7 @@ def _capped(rows: list[dict], cap: int | None, seed: int) -> list[dict]:
 
 
 def _capped_table(prepared: Prepared, stage: DataStage) -> Prepared:
-    """The prepared rows with at most `rows_per_group` per (dataset, language) group, if set: after decontamination,
-    so the counts say what each step removed (`Prepared.selected` records the rows left out as `capped`)."""
+    """The rows with at most `rows_per_group` per group, after decontamination (recorded as `capped`)."""
     if stage.rows_per_group is None:
         return prepared
     groups = group_indices(prepared.rows).values()
@@ -79,11 +58,7 @@ def own_rows(
     beir: BeirKeys | None = None,
     unseen: UnseenKeys | None = None,
 ) -> Prepared:
-    """A user's rows (`data_source` files or code) as notebook 01 reads them: every file or folder opened, every row
-    checked, the held-out share set apart (`Prepared.heldout`) and the rest decontaminated (against `beir`, the BEIR
-    sets the run scores, and `unseen`, the libraries it evaluates as unseen, too), before the cap per group and the
-    negatives; a `DataError` names the file, folder or row that cannot be used. The preflight reads them through here
-    too."""
+    """A user's rows (files or code) checked, held out and decontaminated; a `DataError` names what cannot be used."""
     if stage.data_source == "files":
         return prepare_files(stage.file_entries(), stage.files_instruction, stage.files_heldout_fraction, eval_texts,
                              mteb_keys, beir=beir, unseen=unseen)  # fmt: skip
@@ -93,16 +68,12 @@ def own_rows(
 
 
 def decontaminated_mteb_tasks(stage: DataStage) -> list[str]:
-    """The MTEB tasks whose test queries and relevant documents `build_training_data` removes from the training rows:
-    MTEB(Code, v1)'s with `decontaminate_mteb`, else none. Notebook 01 records them in `metrics/data.json`, so that
-    notebook 04 says which of the sets it evaluates the training was not checked against (`eval.contamination_note`)."""
+    """The MTEB tasks the training rows are checked against: MTEB(Code, v1)'s with `decontaminate_mteb`, else none."""
     return list(MTEB_CODE_TASKS) if stage.decontaminate_mteb else []
 
 
 def training_files(stage: DataStage) -> dict[str, Iterable[str]]:
-    """{training source: the ids of its files} where the rows record the file they came from, for the unseen-library
-    check (`unseen.unseen_keys`): the offline snapshot's train split (`python/<path in the standard library>`,
-    `javascript/lodash/<file>`) and each code root's files as mining walks them; hub and files rows record none."""
+    """{training source: the ids of its files} for the unseen-library check (offline snapshot and code roots only)."""
     if stage.data_source == "offline":
         snapshot = "the offline snapshot (CPython standard library, lodash)"
         return {snapshot: sorted({row["file"] for row in load_snapshot() if row["split"] == "train"})}
@@ -115,12 +86,7 @@ def training_files(stage: DataStage) -> dict[str, Iterable[str]]:
 def build_training_data(
     stage: DataStage, local_root: str | Path | None = None, mteb_tasks: Sequence[Any] | None = None
 ) -> tuple[Prepared, dict[str, int]]:
-    """(prepared rows with negatives, rows per group that got fewer than K negatives).
-
-    `local_root`: hub sources read from a local folder laid out like the hub (data_source "hub" only).
-    `mteb_tasks`: the task objects (or names) to decontaminate against when `decontaminate_mteb` is on,
-    instead of the 12 MTEB(Code, v1) tasks fetched by name from the hub.
-    `stage.hub_mirror` (a local folder laid out as the hub, `mirror.py`) supplies both when they are not given."""
+    """(prepared rows with negatives, rows per group short of K); `local_root` and `mteb_tasks` stand in for the hub."""
     if stage.hub_mirror is not None:
         if not Path(stage.hub_mirror).is_dir():
             raise DataError(f"hub_mirror {stage.hub_mirror!r} is not a directory" + relative_note(stage.hub_mirror))

@@ -1,16 +1,5 @@
-"""Training pairs mined with tree-sitter from a user's own source trees, `data_source: code` (paper section 4.1's data
-recipes, CodeSearchNet's, applied to `code_roots`): the library's one function miner (`every_function` serves search
-and the unseen-library tasks too). From every documented function: text -> code (the documentation's first paragraph,
-`grammars.summary_of` -> the function without a Python docstring) and code -> code (the first half of its lines -> the
-rest), with `offline.pair_records`' length filters and split **by file** (`offline.split_of`). Each record has the
-six record columns plus `split`, `file`, `function`, `start_line`, `end_line` and `body_key`.
-
-`prepare_code` streams the train split through `prepare_rows` and returns the test split as `Prepared.heldout`. A
-train function whose body equals a held-out one's (a renamed copy) is held-out text too; a body counts only from
-`MIN_BODY_CHARS` normalised characters (shorter ones, `pass` or `...`, recur across unrelated functions: 12 of rich
-15.0.0's share `...`). A file that does not parse is skipped whole, never fatal. The files come from `tree_walk`;
-the rules and errors are in docs/own-data.md ("Your own code").
-"""
+"""Training pairs mined with tree-sitter from a user's source trees (`data_source: code`, section 4.1's recipes), by
+the library's one function miner, which search and the unseen libraries use too: docs/own-data.md#your-own-code."""
 
 from __future__ import annotations
 
@@ -38,8 +27,7 @@ NOT_PARSED = "does not parse (skipped; first error line)"
 
 @dataclass
 class MiningReport:
-    """What mining saw: per root, files mined and files or folders skipped by reason (with example paths), and per
-    language the functions found, those documented, and the records by split and dataset."""
+    """What mining saw: per root the files mined and skipped by reason, per language the functions and records."""
 
     files: SkipReport = field(default_factory=SkipReport)  # source "code root <name>": passed = files parsed
     functions: Counter = field(default_factory=Counter)  # language -> function definitions found
@@ -66,8 +54,7 @@ class MiningReport:
 
 
 def _parse(source: SourceFile, report: SkipReport) -> Any:
-    """The file's tree-sitter tree, counted as passed; None for a file that does not parse (counted, with its first
-    error line)."""
+    """The file's tree-sitter tree, or None for a file that does not parse (counted, with its first error line)."""
     parser, _ = parser_for(source.grammar)
     tree = parser.parse(source.data)
     where = f"code root {source.root}"
@@ -79,8 +66,7 @@ def _parse(source: SourceFile, report: SkipReport) -> Any:
 
 
 def every_function(source: SourceFile, report: SkipReport) -> list[Function] | None:
-    """Every named function of a file, documented or not, in source order (`grammars.functions(every=True)`: the
-    code without its documentation, with 1-based lines); None when the file does not parse (counted in `report`)."""
+    """Every named function of a file, documented or not, in source order; None when the file does not parse."""
     tree = _parse(source, report)
     return None if tree is None else list(functions(tree, source.data, source.grammar, Counter(), every=True))
 
@@ -91,7 +77,6 @@ def body_key(body: str) -> str:
 
 
 def _file_records(source: SourceFile, test_percent: int, report: MiningReport):
-    """The records of one parsed file's documented functions."""
     rel, name, data, grammar = source.rel, source.root, source.data, source.grammar
     tree = _parse(source, report.files)
     if tree is None:
@@ -128,8 +113,7 @@ def mine(
     report: MiningReport | None = None,
     max_file_bytes: int = MAX_FILE_BYTES,
 ) -> Iterator[dict[str, Any]]:
-    """The records of every documented function under `roots`, root by root, file by file in sorted order; `report`
-    (a `MiningReport`) gains the counts as they are mined. The roots are checked before this returns."""
+    """The records of every documented function under `roots`, in sorted order; `report` gains the counts."""
     if not isinstance(test_percent, int) or isinstance(test_percent, bool) or not 0 <= test_percent <= 100:
         raise ValueError(f"test_percent must be an integer from 0 to 100, got {test_percent!r}")
     checked = code_roots(roots)
@@ -161,11 +145,7 @@ def prepare_code(
     beir: BeirKeys | None = None,
     unseen: UnseenKeys | None = None,
 ) -> Prepared:
-    """The train split of the mined roots through `prepare_rows` (checked, deduplicated, and decontaminated against
-    `eval_texts`, `mteb_keys`, the BEIR sets of `beir`, the unseen libraries of `unseen` and every held-out query,
-    document and function body), with the test split as `heldout` (without `body_key`, and without its pairs whose
-    query equals their positive) and the mining's file counts in the report. The mined records pass through an Arrow
-    table on disk, not memory."""
+    """The mined train split through `prepare_rows` (a held-out body is held-out text); the test split as `heldout`."""
     import numpy as np
 
     mining = MiningReport()

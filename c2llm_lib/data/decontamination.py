@@ -1,9 +1,5 @@
-"""Decontamination (section 4.1's training data kept apart from what is evaluated): the rules a training row may
-break, in the order they are checked, the keys each rule compares (`EvalKeys`) and MTEB(Code, v1)'s test keys
-(`mteb_test_keys`). Texts are compared as `records.text_key`s (normalised); a test document both as the model sees it
-(`title + " " + text`, as mteb builds it) and bare. Each dropped row is counted once, under the first rule it breaks.
-Why both directions, why only relevant documents and why CodeEditSearch is not clean: docs/data.md#decontamination.
-"""
+"""Decontamination (section 4.1): the rules a training row may break, in the order checked, the keys each compares
+(`EvalKeys`) and MTEB(Code, v1)'s test keys. Why each rule: docs/data.md#decontamination."""
 
 from __future__ import annotations
 
@@ -35,8 +31,7 @@ UNSEEN_TEXT = "unseen-library text"  # checked last, only where a run evaluates 
 
 @dataclass(frozen=True)
 class UnseenKeys:
-    """The unseen libraries a run evaluates (`pins.PackagePin`s as text: name, version and the wheel's sha256) and
-    the `text_key`s of their tasks' queries and documents, which notebook 01 keeps out of training (`UNSEEN_TEXT`)."""
+    """The unseen libraries a run evaluates (pins as text) and the `text_key`s of their tasks' queries and documents."""
 
     packages: tuple[str, ...] = ()
     keys: frozenset[str] = frozenset()
@@ -62,17 +57,14 @@ class EvalKeys:
         beir_keys: Iterable[str] = (),
         unseen_keys: Iterable[str] = (),
     ) -> EvalKeys:
-        """From offline evaluation texts, `mteb_test_keys`' (test-query keys, relevant-document keys), the keys of
-        the held-out rows' texts (and, in a code run, of their functions' bodies), those of the BEIR sets and those of
-        the unseen libraries' tasks."""
+        """From offline texts, `mteb_test_keys`' pair, and the held-out, BEIR and unseen-library keys."""
         test_queries, relevant_documents = mteb_keys
         offline = frozenset(map(text_key, offline_texts))
         return cls(frozenset(test_queries), frozenset(relevant_documents), offline, frozenset(heldout_keys),
                    frozenset(beir_keys), frozenset(unseen_keys))  # fmt: skip
 
     def rule(self, query: str, positive: str, body_key: str = "") -> str | None:
-        """The first rule a (query, positive) row breaks, or None if it is clean; `body_key` is the key of its
-        function's body (`code_trees.body_key`; "" for none), compared with the held-out keys."""
+        """The first rule a (query, positive) row breaks, or None; its `body_key` ("" for none) is checked too."""
         q, p = text_key(query), text_key(positive)
         if q in self.test_queries:
             return QUERY_IS_TEST_QUERY
@@ -93,9 +85,7 @@ class EvalKeys:
         return None
 
     def fingerprint(self) -> str:
-        """A hash of the rules and of every key of every set (not their sizes: equal sizes, other keys); the held-out,
-        BEIR and unseen-library rules enter only when they have keys, so a run without them keeps its earlier
-        fingerprint."""
+        """A hash of the rules and every key; the held-out, BEIR and unseen rules enter only when they have keys."""
         h = hashlib.sha256(json.dumps(RULES).encode())
         for keys in (self.test_queries, self.relevant_documents, self.offline):
             h.update(b"\x00" + "\n".join(sorted(keys)).encode())
@@ -116,8 +106,7 @@ def _task_name(task: Any) -> str:
 
 
 def split_keys(split: dict[str, Any], where: str) -> tuple[set[str], set[str]]:
-    """(test-query keys, relevant-document keys) of one mteb 2.x retrieval split: `queries` (id, text),
-    `corpus` (id, text, optional title) and `relevant_docs` ({query id: {document id: score}})."""
+    """(test-query keys, relevant-document keys) of one mteb 2.x split (`queries`, `corpus`, `relevant_docs`)."""
     missing = [k for k in ("queries", "corpus", "relevant_docs") if k not in split]
     if missing:
         raise DataError(f"{where}: the split has no {missing}; a retrieval split needs queries, corpus, relevant_docs")
@@ -135,10 +124,7 @@ def split_keys(split: dict[str, Any], where: str) -> tuple[set[str], set[str]]:
 
 
 def mteb_test_keys(tasks: Sequence[Any] = MTEB_CODE_TASKS) -> tuple[frozenset[str], frozenset[str]]:
-    """(keys of every test query, keys of every document a test qrel marks relevant) over the evaluated
-    splits of the tasks. Task names are fetched from the hub (`mteb.get_tasks`); task objects (mteb's
-    offline mock tasks, any AbsTaskRetrieval whose `load_data` fills `dataset` or the v1 attributes
-    `queries`/`corpus`/`relevant_docs`) are used as given."""
+    """(keys of every test query, keys of every relevant test document) over the tasks' evaluated splits."""
     import mteb
 
     names = [t for t in tasks if isinstance(t, str)]
@@ -166,8 +152,7 @@ def mteb_test_keys(tasks: Sequence[Any] = MTEB_CODE_TASKS) -> tuple[frozenset[st
 
 
 def clean_rows(rows: Iterable[dict], keys: EvalKeys, counts: dict[str, Counter]) -> Iterator[dict]:
-    """The clean rows, each dropped one counted by source and rule; a row's `body_key` (code runs) is compared, then
-    removed: it is not a column of the table."""
+    """The clean rows, each dropped one counted by source and rule; a row's `body_key` is compared, then removed."""
     for row in rows:
         rule = keys.rule(row["query"], row["positive"], row.pop("body_key", ""))
         if rule is not None:

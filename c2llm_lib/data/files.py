@@ -1,37 +1,5 @@
-"""Training pairs a user already has (`data_source: files`), read into the record shape of paper section 4.1.
-
-Each `data_files` entry is a path, or a mapping `{path, instruction, group, language}` (`entries.FileEntry`): a file, a
-`datasets.save_to_disk` folder, or a folder of data files (each file in it, not its subfolders). `datasets` reads
-every format, chosen by what the path is: `.jsonl`/`.json` through its json builder, `.csv` (every cell a text: no
-number or "NA" guessing; a line with too many fields is an error), `.parquet`, and a `save_to_disk` folder through
-`load_from_disk` (of a DatasetDict, its only split or its `train` split). The layouts (FlagEmbedding's query/pos/neg
-with prompt, sentence-transformers' anchor/positive/negative(s), plain query/positive/negatives) and the reading
-of each row, with the file, row, id and column of every bad one, are in `layouts.py`; a row with several positives
-becomes one record per positive, sharing its negatives.
-
-- Groups (the sampler's datasets): a file is one group, named by its entry's `group`, else by the file's stem (two
-  files with one stem get distinct names, and a note says which); `group: {column: task}` splits a file by the
-  values of its column `task` (equal values in two files make one group). Language: the row's, else the entry's,
-  else "mixed". Instruction: the row's `prompt`/`instruction`, else the entry's, else the run's `files_instruction`;
-  the report's notes and `Prepared.origin` (metrics/data.json) say how many rows took each.
-- A missing, empty or unreadable file, a file whose columns match no layout (or two), a file with no usable row and
-  one file named twice are `DataError`s naming it; bad rows are counted skips (`SkipReport`), duplicate pairs too.
-- Held out: with `heldout_fraction` f > 0, a row goes to `Prepared.heldout` when the hash of its query's
-  normalised text (`records.text_key`) falls in the first f of the hash range, so one query (whitespace variants
-  included) never lands on both sides and the split is the same on every run and machine. The training rows are
-  decontaminated against every held-out query and positive (`decontamination.HELDOUT_TEXT`) as against MTEB's test
-  keys, the offline evaluation texts and the run's BEIR sets (`decontamination.BEIR_TEXT`), and a row's own negative
-  that is one of those texts is dropped and counted (training on it would show the model a test text). A row whose
-  query equals its positive is skipped and counted, held out or not (`records.SAME_TEXT`). Own negatives are kept by
-  `mix.add_hard_negatives(keep_given=True)`.
-- Nothing is written into a user's folders, and nothing is served from a stale cache: `datasets` keys a local file
-  by its path and modification time only, so each file is converted into a fresh scratch folder of its own
-  (`mix._scratch_folder`, removed at exit), never looked up in `datasets`' cache; a `save_to_disk` folder is only
-  memory-mapped (no `map` or `filter` on it, which would write cache files beside its Arrow files). Paths are
-  glob-escaped: `datasets` reads `data_files` as patterns, so `pairs[1].jsonl` would otherwise read `pairs1.jsonl`.
-
-Relative paths are resolved from the `notebooks/` folder, where the notebooks run.
-"""
+"""Training pairs a user already has (`data_source: files`, section 4.1), read through `datasets` from a fresh
+scratch folder each, a stable share of the queries held out, the rest decontaminated (docs/own-data.md)."""
 
 from __future__ import annotations
 
@@ -91,7 +59,6 @@ def _resolved(entry: FileEntry, index: int, base_dir: Path) -> Path:
 
 
 def _entry_files(entry: FileEntry, index: int, base_dir: Path, notes: list[str]) -> list[tuple[Path, str, str]]:
-    """(path, label, format) of each file an entry names."""
     path = _resolved(entry, index, base_dir)
     if path.is_dir() and _is_save_to_disk(path):
         return [(path, entry.path, "disk")]
@@ -117,8 +84,7 @@ def _entry_files(entry: FileEntry, index: int, base_dir: Path, notes: list[str])
 
 
 def resolve_files(entries: Sequence[FileEntry], base_dir: Path = NOTEBOOK_DIR) -> tuple[list[DataFile], list[str]]:
-    """Every file the entries name, with its group name, and notes on the choices made (renamed groups, ignored
-    files). Two entries reaching one file (a symlink included) are an error: its rows would count twice."""
+    """Every file the entries name, with its group, and notes on the choices made; a file reached twice is an error."""
     notes: list[str] = []
     found = [(i, e, *f) for i, e in enumerate(entries) for f in _entry_files(e, i, base_dir, notes)]
     first: dict[Path, int] = {}
@@ -193,8 +159,7 @@ def _unreadable(file: DataFile, err: BaseException) -> DataError:
 
 
 def load_table(file: DataFile):
-    """The file as a `datasets.Dataset`, converted in a fresh scratch folder (never from or into `datasets`' cache,
-    never beside the file), or a `save_to_disk` folder memory-mapped where it is."""
+    """The file as a `datasets.Dataset` made in a fresh scratch folder, or a `save_to_disk` folder memory-mapped."""
     import datasets
     import pandas as pd
 
@@ -335,9 +300,7 @@ def prepare_files(
     beir: BeirKeys | None = None,
     unseen: UnseenKeys | None = None,
 ) -> Prepared:
-    """The training rows of a user's files, checked and decontaminated (`mix.prepare_rows`) against the offline
-    evaluation texts, `mteb_keys`, the BEIR sets of `beir`, the unseen libraries of `unseen` and the held-out rows,
-    which come back as `Prepared.heldout`."""
+    """A user's files as checked, decontaminated training rows (`mix.prepare_rows`); held out: `Prepared.heldout`."""
     if not entries:
         raise DataError("data_source 'files' needs at least one data_files entry")
     if not 0 <= heldout_fraction < 1:
@@ -381,9 +344,7 @@ def _evaluated(keys: EvalKeys, text: str) -> bool:
 def _training_rows(
     item: OpenFile, checker: RowChecker, instruction: str, fraction: float, evaluated: EvalKeys
 ) -> Iterator[dict]:
-    """The file's training records; a row's own negative that is an evaluated text (held out, offline, an MTEB test
-    query or relevant document, a BEIR set's, an unseen library's) is dropped and counted: training on it would show
-    the model a test text."""
+    """The file's training records; an own negative that is an evaluated text is dropped and counted."""
     stats = item.stats
     for row in item.rows(instruction):
         stats.rows += 1
@@ -404,7 +365,6 @@ def _training_rows(
 
 
 def _merge_skips(report: SkipReport, other: SkipReport) -> None:
-    """Adds the held-out rows' skips (duplicate pairs) to the report, marked as held out."""
     for source, reasons in other.skipped.items():
         for reason, n in reasons.items():
             marked = f"{reason} (held out)"

@@ -1,33 +1,5 @@
-"""Functions and their documentation comments, found with tree-sitter grammars (paper section 4.1 data).
-
-CodeSearchNet's text->code pairs join a function's documentation to its code. This module finds both in a
-parsed file, one grammar per language, from the per-language tree-sitter wheels on PyPI: the node types of
-function definitions are matched with a tree-sitter query, and the documentation is the function's own
-docstring (Python) or the comment directly above it, no blank line between:
-
-- python (.py): `def`, decorators included; the docstring (a plain or raw string, the first statement);
-- javascript (.js .mjs .cjs .jsx): declarations, methods, `const f = () =>`, `a.b = function`, `k: function`,
-  class fields holding a function; `/** */` (JSDoc);
-- typescript (.ts .mts .cts .tsx): as javascript, decorators included; `/** */` (TSDoc);
-- java (.java): methods and constructors; `/** */` (Javadoc);
-- php (.php): functions and methods; `/** */` (PHPDoc);
-- go (.go): functions and methods; a run of `//` lines or a `/* */` block (Go doc comments);
-- ruby (.rb): `def` and `def self.`; a run of `#` lines;
-- c (.c .h) and c++ (.cc .cpp .cxx .c++ .hpp .hh .hxx): function definitions, templates included; a run of `//`
-  or `///` lines, or a `/* */` or `/** */` block;
-- c# (.cs): methods and constructors; a run of `///` lines (XML doc) or `/** */`;
-- rust (.rs): `fn`, attributes included; a run of `///` lines or `/** */`.
-
-`summary_of` turns a documentation into CodeSearchNet's query: comment markers (`/**`, ` * `, `///`, `#`) and
-tool directives (`//go:`, `# rubocop:`) removed, the text up to the first tag line (`@param`, `:param x:`,
-`\\return`; `@brief` and `@summary` keep their text), inline tags reduced to their text (`{@link Foo}`, C#'s
-`<see cref="Foo"/>`), C#'s `<summary>` taken when present, HTML tags dropped (`<p>` starts a paragraph), then
-the first paragraph (`offline.first_paragraph`). The document is the function's lines (decorators, annotations
-and `export` included; any code before it on its first line blanked) without a Python docstring, dedented.
-`functions(..., every=True)` also yields the undocumented functions (their `doc` empty): a search indexes them all.
-A function's `body` is the code of the grammar's `body` node (the block after the signature, an arrow function's
-expression; a Python docstring left out): `code_trees` compares bodies across its split to find renamed copies.
-"""
+"""Functions and their documentation (a Python docstring or the comment directly above), found with tree-sitter
+grammars, and `summary_of`, CodeSearchNet's query (section 4.1 data): docs/own-data.md#your-own-code."""
 
 from __future__ import annotations
 
@@ -137,7 +109,6 @@ def _last_row(node: Any) -> int:
 
 
 def _name(node: Any, source: bytes) -> str | None:
-    """The defined name: the `name` field, a declarator's or an assignment's target, a C function's declarator."""
     kind = node.type
     if kind == "assignment_expression":
         target = node.child_by_field_name("left")
@@ -163,8 +134,7 @@ _VALUE_FIELD = {"variable_declarator": "value", "assignment_expression": "right"
 
 
 def _is_function(node: Any) -> bool:
-    """A JavaScript/TypeScript match that defines a function (a declarator, assignment, pair or field whose value
-    is one); every other grammar's matches are functions by their node type."""
+    """Whether a match defines a function: a JavaScript declarator, assignment, pair or field must hold one."""
     value_field = _VALUE_FIELD.get(node.type)
     if value_field is None:
         return True
@@ -173,14 +143,12 @@ def _is_function(node: Any) -> bool:
 
 
 def _body(node: Any) -> Any:
-    """The function's `body` node (a JavaScript value's, for a declarator, assignment, pair or field), or None."""
     holder = node.child_by_field_name(_VALUE_FIELD[node.type]) if node.type in _VALUE_FIELD else node
     return holder.child_by_field_name("body") if holder is not None else None
 
 
 def _outer(node: Any, grammar: Grammar) -> Any:
-    """The node that holds the function with what belongs to it: a `const f = ...` declaration, an `a.b = function`
-    statement, a decorated definition, an `export` or a `template<...>`."""
+    """The node holding the function with what belongs to it (declaration, decorators, `export`, `template<...>`)."""
     if node.type == "variable_declarator" and node.parent is not None and node.parent.named_child_count == 1:
         node = node.parent
     elif node.type == "assignment_expression" and getattr(node.parent, "type", None) == "expression_statement":
@@ -208,7 +176,6 @@ def _previous(node: Any) -> Any:
 
 
 def _comment_doc(top: Any, source: bytes, grammar: Grammar) -> str | None:
-    """The documentation comment directly above `top` (no blank line), or None."""
     run: list[str] = []
     below = top.start_point.row
     node = _previous(top)
@@ -251,8 +218,7 @@ def _docstring(function: Any, source: bytes) -> tuple[str, Any] | None:
 
 
 def _lines(source_lines: list[bytes], first: Any, last: Any, drop: tuple[int, int] | None) -> str:
-    """The dedented text from node `first`'s start to node `last`'s end, whole lines, without the rows in `drop`;
-    code before `first` on its line is blanked and code after `last` on its line left out."""
+    """The dedented whole lines from `first` to `last` without the rows in `drop`; code before `first` is blanked."""
     start, end = first.start_point, last.end_point
     lines = []
     for row in range(start.row, end.row + 1):
@@ -271,8 +237,7 @@ def _lines(source_lines: list[bytes], first: Any, last: Any, drop: tuple[int, in
 def functions(
     tree: Any, source: bytes, grammar: Grammar, counts: dict[str, int], every: bool = False
 ) -> Iterator[Function]:
-    """The documented functions of a parsed file, in source order; `counts` gains "functions" and "documented".
-    With `every`, undocumented functions too (their `doc` empty): the documents a search indexes (`search/index.py`)."""
+    """The documented functions of a parsed file in source order (all with `every`); `counts` gains their counts."""
     _, query = parser_for(grammar)
     nodes = tree_sitter.QueryCursor(query).captures(tree.root_node).get("function", [])
     source_lines = source.split(b"\n")
@@ -318,7 +283,6 @@ _SUMMARY = re.compile(r"<summary>(.*?)</summary>", re.S)
 
 
 def _marker_free(doc: str, comment: bool) -> list[str]:
-    """The documentation's lines without comment markers."""
     if not comment:
         return doc.split("\n")  # a docstring
     if doc.startswith("/*"):
@@ -331,8 +295,7 @@ def _marker_free(doc: str, comment: bool) -> list[str]:
 
 
 def summary_of(doc: str, comment: bool = True) -> str:
-    """The query CodeSearchNet makes of a documentation (a comment, or a docstring with `comment=False`): its first
-    paragraph, without markers and tags."""
+    """The query CodeSearchNet makes of a documentation: its first paragraph, without markers and tags."""
     kept = []
     for line in _marker_free(doc, comment):
         stripped = line.strip()

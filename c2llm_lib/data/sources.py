@@ -1,36 +1,5 @@
-"""The training sources of the paper (section 4.1) and table 1's instructions, one registry entry each.
-
-C2LLM trains on the training splits of the 12 MTEB(Code, v1) sources, about 3 million pairs. Each
-entry names the hub dataset and the revision mteb evaluates (so train and test come from one
-snapshot), the layout and column mapping, the split(s) that train, the programming language, and the
-query instruction of table 1. Layouts:
-
-- "coir": CoIR's BEIR-style configs `corpus` (split `corpus`: _id, title, text), `queries`
-  (split `queries`: _id, text) and `default` (qrels per split: query-id, corpus-id, score);
-- "coir_multilang": the same per language, configs `<lang>-corpus`, `<lang>-queries`, `<lang>-qrels`,
-  the queries carrying a `partition` column (train/valid/test);
-- "pairs": one table of (query, document) columns per language directory (CodeEditSearch).
-
-`swap=True` reads a source backwards: CodeSearchNet's text-to-code pairs are CoIR's code-to-text
-pairs with query and document exchanged. `iter_records(source, local_root=...)` reads local files
-laid out like the hub (`<root>/<hub id with / as __>/<config>/<split>.jsonl`) instead of the hub:
-that is how the fixtures test every mapping offline. A source's folder there that is really another
-source's (a symlink to it, or a file resolving into it) is refused, naming both (`mirror.check_own_folder`).
-
-Local files are read line by line (`JsonlTable`), not through the json loader of `datasets`, so one
-bad line (invalid UTF-8, malformed JSON, not an object) is a counted skip naming the file and line
-instead of the loss of the whole file. Memory stays bounded as on the hub path: a corpus keeps only
-its id -> row index plus a byte offset and line number per row, and texts are read back from disk
-one chunk of qrels at a time (a 1M-document CodeSearchNet corpus costs its id index, not its texts).
-Hub tables still load through `datasets` (memory-mapped Arrow). On both paths a qrel with a
-non-numeric score is a counted skip (a null score means relevant), an id repeated with a different
-text keeps its first text and is counted, and an empty or unreadable table is a `DataError` naming
-the source, config and file.
-
-The MTEB tasks of the same datasets (`mteb_tasks`: evaluation, and decontamination's test keys) come from the hub,
-or from a mirror through mteb's own task classes (`mirrored_task`; the mirror's layout is `mirror.py`); this
-registry says which of them mteb reads by language folder rather than by the configs a dataset card declares.
-"""
+"""The paper's 12 training sources (section 4.1): hub dataset, revision, layout, columns, splits, language and
+table 1's instruction; local files as the hub are read line by line (`JsonlTable`), a bad line a counted skip."""
 
 from __future__ import annotations
 
@@ -170,9 +139,7 @@ def _parse_line(raw: bytes) -> tuple[dict | None, str, str]:
 
 
 class JsonlTable:
-    """A local jsonl file read line by line: a bad line (invalid UTF-8, malformed JSON, not an object) is a
-    counted skip naming the file and line, not the loss of the file. Only two integers per row (byte offset,
-    line number) stay in memory; `values` reads texts back from disk."""
+    """A local jsonl file read line by line: a bad line is a counted skip; only byte offsets stay in memory."""
 
     def __init__(self, source: str, label: str, path: Path, what: str, shown: str, report: SkipReport) -> None:
         self.source, self.label, self.path, self.shown, self.report = source, label, path, shown, report
@@ -181,10 +148,7 @@ class JsonlTable:
         self.line_numbers = array("q")
 
     def rows(self, needed: tuple[str, ...], read: tuple[str, ...] = ()) -> Iterator[tuple[int, str, dict]]:
-        """(row number, file:line, the row's JSON object) for every readable line, in order.
-
-        `needed` is checked as the json loader of `datasets` would: a column exists if any row has it, and a
-        row without it reads as null. `read` is accepted for symmetry with `HubTable`; every key is returned."""
+        """(row number, file:line, JSON object) of each readable line; a `needed` column must be in some row."""
         self.offsets, self.line_numbers = array("q"), array("q")
         columns: set[str] = set()
         unreadable: list[str] = []
@@ -276,8 +240,7 @@ def open_table(
 
 
 def index_ids(table: Table, kind: str, report: SkipReport) -> dict[str, int]:
-    """id -> row number of a corpus or queries table. An id seen again keeps its first row: a repeat with a
-    different text is a counted conflict, a repeat with the same text is counted apart as harmless."""
+    """id -> row number of a corpus or queries table; a repeated id keeps its first row and is counted."""
     index: dict[str, int] = {}
     repeats: list[tuple[str, int, int]] = []  # (id, row, its first row)
     for n, where, row in table.rows(("_id", "text"), read=("_id",)):
@@ -305,7 +268,7 @@ def index_ids(table: Table, kind: str, report: SkipReport) -> dict[str, int]:
 
 
 def qrel_score(score: Any) -> float | None:
-    """A qrel's score as a number (null, or no score column, means relevant, as today); None if not a number."""
+    """A qrel's score as a number (null, or no score column, means relevant); None if not a number."""
     if score is None:
         return 1.0
     if isinstance(score, (int, float, str)):
@@ -320,8 +283,7 @@ def qrel_score(score: Any) -> float | None:
 def _relevant_pairs(
     qrels: Table, source: Source, name: str, index: tuple[dict, dict], report: SkipReport, chunk: int
 ) -> Iterator[list[tuple[str, str]]]:
-    """The (query id, document id) pairs a qrels table marks relevant, `chunk` at a time; a qrel without
-    ids, with a non-numeric score, or naming a missing query or document is a counted skip."""
+    """The (query id, document id) pairs a qrels table marks relevant, `chunk` at a time; bad qrels are counted."""
     query_index, corpus_index = index
     found: list[tuple[str, str]] = []
     for _, where, row in qrels.rows(("query-id", "corpus-id"), read=("query-id", "corpus-id", "score")):
@@ -411,10 +373,7 @@ def iter_records(
 
 # the MTEB tasks of the same datasets, from the hub or a mirror ----------------------------------------------------
 def mirrored_task(task, mirror: str | Path):
-    """`task` (an mteb task object) reading its data from the mirror instead of the hub; same class and loader, on a
-    subclass (mteb's registry is untouched) whose metadata points `dataset["path"]` at the mirror's folder and adds
-    the folder's `content_digest` to its revision, and whose `load_data` reads through a `datasets` cache of that
-    content (`content_cache`)."""
+    """`task` (an mteb task object) reading from the mirror's folder, its revision carrying the `content_digest`."""
     cls = type(task)
     source = cls.metadata.dataset["path"]
     local = repo_dir(mirror, source)

@@ -1,7 +1,4 @@
-"""Statistics of a prepared mix for notebook 01: rows per (dataset, language) and text lengths.
-
-Functions return a pandas DataFrame or a matplotlib Figure; they never show or save anything.
-"""
+"""Statistics of a prepared mix for notebook 01 (rows per group, text lengths), as DataFrames and Figures."""
 
 from __future__ import annotations
 

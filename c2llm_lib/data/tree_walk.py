@@ -1,8 +1,5 @@
-"""The walk of a user's source trees (`data_source: code`, notebook 07's search): the checked roots, the skip rules and
-each kept file read once, read-only (`source_files`), or listed unread for the runner's fingerprint (`walked_files`).
-The rules, each skipped file or folder counted by reason with up to 5 example paths, are in docs/own-data.md
-("Your own code"); symbolic links are never followed, so nothing outside a root is read, and nothing is written.
-"""
+"""The walk of a user's source trees (`data_source: code`, notebook 07's search): the checked roots, the skip rules
+(docs/own-data.md#your-own-code) and each kept file read once, read-only; symbolic links are never followed."""
 
 from __future__ import annotations
 
@@ -76,8 +73,7 @@ def _utf8(name: str) -> bool:
 
 
 def code_roots(roots: Sequence[str | os.PathLike]) -> list[tuple[str, Path]]:
-    """(name, resolved folder) of each root, in order; a `DataError` names a root that is missing, a file or
-    unreadable, that is given twice or lies inside another, or whose folder name another root has."""
+    """(name, resolved folder) of each root, in order; a `DataError` names a root that cannot be used."""
     if isinstance(roots, (str, bytes, os.PathLike)) or not isinstance(roots, Sequence):
         raise DataError(f"code_roots must be a list of folders, got {type(roots).__name__} {str(roots)[:80]!r}")
     if not roots:
@@ -114,8 +110,7 @@ def code_roots(roots: Sequence[str | os.PathLike]) -> list[tuple[str, Path]]:
 
 
 def _read(path: str, limit: int) -> bytes | str:
-    """The bytes of a regular file (at most limit + 1), or the reason it is skipped; never follows a symlink and
-    never blocks on a pipe."""
+    """A regular file's bytes (at most limit + 1) or why it is skipped; never follows a symlink or blocks on a pipe."""
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except OSError as err:
@@ -149,7 +144,6 @@ def _content_skip(data: bytes, limit: int) -> str | None:
 
 
 def _gitignore(folder: str, shown: str, report: SkipReport, where: str) -> Any:
-    """The folder's .gitignore as a pathspec, or None when it has none (one that cannot be read is counted)."""
     path = os.path.join(folder, ".gitignore")
     if not os.path.lexists(path):
         return None
@@ -212,9 +206,7 @@ def _file_skip(entry: os.DirEntry, rel: str, specs: tuple) -> str | None:
 
 def _walk(root: Path, name: str, report: SkipReport, keep: Callable[[str], bool] | None = None
           ) -> Iterator[tuple[str, str]]:  # fmt: skip
-    """(path inside the root, full path) of each file to read, depth first in sorted order, applying the path rules
-    (folders, tests, .gitignore, links, languages) and counting what they skip; with `keep`, only the files whose
-    id (`name/path`) it accepts, the others passed over uncounted."""
+    """(path inside the root, full path) of each file the path rules keep, skips counted; `keep` selects file ids."""
     where = f"code root {name}"
     stack: list[tuple[Iterator[os.DirEntry], str, tuple]] = []
 
@@ -297,9 +289,7 @@ def no_source(name: str, root: Path, report: SkipReport, what: str = "source fil
 
 
 def walked_files(root: str | os.PathLike) -> list[tuple[str, Path]]:
-    """(file id, path) of every file of a code root that the path rules let mining read (folders, tests, .gitignore,
-    links, languages), none of them read: what the runner fingerprints of a code root (`stages.outside_fingerprint`
-    hashes their bytes, which the content rules judge). A root that cannot be read is a `DataError`."""
+    """(file id, path) of each file of a code root the path rules keep, unread: what the runner fingerprints."""
     path = Path(root).expanduser()
     name = Path(os.path.abspath(path)).name or path.resolve().name or "root"
     return [(f"{name}/{rel}", Path(full)) for rel, full in _walk(path.resolve(), name, SkipReport())]
@@ -311,10 +301,7 @@ def source_files(
     max_file_bytes: int = MAX_FILE_BYTES,
     keep: Callable[[str], bool] | None = None,
 ) -> Iterator[SourceFile]:
-    """Every file under the checked roots (`code_roots`' (name, folder) pairs) that mining would read, root by root in
-    sorted order, through the same path, .gitignore and content rules, `report` counting what they skip; `keep`
-    (given a file id, `name/path`) selects files without counting the others. A root with no file left is a
-    `DataError` naming it, raised once its walk is done (with `keep`, when no root has a selected file)."""
+    """Every file under the checked roots that mining would read, skips counted in `report`; `keep` selects ids."""
     total = 0
     for name, root in roots:
         found = 0
