@@ -163,27 +163,6 @@ def attention_spans(item: TokenAttention, style: str = "font-size:13px;line-heig
     return f"<pre style='{style}'>" + "".join(spans) + "</pre>"
 
 
-def dimension_curves(table, hidden: int, dims: Sequence[int]):
-    """Mean nDCG@10 against embedding dimension: PMA trained at d versus the full PMA embedding truncated to d
-    (rows named as `study.pooling.variants` names them)."""
-    import matplotlib.pyplot as plt
-    import pandas as pd
-    import seaborn as sns
-
-    full = table.loc["PMA (trained)", "mean"]
-    rows = [{"dim": hidden, "method": m, "mean nDCG@10": full} for m in ("PMA projection to d", "truncation to d")]
-    rows += [{"dim": d, "method": "PMA projection to d", "mean nDCG@10": table.loc[f"PMA d={d} (trained)", "mean"]}
-             for d in dims]  # fmt: skip
-    rows += [{"dim": d, "method": "truncation to d", "mean nDCG@10": table.loc[f"PMA truncated to {d}", "mean"]}
-             for d in dims]  # fmt: skip
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    sns.lineplot(pd.DataFrame(rows), x="dim", y="mean nDCG@10", hue="method", marker="o", ax=ax)
-    ax.set_xscale("log", base=2)
-    ax.set_title("embedding dimension: projection (PMA) vs truncation")
-    fig.tight_layout()
-    return detached(fig)
-
-
 # the training's columns of `study.recipes.comparison_frame` (the others: the recipe, its curve, nDCG@10 per task)
 TRAINING_COLUMNS = ("tokens/s", "peak memory GB", "train s", "loss_first", "loss_last")
 

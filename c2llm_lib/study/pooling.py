@@ -2,8 +2,6 @@
 the mean, PMA projecting to d (equations 2-3) against the full PMA embedding truncated to d, and PMA's encoding cost.
 Notebook 06 (`compare_poolings`) is the study to read: per-pooler rates from the sweep, every seed, and each difference
 with 95 % intervals over queries and, with several seeds, over trainings and queries, by which the sentences judge.
-`variants`, `train_variant`, `ablation_pairs` (notebook 04's former quick check) train in the kernel at one rate
-and seed.
 """
 
 from __future__ import annotations
@@ -13,8 +11,6 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from ..config import ModelConfig, TrainConfig
 from ..eval.intervals import (
@@ -29,41 +25,10 @@ from ..eval.intervals import (
 )
 from ..figures import pooling_study
 from ..hardware import cpu_info, resolve_device, resolve_dtype
-from ..model import C2LLMEncoder
-from ..train import Trainer
 from .plan import Entry
 from .sweep import Grid, edge_sentences, rates_label, sweep_frame, sweep_markdown
 from .trainings import query_rows, seed_query_rows
 from .trainings import timings as times
-
-
-def variants(base: ModelConfig, dims: Sequence[int]) -> dict[str, ModelConfig]:
-    """Pooler and dimension variants of `base` (a PMA configuration at full width)."""
-    full = dataclasses.replace(base, pooling="pma", embedding_dim=None, append_eos=None)
-    out = {
-        "PMA (trained)": full,
-        "last token (trained)": dataclasses.replace(full, pooling="last_token"),
-        "mean (trained)": dataclasses.replace(full, pooling="mean"),
-    }
-    for d in dims:
-        out[f"PMA d={d} (trained)"] = dataclasses.replace(full, embedding_dim=d)
-    return out
-
-
-def train_variant(model: ModelConfig, train: TrainConfig, rows) -> C2LLMEncoder:
-    """A fresh encoder of configuration `model`, trained with the recipe `train` on `rows` (no checkpoints)."""
-    torch.manual_seed(train.seed)
-    encoder = C2LLMEncoder.from_config(dataclasses.replace(model, use_lora=True))
-    Trainer(encoder, rows, dataclasses.replace(train, checkpoint_steps=[], checkpoint_fractions=[])).train()
-    return encoder.eval()
-
-
-def ablation_pairs(dims: Sequence[int]) -> list[tuple[str, str]]:
-    """The comparisons of an in-kernel pooling table (rows named as `variants` names them): PMA
-    against each other pooler, and PMA trained to each d against the full PMA embedding truncated to d."""
-    return [("PMA (trained)", "last token (trained)"), ("PMA (trained)", "mean (trained)")] + [
-        (f"PMA d={d} (trained)", f"PMA truncated to {d}") for d in dims
-    ]
 
 
 def study_pairs(entries) -> list[tuple[str, str]]:
