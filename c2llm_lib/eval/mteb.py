@@ -279,15 +279,26 @@ def evaluate_all(
     """{model: {task: nDCG@10}}: each encoder through mteb.evaluate (cached under `cache_dir`, one folder per model),
     a task's own query instruction kept (`instruction_overrides`), and BM25 through our scorer; the models share one
     `EncodingCache`, so no model encodes a text twice."""
-    scores: dict[str, dict[str, float]] = {}
-    if bm25:
-        scores["BM25"] = bm25_scores(tasks)
     cache = EncodingCache(list(models.values()))  # every model registered first, so siblings share each pass
+
+    def evaluated(label: str, model: MTEBEncoder, offline: list[OfflineTask]) -> dict[str, float]:
+        found = run_mteb(model, offline, cache_dir)
+        log(f"evaluated {label}")
+        return found
+
+    return _per_model(models, tasks, bm25_scores if bm25 else None, evaluated, batch_size, max_length, cache)
+
+
+def _per_model(models, tasks, bm25_scorer, score, batch_size: int, max_length: int, cache=None) -> dict[str, Any]:
+    """{"BM25": bm25_scorer(tasks)} unless the scorer is None, then {label: score(label, its `mteb_model`, its offline
+    tasks)} for each model in order."""
+    out: dict[str, Any] = {}
+    if bm25_scorer is not None:
+        out["BM25"] = bm25_scorer(tasks)
     for label, encoder in models.items():
         model = mteb_model(label, encoder, tasks, batch_size, max_length, cache)
-        scores[label] = run_mteb(model, [offline_task(t) for t in tasks], cache_dir)
-        log(f"evaluated {label}")
-    return scores
+        out[label] = score(label, model, [offline_task(t) for t in tasks])
+    return out
 
 
 def mteb_model(label: str, encoder, tasks: Sequence[RetrievalTask], batch_size: int, max_length: int, cache=None):
@@ -310,10 +321,8 @@ def query_scores(
     """{model: {task: {query id: nDCG@10}}} behind `evaluate_all`'s scores, for the paired bootstrap
     (`intervals.py`): each encoder's per-query values from the results mteb cached (no encoding; call
     `evaluate_all` with the same arguments first), BM25's from our scorer. Each task's mean equals its score."""
-    out: dict[str, dict[str, dict[str, float]]] = {}
-    if bm25:
-        out["BM25"] = bm25_query_scores(tasks)
-    for label, encoder in models.items():
-        model = mteb_model(label, encoder, tasks, batch_size, max_length)
-        out[label] = cached_query_scores(model, [offline_task(t) for t in tasks], cache_dir)
-    return out
+
+    def read(label: str, model: MTEBEncoder, offline: list[OfflineTask]) -> dict[str, dict[str, float]]:
+        return cached_query_scores(model, offline, cache_dir)
+
+    return _per_model(models, tasks, bm25_query_scores if bm25 else None, read, batch_size, max_length)
