@@ -96,8 +96,8 @@ def evaluate_encoder(
 def task_embeddings(
     encoder, task: RetrievalTask, batch_size: int = 16, max_length: int | None = None, prompt: tuple | None = None
 ):
-    """Unnormalised (queries (Q, d), documents (N, d)) of a task, with the prompts of the encoder's prompt style, or
-    `prompt` = (query instruction, document prefix) when given (a validation task's, `study/validation.py`)."""
+    """Unnormalised (queries (Q, d), documents (N, d)) of a task, with the encoder's prompts or `prompt` = (query
+    instruction, document prefix)."""
     query, document = prompt or task_prompts(encoder.config, task.name, instruction_overrides(encoder.config, [task]))
     kwargs = {"batch_size": batch_size, "max_length": max_length, "normalize": False}
     docs = encoder.encode([corpus_text(t) for t in task.corpus.values()], kind="document", instruction=document,
@@ -149,8 +149,8 @@ def evaluate_bm25(task: RetrievalTask, k: int = 10) -> dict[str, float]:
 
 
 def baseline_encoder(trained, pooling: str):
-    """The untrained-pooler baseline of `trained`: its backbone before training (or, for a released checkpoint,
-    the release's own backbone) with a baseline pooler (mean or last token), no LoRA."""
+    """The untrained-pooler baseline of `trained` (mean or last token, no LoRA) on its backbone before training, or on a
+    release's own backbone."""
     cfg = trained.config
     if is_released_checkpoint(cfg.backbone):
         return C2LLMEncoder.from_released(
@@ -167,10 +167,8 @@ def baseline_encoder(trained, pooling: str):
 
 
 def baselines(trained, poolings: Sequence[str]) -> dict[str, Any]:
-    """{label: baseline encoder} for each pooling: "untrained, mean pooling" on the run's base backbone, or
-    "released backbone, mean pooling" when `trained` is a released checkpoint. The baselines share one backbone
-    and tokenizer object (their poolers have no weights): it is loaded once, and `evaluate_all` runs it once
-    per text for all of them (`encoding.shared_forward`)."""
+    """{label: baseline encoder} per pooling ("untrained, ..." or "released backbone, ..."), all on one loaded backbone
+    and tokenizer object (their poolers have no weights)."""
     kind = "released backbone" if is_released_checkpoint(trained.config.backbone) else "untrained"
     if not poolings:
         return {}
@@ -183,8 +181,8 @@ def baselines(trained, poolings: Sequence[str]) -> dict[str, Any]:
 
 
 def evaluated_models(evaluation, run_dir) -> tuple[str, dict[str, Any]]:
-    """(label, {label: the model notebook 04 evaluates, then its `baselines`}) for `evaluation` (its EvalStage): the
-    release `eval_released` ("released <id>"), else the run's `merged/` ("C2LLM recipe (merged)")."""
+    """(label, {label: the model notebook 04 evaluates, then its `baselines`}): the release `eval_released`, else the
+    run's `merged/`."""
     if evaluation.eval_released:
         label = f"released {evaluation.eval_released}"
         trained = C2LLMEncoder.from_released(released_directory(evaluation.eval_released,
