@@ -1,6 +1,6 @@
-"""Figures for the notebooks, each returned and never shown or saved (`RunDir.save_figure` writes them): training
-curves (section 4.1's loss), per-task scores and dimension curves (section 4.2), the recipe and pooling studies, and PMA
-attention as a heatmap and shaded HTML (section 3), coloured relative to uniform attention."""
+"""Figures for the notebooks, each returned, never shown or saved: training curves (section 4.1), per-task scores (4.2),
+the recipe and pooling studies, and PMA attention as heatmaps and shaded HTML coloured relative to uniform (section 3).
+"""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def relative_to_uniform(weights: np.ndarray) -> np.ndarray:
 
 
 def attention_heatmap(item: TokenAttention, title: str = ""):
-    """Two panels, attention averaged over heads and heads x tokens, prefix and special tokens marked; colour is
-    weight x T on one log scale for every figure: white uniform, red more, blue less, saturated at UNIFORM_RANGE."""
+    """Two panels, mean over heads and heads x tokens, prefix and specials marked; colour is weight x T on one log scale
+    (docs/evaluation.md#attention-notebook-05)."""
     import matplotlib.pyplot as plt
     from matplotlib.colors import LogNorm
     from matplotlib.ticker import FixedLocator, FuncFormatter
@@ -68,8 +68,8 @@ def attention_heatmap(item: TokenAttention, title: str = ""):
 
 
 def loss_description(train, negatives_used: int | None = None, short_rows: int = 0) -> str:
-    """The loss a recipe (a `config.TrainConfig` or its dict) optimises, in words (section 4.1, `losses.py`), with the K
-    the trainer used (`negatives_used`) where it differs and the `short_rows` rows holding fewer than K negatives."""
+    """The loss a recipe optimises, in words, with the K the trainer used (`negatives_used`) and the `short_rows` with
+    fewer negatives."""
     if isinstance(train, dict):
         train = from_dict(TrainConfig, train, "loss_curves(train=...)")
     if not isinstance(train, TrainConfig):
@@ -94,8 +94,8 @@ def loss_description(train, negatives_used: int | None = None, short_rows: int =
 
 
 def loss_curves(metrics: Sequence[dict], train=None, negatives_used: int | None = None):
-    """Training loss per step, coloured by dataset, the learning rate on a second axis, titled by `loss_description`
-    when `train` is given; per-width Matryoshka losses (`loss@d`) get a second panel with one curve per width."""
+    """Training loss per step by dataset with the learning rate, titled by `loss_description`; Matryoshka losses
+    (`loss@d`) in a second panel."""
     import matplotlib.pyplot as plt
     import pandas as pd
     import seaborn as sns
@@ -149,8 +149,8 @@ def attention_html(item: TokenAttention, title: str = "") -> str:
 
 
 def attention_spans(item: TokenAttention, style: str = "font-size:13px;line-height:1.6") -> str:
-    """A `<pre>` of each token shaded by its mean attention relative to uniform (weight x T on the heatmaps' log scale:
-    none uniform, red more, blue less, full colour at UNIFORM_RANGE times), its weight in its title, specials boxed."""
+    """A `<pre>` of tokens shaded by mean attention relative to uniform (as the heatmaps), weights in titles, specials
+    boxed."""
     weights = item.weights.mean(0)  # (T,)
     relative = relative_to_uniform(weights)  # (T,)
     strength = np.clip(np.log(np.maximum(relative, 1e-12)) / np.log(UNIFORM_RANGE), -1.0, 1.0)  # (T,) in [-1, 1]
@@ -168,8 +168,8 @@ TRAINING_COLUMNS = ("tokens/s", "peak memory GB", "train s", "loss_first", "loss
 
 
 def recipe_comparison(frame, dims_table):
-    """The recipe comparison (`study.recipes.comparison_frame`, `dimension_table`): per-task nDCG@10 at full width (and
-    BM25), mean nDCG@10 against embedding dimension, training throughput and peak memory."""
+    """The recipe comparison: per-task nDCG@10 at full width, mean nDCG@10 against width, training throughput and peak
+    memory."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 
@@ -200,9 +200,8 @@ def recipe_comparison(frame, dims_table):
 
 
 def pooling_study(frame, intervals: dict[str, dict]):
-    """The pooling study (`study.pooling.pooling_frame`, `mean_intervals`): mean nDCG@10 per pooler with its 95 %
-    interval and each seed's mean as a dot; and against the width d, PMA projection to d vs truncation to d, with
-    intervals."""
+    """The pooling study: mean nDCG@10 per pooler with its interval and seed dots, and PMA projection vs truncation
+    against width."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1, 1.4]})

@@ -1,6 +1,5 @@
 """mteb benchmarks by name (paper section 4.2, table 2): MTEB(Code, v1) beside the paper's and the public scores, with a
-mean without CodeEditSearch (evaluated on its train split), and newer benchmarks beside their public means.
-"""
+mean without CodeEditSearch (evaluated on its train split), and newer benchmarks beside their public means."""
 
 from __future__ import annotations
 

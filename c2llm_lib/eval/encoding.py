@@ -1,7 +1,6 @@
 """Embeddings computed once per evaluation: `EncodingCache` embeds each formatted text once per encoder, serves a
 `Truncated` view from its encoder's embeddings, and runs encoders on one backbone object (the untrained baselines)
-through one backbone pass per text (`shared_forward`); docs/evaluation.md#held-out-tasks.
-"""
+through one backbone pass per text (`shared_forward`); docs/evaluation.md#held-out-tasks."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Paired bootstrap intervals of retrieval score differences: over queries (Efron & Tibshirani 1993; for IR metrics,
 Sakai 2006), and over trainings and queries (two-level, Davison & Hinkley 1997, section 3.8). The mean over tasks
-resamples every task at once. What an interval can say: docs/evaluation.md#how-sure-each-difference-is.
-"""
+resamples every task at once. What an interval can say: docs/evaluation.md#how-sure-each-difference-is."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Our tasks and encoders through `mteb.evaluate` with the released prompts (paper section 4.2), results cached in
 mteb's layout keyed by a `fingerprint` of weights and settings and by a hash of each task's data; an offline task keeps
-every query's nDCG@10. Importing it imports mteb (about 240 MB): the rest of the package imports it inside functions.
-"""
+every query's nDCG@10. Importing it imports mteb (about 240 MB): the rest of the package imports it inside functions."""
 
 from __future__ import annotations
 

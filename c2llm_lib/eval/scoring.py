@@ -1,7 +1,6 @@
 """Our scorer (paper section 4.2): exact top-k by cosine in chunks, nDCG@10 and recall on ranked ids, BM25, the
 per-query scores behind every mean, MRL-style truncated widths, and the untrained-pooler baselines. Documents are
-prepared as mteb prepares a corpus (`corpus_text`), so these scores equal `mteb.evaluate`'s on the same task.
-"""
+prepared as mteb prepares a corpus (`corpus_text`), so these scores equal `mteb.evaluate`'s on the same task."""
 
 from __future__ import annotations
 

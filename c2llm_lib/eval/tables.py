@@ -1,6 +1,5 @@
 """Notebook 04's tables (paper section 4.2, table 2's layout): models x tasks of nDCG@10 x 100 with each task's size,
-and `evaluate_set`: one call per task set for scores, per-query scores, differences and markdown.
-"""
+and `evaluate_set`: one call per task set for scores, per-query scores, differences and markdown."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The retrieval tasks notebook 04 scores (paper section 4.2): offline held-out tasks and HumanEval, a run's own
 held-out split, the unseen libraries, seeded limits, sizes and truncation counts, query instructions, and the note on
-sets the training was not checked against.
-"""
+sets the training was not checked against."""
 
 from __future__ import annotations
 

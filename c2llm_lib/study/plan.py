@@ -1,6 +1,5 @@
 """What notebook 06 trains: each recipe's own keys (`RECIPE_KEYS`) over the run's notebook-02 compute, so every model
-sees the same rows and steps, and the pooling study's poolers (C2LLM section 3's takeaway; docs/studies.md).
-"""
+sees the same rows and steps, and the pooling study's poolers (C2LLM section 3's takeaway; docs/studies.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The pooling study (C2LLM section 3's claims for its head, on equal terms): PMA against the last token and the mean,
 PMA projecting to d (equations 2-3) against truncation to d, and PMA's encoding cost, each difference with its 95 %
-interval (docs/studies.md#the-pooling-study).
-"""
+interval (docs/studies.md#the-pooling-study)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The recipe comparison (C2LLM section 3's takeaway against jina-code-embeddings and CodeXEmbed): one row per model and
-width, quality-vs-dimension curves, differences with 95 % intervals, and `metrics/comparison.{json,md}`.
-"""
+width, quality-vs-dimension curves, differences with 95 % intervals, and `metrics/comparison.{json,md}`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Notebook 06 in one call: plan the models, sweep rates on a validation split, train and score each model afresh at
-every comparison seed, and build the recipe comparison and the pooling study.
-"""
+every comparison seed, and build the recipe comparison and the pooling study."""
 
 from __future__ import annotations
 

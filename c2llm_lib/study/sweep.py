@@ -1,7 +1,6 @@
 """Learning rates chosen on a validation split (notebook 06): one small grid of LoRA, head and attention-logit rates for
 every model, each point trained once at the sweep's seed and scored on validation; a choice at a grid's end bounds the
-rate from one side only (docs/studies.md#rates-chosen-on-a-validation-split).
-"""
+rate from one side only (docs/studies.md#rates-chosen-on-a-validation-split)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Notebook 06's trainings and scores: each training in its own process, in a folder keyed by its configs, resolved
 compute and rows, reused when finished; scored per query at full width and each truncation, the scores kept beside it. A
-sweep training is never scored on test.
-"""
+sweep training is never scored on test."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """A validation split carved from a run's training rows, on which notebook 06 chooses rates so the test tasks choose
 nothing: by file on the offline snapshot, else by normalised query, rows sharing a text with it dropped
-(docs/studies.md#rates-chosen-on-a-validation-split).
-"""
+(docs/studies.md#rates-chosen-on-a-validation-split)."""
 
 from __future__ import annotations
 
