@@ -78,8 +78,7 @@ def stored_attention(
     encoder, text: str, weights: np.ndarray, kind: str = "document", instruction: str | None = None,
     max_tokens: int = 80,
 ) -> TokenAttention:  # fmt: skip
-    """A `TokenAttention` of earlier weights (H, T) or (T,) over `text`'s tokens at `max_tokens`; another T is an
-    error."""
+    """A `TokenAttention` of earlier (H, T) or (T,) weights over `text`'s tokens; another T is refused."""
     return _token_attention(encoder, text, np.asarray(weights, dtype=np.float32), kind, instruction, max_tokens)
 
 
@@ -184,8 +183,7 @@ def _leaves(node):
 
 
 def _leaf_category(node, text: str) -> str:
-    """A tree-sitter leaf's category: comment, literal, identifier, keyword (any other word), else
-    operator/punctuation."""
+    """A tree-sitter leaf's category: comment, literal, identifier, keyword, else operator/punctuation."""
     kind = node.type.lower()
     if node.is_named and "comment" in kind:
         return "comment/docstring"

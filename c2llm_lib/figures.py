@@ -68,8 +68,7 @@ def attention_heatmap(item: TokenAttention, title: str = ""):
 
 
 def loss_description(train, negatives_used: int | None = None, short_rows: int = 0) -> str:
-    """The loss a recipe optimises, in words, with the K the trainer used (`negatives_used`) and the `short_rows` with
-    fewer negatives."""
+    """The loss a recipe optimises, in words, with the K used and the rows with fewer negatives."""
     if isinstance(train, dict):
         train = from_dict(TrainConfig, train, "loss_curves(train=...)")
     if not isinstance(train, TrainConfig):
@@ -149,8 +148,7 @@ def attention_html(item: TokenAttention, title: str = "") -> str:
 
 
 def attention_spans(item: TokenAttention, style: str = "font-size:13px;line-height:1.6") -> str:
-    """A `<pre>` of tokens shaded by mean attention relative to uniform (as the heatmaps), weights in titles, specials
-    boxed."""
+    """A `<pre>` of tokens shaded by attention relative to uniform, weights in titles, specials boxed."""
     weights = item.weights.mean(0)  # (T,)
     relative = relative_to_uniform(weights)  # (T,)
     strength = np.clip(np.log(np.maximum(relative, 1e-12)) / np.log(UNIFORM_RANGE), -1.0, 1.0)  # (T,) in [-1, 1]
@@ -168,8 +166,7 @@ TRAINING_COLUMNS = ("tokens/s", "peak memory GB", "train s", "loss_first", "loss
 
 
 def recipe_comparison(frame, dims_table):
-    """The recipe comparison: per-task nDCG@10 at full width, mean nDCG@10 against width, training throughput and peak
-    memory."""
+    """Per-task nDCG@10, mean nDCG@10 against width, throughput and peak memory of the recipes."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 
@@ -200,8 +197,7 @@ def recipe_comparison(frame, dims_table):
 
 
 def pooling_study(frame, intervals: dict[str, dict]):
-    """The pooling study: mean nDCG@10 per pooler with its interval and seed dots, and PMA projection vs truncation
-    against width."""
+    """Mean nDCG@10 per pooler with intervals and seed dots, and projection vs truncation by width."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1, 1.4]})

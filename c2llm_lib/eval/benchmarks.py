@@ -165,8 +165,7 @@ SIZES_NOTE = (
 
 
 def mteb_task_sizes(tasks: Sequence[Any]) -> dict[str, dict[str, int]]:
-    """{task: {"queries": n, "documents": m}} from mteb's descriptive statistics (no download); a task without them is
-    left out."""
+    """{task: {"queries", "documents"}} from mteb's statistics; tasks without them left out."""
     sizes = {}
     for task in tasks:
         stats = (task.metadata.descriptive_stats or {}).get(task.metadata.eval_splits[0]) or {}

@@ -18,8 +18,7 @@ QueryScores = Mapping[str, Mapping[str, float]]  # {task: {query id: nDCG@10 in 
 
 @dataclass(frozen=True)
 class Interval:
-    """A statistic (difference of means, or a mean) and its bootstrap percentile interval, in the scores' units;
-    `queries` counts the queries behind it."""
+    """A statistic and its bootstrap percentile interval, in the scores' units, over `queries` queries."""
 
     value: float
     low: float
@@ -51,8 +50,7 @@ class Interval:
 
 
 def aligned(a: QueryScores, b: QueryScores, names: tuple[str, str] = ("A", "B")) -> dict[str, np.ndarray]:
-    """{task: (n, 2) array} of A's and B's score per query, in A's order; different tasks or query ids are refused (a
-    comparison over different queries is not paired)."""
+    """{task: (n, 2) array} of A's and B's per-query scores; different tasks or query ids are refused."""
     if set(a) != set(b):
         raise ValueError(f"{names[0]} and {names[1]} are scored on different tasks: {sorted(set(a) ^ set(b))}")
     if not a:
@@ -133,8 +131,7 @@ def bootstrap_mean(a: QueryScores, resamples: int = RESAMPLES, seed: int = SEED,
 
 
 def _by_training(runs: Sequence[QueryScores], name: str) -> dict[str, np.ndarray]:
-    """{task: (S, n) array} of each training's per-query scores, in the first training's query order; a training scored
-    on other tasks or queries is an error naming it."""
+    """{task: (S, n) array} of each training's per-query scores; mismatched trainings are refused."""
     if not runs:
         raise ValueError(f"{name}: no trainings to resample")
     first = runs[0]
@@ -258,8 +255,7 @@ def differences(
 
 
 def differences_markdown(diffs: Differences, title: str) -> str:
-    """The differences as a markdown table x 100: one row per pair, mean then tasks, then whether the mean's interval
-    holds 0."""
+    """The differences as a markdown table x 100, mean first, then whether the mean holds 0."""
     if not diffs:
         return ""
     first = next(iter(diffs.values()))

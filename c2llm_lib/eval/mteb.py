@@ -60,8 +60,7 @@ _FOLDER_DIGESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # load
 
 
 def weights_digest(encoder) -> str | None:
-    """`files.file_digest` of the folder `encoder` was loaded from, once per loaded backbone; None for an encoder built
-    in memory."""
+    """`files.file_digest` of the folder `encoder` was loaded from (None if built in memory)."""
     directory = getattr(encoder, "directory", None)
     if directory is None:
         return None
@@ -84,8 +83,7 @@ def model_meta(
     overrides: dict[str, str] | None = None,
     batch_size: int | None = None,
 ):
-    """mteb's ModelMeta for our encoder (without one mteb tries the hub); its revision is the `fingerprint` unless
-    given."""
+    """mteb's ModelMeta for our encoder; its revision is the `fingerprint` unless given."""
     from mteb.models.model_meta import ModelMeta, ScoringFunction
 
     return ModelMeta.create_empty(
@@ -213,8 +211,7 @@ def run_mteb(model: MTEBEncoder, tasks: Sequence[Any], cache_dir: str | Path) ->
 
 
 def stale_results(cache, meta, tasks: Sequence[Any]) -> set[int]:
-    """Ids of the tasks whose cached result for `meta` has another dataset revision, or (offline tasks) no per-query
-    scores."""
+    """Ids of tasks cached for `meta` on another dataset revision or without per-query scores."""
     stale = set()
     for task in tasks:
         found = cache.load_task_result(task.metadata.name, meta)
@@ -274,8 +271,7 @@ def evaluate_all(
 
 
 def _per_model(models, tasks, bm25_scorer, score, batch_size: int, max_length: int, cache=None) -> dict[str, Any]:
-    """{"BM25": bm25_scorer(tasks)} unless the scorer is None, then {label: score(label, its `mteb_model`, its offline
-    tasks)} for each model in order."""
+    """{"BM25": bm25_scorer(tasks)} unless None, then {label: score(label, mteb model, offline tasks)}."""
     out: dict[str, Any] = {}
     if bm25_scorer is not None:
         out["BM25"] = bm25_scorer(tasks)
@@ -286,8 +282,7 @@ def _per_model(models, tasks, bm25_scorer, score, batch_size: int, max_length: i
 
 
 def mteb_model(label: str, encoder, tasks: Sequence[RetrievalTask], batch_size: int, max_length: int, cache=None):
-    """The `MTEBEncoder` a model is evaluated as on `tasks`: named `local/<label slug>`, with the tasks' instruction
-    overrides."""
+    """The `MTEBEncoder` named `local/<label slug>` with the tasks' instruction overrides."""
     slug = "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")
     return MTEBEncoder(encoder, instruction_overrides(encoder.config, tasks), batch_size=batch_size,
                        max_length=max_length, name=f"local/{slug}", cache=cache)  # fmt: skip

@@ -66,8 +66,7 @@ def query_ndcg(task: RetrievalTask, rankings: dict[str, list[str]], k: int = 10)
 
 
 def embedding_rankings(task: RetrievalTask, queries: np.ndarray, documents: np.ndarray, k: int = 10):
-    """{query id: the ids of its top k documents} by cosine of normalised query (Q, d) and document (N, d) embeddings,
-    in task order."""
+    """{query id: its top k document ids} by cosine of normalised (Q, d) and (N, d) embeddings."""
     doc_ids = list(task.corpus)
     _, top = chunked_topk(queries, documents, k)  # (Q, k)
     return {q: [doc_ids[j] for j in row] for q, row in zip(task.queries, top, strict=True)}
@@ -95,8 +94,7 @@ def evaluate_encoder(
 def task_embeddings(
     encoder, task: RetrievalTask, batch_size: int = 16, max_length: int | None = None, prompt: tuple | None = None
 ):
-    """Unnormalised (queries (Q, d), documents (N, d)) of a task, with the encoder's prompts or `prompt` = (query
-    instruction, document prefix)."""
+    """Unnormalised (queries (Q, d), documents (N, d)) with the encoder's prompts or `prompt`."""
     query, document = prompt or task_prompts(encoder.config, task.name, instruction_overrides(encoder.config, [task]))
     kwargs = {"batch_size": batch_size, "max_length": max_length, "normalize": False}
     docs = encoder.encode([corpus_text(t) for t in task.corpus.values()], kind="document", instruction=document,

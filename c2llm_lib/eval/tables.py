@@ -60,8 +60,7 @@ def _count_cell(task: dict[str, int], count: str) -> str:
 
 @dataclass
 class SetEvaluation:
-    """One task set scored (`evaluate_set`): `table` (None without tasks), scores, sizes, per-query scores, the trained
-    model's differences (`intervals`: as JSON) and the markdown."""
+    """One task set scored (`evaluate_set`): table, scores, sizes, per-query scores, differences, markdown."""
 
     table: Any = None
     scores: dict[str, dict[str, float]] = field(default_factory=dict)

@@ -86,8 +86,7 @@ def task_from_rows(
 def offline_tasks(
     limit: int | None = None, include_humaneval: bool = True, max_documents: int | None = None, seed: int = 0
 ) -> list[RetrievalTask]:
-    """Held-out offline tasks, one per (recipe, language), plus HumanEval; `limit` and `max_documents` as in
-    `limit_task`."""
+    """Held-out offline tasks per (recipe, language) plus HumanEval; limits as in `limit_task`."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for row in load_snapshot():
         if row["split"] == "test":
@@ -199,8 +198,7 @@ class TaskSets:
 
 
 def task_sets(evaluation, heldout=None) -> TaskSets:
-    """The task sets of notebook 04's `evaluation` (its EvalStage); a bad BEIR set fails here naming its file, line and
-    column."""
+    """Notebook 04's task sets for `evaluation`; a bad BEIR set fails naming its file, line and column."""
     limits = (evaluation.eval_limit, evaluation.eval_max_documents)
     beir = [limit_task(t, *limits) for t in read_beir_sets(evaluation.beir_sets, evaluation.beir_instruction)]
     unseen = unseen_tasks(evaluation.unseen_packages, *limits)
@@ -289,8 +287,7 @@ def task_sizes(
 
 
 def truncation_counts(encoder, tasks: Sequence[RetrievalTask], max_length: int) -> dict[str, dict[str, int]]:
-    """{task: {"truncated queries": n, "truncated documents": m}}: texts longer than `max_length` tokens as the
-    evaluation formats them (prompts, EOS)."""
+    """{task: {"truncated queries", "truncated documents"}} at `max_length`, as evaluated."""
     limit = max_length - (1 if encoder.config.eos_appended else 0)
     counts = {}
     for task in tasks:

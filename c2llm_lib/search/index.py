@@ -144,7 +144,6 @@ def _fingerprint(source: SourceFile, documents: int) -> FileState:
 
 
 def _previous_parts(previous: SearchIndex | None) -> dict[str, _Part]:
-    """{file: its part} of an earlier index, vectors included."""
     if previous is None:
         return {}
     parts: dict[str, _Part] = {}
@@ -159,8 +158,7 @@ def _previous_parts(previous: SearchIndex | None) -> dict[str, _Part]:
 
 def _scan(encoder, sources: Sources, earlier: dict[str, _Part], settings: dict[str, Any], max_files: int | None,
           report: IndexReport) -> list[_Part]:  # fmt: skip
-    """The index's files in walk order: earlier parts still matching their file, the others parsed into documents to
-    encode; unparsable files are skipped."""
+    """The index's files in walk order: matching earlier parts, others parsed into documents to encode."""
     pma, dim = encoder.config.pooling == "pma", encoder.embedding_dim
     parts: list[_Part] = []
     for source in source_files(sources.roots, report.files, keep=sources.keep):
@@ -207,8 +205,7 @@ def _mismatch(recorded: list[Document], found: list[Document]) -> str | None:
 
 
 def _vector_mismatch(encoder, part: _Part, settings: dict[str, Any]) -> str | None:
-    """Why a reused part's vectors fail its documents (None: they do not): a non-unit embedding or an attention that is
-    not a distribution."""
+    """Why a reused part's vectors fail (None: they do not): non-unit embedding or bad attention."""
     norms = np.linalg.norm(part.embeddings, axis=1) if len(part.documents) else np.ones(0)
     if not np.isfinite(part.embeddings).all() or not np.allclose(norms, 1.0, atol=1e-3):
         return "an embedding is not a finite unit vector"
@@ -225,8 +222,7 @@ def _vector_mismatch(encoder, part: _Part, settings: dict[str, Any]) -> str | No
 
 
 def _encode(encoder, texts: Sequence[str], instruction: str, max_length: int, batch_size: int):
-    """(unit embeddings (n, d), each text's PMA attention (T_i,) or None), in `C2LLMEncoder.encode`'s batches and
-    prompts."""
+    """(unit embeddings (n, d), PMA attention (T_i,) per text or None), as `C2LLMEncoder.encode` encodes."""
     pma = encoder.config.pooling == "pma"
     formatted = encoder.format_texts(texts, "document", instruction)
     lengths = encoder.token_lengths(formatted, max_length)
@@ -252,7 +248,6 @@ def _encode(encoder, texts: Sequence[str], instruction: str, max_length: int, ba
 
 
 def _assemble(settings: dict[str, Any], parts: list[_Part], dim: int, pma: bool) -> SearchIndex:
-    """The index of the parts that have vectors, in walk order."""
     done = [p for p in parts if p.embeddings is not None]
     embeddings = np.concatenate([p.embeddings for p in done]) if done else np.zeros((0, dim), np.float32)
     attention = [a for p in done for a in (p.attention or [])] if pma else None
@@ -359,7 +354,6 @@ def _store(encoder, indices, texts, instruction, max_length, batch_size, vectors
 
 
 def _fill(pending, chunk, vectors, attention, pma: bool) -> None:
-    """Gives each file whose documents are all encoded its vectors."""
     for part in {id(pending[i][0]): pending[i][0] for i in chunk}.values():
         rows = [i for i in chunk if pending[i][0] is part]
         if len(rows) == len(part.documents) and all(vectors[i] is not None for i in rows):

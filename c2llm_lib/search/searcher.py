@@ -114,8 +114,7 @@ def _top(scores: np.ndarray, k: int) -> list[Hit]:
 
 
 def documented_queries(index: SearchIndex) -> list[KnownQuery]:
-    """Known-answer queries from the indexed functions' documentation, by notebook 01's text->code recipe
-    (`offline.pair_records`)."""
+    """Known-answer queries from indexed functions' documentation (`offline.pair_records`)."""
     out = []
     for d in index.documents:
         rows = pair_records(d.file, d.function, d.language, d.summary, d.code) if d.summary else []

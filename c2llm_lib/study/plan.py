@@ -27,8 +27,7 @@ POOLING_LABELS = {"pma": "PMA", "last_token": "last token", "mean": "mean"}
 
 
 def base_configs(run_dir) -> tuple[ModelConfig, TrainConfig, str]:
-    """The run's notebook-02 configuration and where it was read: `metrics/train.json`, else `resolved.yaml` (so `--only
-    01 06` needs no training)."""
+    """The run's notebook-02 configs and their source: `metrics/train.json`, else `resolved.yaml`."""
     trained = run_dir.root / "metrics" / "train.json"
     if trained.is_file():
         record = json.loads(trained.read_text())
@@ -59,8 +58,7 @@ def load_recipe(name: str, params_dir: str | Path = PARAMS_DIR) -> dict[str, Any
 def recipe_configs(
     base_model: ModelConfig, base_train: TrainConfig, recipe: dict[str, Any], dims: Sequence[int], source: str
 ) -> tuple[ModelConfig, TrainConfig]:
-    """(ModelConfig, TrainConfig) of a recipe over the run's configuration: LoRA on, full width, no intermediate
-    checkpoints, MRL (if any) at `dims`."""
+    """(ModelConfig, TrainConfig) of a recipe on the run's compute: LoRA on, full width, MRL at `dims`."""
     model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
     defaults_model, defaults_train = ModelConfig(), TrainConfig()
     model_keys = {k: recipe.get(k, getattr(defaults_model, k)) for k in RECIPE_KEYS if k in model_fields}

@@ -30,8 +30,7 @@ from .trainings import timings as times
 
 
 def study_pairs(entries) -> list[tuple[str, str]]:
-    """The study's comparisons (`Entry` labels): PMA against each other pooler, each PMA projection against the full PMA
-    truncated to its width."""
+    """PMA against each other pooler, and each PMA projection against PMA truncated to its width."""
     full = [e.label for e in entries if e.study == "poolings" and not e.projected]
     pairs = [("PMA", other) for other in full if other != "PMA"] if "PMA" in full else []
     return pairs + [(e.label, f"{e.parent}, truncated to {e.model.embedding_dim}")
@@ -250,8 +249,7 @@ def study_markdown(
 
 @dataclass
 class PoolingStudy:
-    """The pooling study of one run: tables, differences over queries and trainings, error bars, sentences, setting,
-    record and markdown (`metrics/pooling_study.{json,md}`), and the figure."""
+    """The pooling study of one run: tables, differences, error bars, sentences, record, markdown, figure."""
 
     table: Any
     dimensions: Any

@@ -61,8 +61,7 @@ def dimension_table(frame):
 
 
 def recipe_pairs(entries: Sequence[Entry], bm25: bool = True) -> list[tuple[str, str]]:
-    """The first recipe against each other recipe (and BM25), and each PMA projection against its recipe truncated to
-    that width."""
+    """The first recipe against each other (and BM25); each PMA projection against its truncation."""
     recipes = [e.label for e in entries if e.study == "recipes" and not e.projected]
     if not recipes:
         return []

@@ -42,8 +42,7 @@ class Study:
 
 
 def run_study(run_dir, comparison: CompareStage, log=print) -> Study:
-    """Runs notebook 06's studies for `run_dir` with `comparison`; trains and caches under `comparison/`, writes nothing
-    else."""
+    """Runs notebook 06's studies for `run_dir`; trains and caches under `comparison/`, writes nothing else."""
     base_model, base_train, base_source = base_configs(run_dir)
     rows = run_dir.load_dataset("train")
     entries = plan(base_model, base_train, comparison.compare_recipes, comparison.compare_dims,

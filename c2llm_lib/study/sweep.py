@@ -44,8 +44,7 @@ def points(model: ModelConfig, train: TrainConfig, grid: Grid) -> list[TrainConf
 
 
 def rates(train: TrainConfig, model: ModelConfig) -> dict[str, float | None]:
-    """The rates a training uses as the optimizer applies them (head rates default down the chain); none without pooler
-    parameters."""
+    """The rates a training uses as the optimizer applies them; none without pooler parameters."""
     if model.pooling != "pma":
         return {"learning_rate": train.learning_rate}
     head = train.learning_rate if train.pma_learning_rate is None else train.pma_learning_rate
@@ -99,8 +98,7 @@ def sweep(
     grid: Grid,
     score: Callable[[ModelConfig, TrainConfig], tuple[dict[str, float], str, dict[str, float]]],
 ) -> tuple[SweepResult, TrainConfig]:
-    """Trains and scores every point of `grid` for `model` through `score`; returns the sweep and the chosen
-    TrainConfig."""
+    """Trains and scores every point of `grid` for `model`; returns the sweep and the chosen TrainConfig."""
     configs = points(model, train, grid)
     found = []
     for config in configs:

@@ -133,8 +133,7 @@ def scored_training(
     dims: Sequence[int],
     prompts_of: Callable | None = None,
 ) -> dict[str, Any]:
-    """A training and its `evaluate_queries`, with "training" and "folder"; scores cached in its folder under
-    `evaluation_key`."""
+    """A training and its `evaluate_queries`, cached in its folder under `evaluation_key`."""
     training = train_recipe(model, train, setup.rows_dir, setup.work_dir, setup.log)
     folder = Path(training["final_checkpoint"]).parent.parent  # <work_dir>/<config_key>
     prompts = {t.name: list(prompts_of(model, t)) if prompts_of else None for t in tasks}
@@ -180,8 +179,7 @@ def evaluation_key(
 def sweep_entries(
     entries: Sequence[Entry], grid, seed: int, setup: Setup, validation
 ) -> dict[str, tuple[Any, TrainConfig]]:
-    """{label: (SweepResult, chosen TrainConfig)} of every full-width entry, trained at `seed` and scored on
-    `validation`."""
+    """{label: (SweepResult, chosen TrainConfig)} of every full-width entry, swept at `seed`."""
 
     def score(model: ModelConfig, train: TrainConfig) -> tuple[dict[str, float], str, dict[str, float]]:
         found = scored_training(setup, model, train, validation.tasks, [], validation.prompts)
@@ -219,8 +217,7 @@ def score_trainings(
     trainings: Sequence[tuple[Entry, int, TrainConfig]], setup: Setup, tasks: Sequence[RetrievalTask],
     dims: Sequence[int], selected: Collection[str] = (),
 ) -> dict[str, dict[int, dict[str, Any]]]:  # fmt: skip
-    """{label: {seed: `scored_training` result}} on the test tasks; a training in `selected` (the sweep's) is
-    refused."""
+    """{label: {seed: `scored_training`}} on test; a training in `selected` (the sweep's) is refused."""
     out: dict[str, dict[int, dict[str, Any]]] = {}
     for entry, seed, train in trainings:
         setup.log(f"{entry.label}, seed {seed}")
@@ -236,8 +233,7 @@ def score_trainings(
 
 
 def over_seeds(entry: Entry, per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """An entry's result for the tables: per-query means over seeds, task scores, each seed's scores, mean training
-    figures."""
+    """An entry's table result: per-query means over seeds, task scores, per-seed scores, training figures."""
     runs = list(per_seed.values())
     widths = list(runs[0]["queries"])
     queries = {d: seed_mean([r["queries"][d] for r in runs]) for d in widths}

@@ -56,8 +56,7 @@ def snapshot_files() -> dict[tuple[str, str, str], str]:
 def validation_split(
     rows, percent: int, limit: int | None = None, max_documents: int | None = None, seed: int = 0
 ) -> ValidationSplit:
-    """Splits training rows into training rows and validation tasks; an empty side is an error naming the counts and
-    `validation_percent`."""
+    """Training rows and validation tasks; an empty side is an error naming `validation_percent`."""
     if not 1 <= percent <= 50:
         raise ValueError(f"validation_percent must be from 1 to 50, got {percent}")
     if len(rows) == 0:
