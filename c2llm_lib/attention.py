@@ -110,8 +110,7 @@ def _token_attention(encoder, text: str, weights: np.ndarray | None, kind: str, 
 
 
 def attention_documents(heldout=None) -> list[tuple[str, str]]:
-    """(text, language) of notebook 05's documents: a files or code run's distinct held-out positives, else the offline
-    held-out Python functions."""
+    """(text, language) of notebook 05's documents: a run's held-out positives, else offline ones."""
     if heldout is None:
         wanted = ("test", "CodeSearchNetRetrieval", "python")
         return [(r["positive"], "python") for r in load_snapshot()
@@ -243,8 +242,7 @@ def token_categories(encoder, text: str, kind: str = "document", instruction: st
 
 
 def attention_shares(items: Sequence[TokenAttention], categories: Sequence[Sequence[str] | None]):
-    """Attention share by token category (mean over heads, then texts), summing to 1; texts without categories are left
-    out (none left: NaN)."""
+    """Attention share by token category, summing to 1; texts without categories are left out."""
     import pandas as pd
 
     kept = [(item, cats) for item, cats in zip(items, categories, strict=True) if cats is not None]

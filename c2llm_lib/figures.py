@@ -93,8 +93,7 @@ def loss_description(train, negatives_used: int | None = None, short_rows: int =
 
 
 def loss_curves(metrics: Sequence[dict], train=None, negatives_used: int | None = None):
-    """Training loss per step by dataset with the learning rate, titled by `loss_description`; Matryoshka losses
-    (`loss@d`) in a second panel."""
+    """Training loss per step by dataset with the learning rate; Matryoshka losses in a second panel."""
     import matplotlib.pyplot as plt
     import pandas as pd
     import seaborn as sns

@@ -85,8 +85,7 @@ def benchmark_tasks(name: str, tasks: Sequence[str] = ("all",), mirror: str | Pa
 
 
 def select_tasks(benchmarks: Sequence[str], tasks: Sequence[str]) -> dict[str, list[str]]:
-    """{benchmark: its task names to run}: all for `tasks == ["all"]`, else those named; a name in no benchmark is an
-    error naming `mteb_tasks`."""
+    """{benchmark: its task names to run} (`["all"]`: all); a name in no benchmark is refused."""
     import mteb
 
     check_benchmarks(benchmarks)
@@ -142,8 +141,7 @@ def benchmarks_markdown(
     contamination: str = "",
     max_length: int | None = None,
 ) -> str:
-    """`metrics/mteb_code.md`: each benchmark's table with its sizes and length, the contamination note, `SIZES_NOTE`
-    and the public figures' sources."""
+    """`metrics/mteb_code.md`: each benchmark's table, the contamination note and the sources."""
     tables = "\n".join(results_markdown(found["table"], f"{name}, main score x 100", found["sizes"],
                                         max_length=max_length) for name, found in results.items())  # fmt: skip
     return f"{tables}\n{contamination}\n{SIZES_NOTE}\n\nPublic figures:\n{public_sources(benchmarks)}\n"

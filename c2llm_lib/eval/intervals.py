@@ -180,8 +180,7 @@ def training_bootstrap(
     level: float = LEVEL,
     names: tuple[str, str] = ("A", "B"),
 ) -> dict[str, Interval]:
-    """{task: Interval, MEAN: Interval} of A - B over trainings (resampled per model) and queries (paired); the value
-    equals `paired_bootstrap` of the two models' seed means."""
+    """{task: Interval, MEAN: Interval} of A - B over trainings (per model) and queries (paired)."""
     a, b = _by_training(a_seeds, names[0]), _by_training(b_seeds, names[1])
     aligned(a_seeds[0], b_seeds[0], names)  # the same tasks and queries for A and B, or a named error
     return _training_intervals(a, b, resamples, seed, level)
@@ -248,8 +247,7 @@ Differences = Mapping[tuple[str, str], Mapping[str, Interval]]  # {(A, B): {task
 def differences(
     rows: Mapping[str, QueryScores], pairs: Sequence[tuple[str, str]], resamples: int = RESAMPLES, seed: int = SEED
 ) -> dict[tuple[str, str], dict[str, Interval]]:
-    """{(A, B): {task: Interval, MEAN: Interval}} of A - B for each pair of `rows` ({model: {task: {query id: score}}});
-    a model without per-query scores is an error naming it."""
+    """{(A, B): {task: Interval, MEAN: Interval}} of A - B per pair of `rows`; unknown models are refused."""
     _check_pairs(rows, pairs, "per-query")
     return {(a, b): paired_bootstrap(rows[a], rows[b], resamples, seed, names=(a, b)) for a, b in pairs}
 

@@ -143,8 +143,7 @@ class MTEBEncoder(AbsEncoder):
 
 
 class OfflineTask(AbsTaskRetrieval):
-    """Base of the offline tasks (`offline_task` makes one subclass per task, carrying its data); its results also hold
-    every query's nDCG@10 (`QUERY_SCORES`)."""
+    """Base of the offline tasks (one subclass per task); results keep every query's nDCG@10."""
 
     task: RetrievalTask
 
@@ -195,8 +194,7 @@ def offline_task(task: RetrievalTask) -> OfflineTask:
 
 
 def run_mteb(model: MTEBEncoder, tasks: Sequence[Any], cache_dir: str | Path) -> dict[str, float]:
-    """{task: nDCG@10} through mteb.evaluate, cached under `cache_dir`; a cached task is read back unless
-    `stale_results` finds it computed on other data, then it is recomputed and replaced."""
+    """{task: nDCG@10} through mteb.evaluate, cached under `cache_dir`; stale results are recomputed."""
     import mteb
 
     cache = mteb.ResultCache(cache_dir)
@@ -232,8 +230,7 @@ def _query_scores(result) -> dict[str, float] | None:
 
 
 def cached_query_scores(model: MTEBEncoder, tasks: Sequence[Any], cache_dir: str | Path) -> dict[str, dict[str, float]]:
-    """{task: {query id: nDCG@10}} read back from `run_mteb`'s cache without encoding; a task with no current result is
-    an error naming the model and the task."""
+    """{task: {query id: nDCG@10}} from `run_mteb`'s cache, no encoding; a missing one is an error."""
     import mteb
 
     cache = mteb.ResultCache(cache_dir)
@@ -258,8 +255,7 @@ def evaluate_all(
     max_length: int = 2048,
     log=print,
 ) -> dict[str, dict[str, float]]:
-    """{model: {task: nDCG@10}}: each encoder through mteb (cached under `cache_dir`) with the tasks' own instructions,
-    BM25 through our scorer; the models share one `EncodingCache`."""
+    """{model: {task: nDCG@10}} through mteb (cached), BM25 by our scorer; one `EncodingCache` shared."""
     cache = EncodingCache(list(models.values()))  # every model registered first, so siblings share each pass
 
     def evaluated(label: str, model: MTEBEncoder, offline: list[OfflineTask]) -> dict[str, float]:
@@ -296,8 +292,7 @@ def query_scores(
     batch_size: int = 16,
     max_length: int = 2048,
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """{model: {task: {query id: nDCG@10}}} behind `evaluate_all`'s scores, read from its cache (call it first with the
-    same arguments); BM25's from our scorer."""
+    """{model: {task: {query id: nDCG@10}}} behind `evaluate_all`'s scores, read from its cache."""
 
     def read(label: str, model: MTEBEncoder, offline: list[OfflineTask]) -> dict[str, dict[str, float]]:
         return cached_query_scores(model, offline, cache_dir)

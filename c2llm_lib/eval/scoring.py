@@ -146,8 +146,7 @@ def evaluate_bm25(task: RetrievalTask, k: int = 10) -> dict[str, float]:
 
 
 def baseline_encoder(trained, pooling: str):
-    """The untrained-pooler baseline of `trained` (mean or last token, no LoRA) on its backbone before training, or on a
-    release's own backbone."""
+    """`trained`'s backbone before training (or a release's) with a mean or last-token pooler."""
     cfg = trained.config
     if is_released_checkpoint(cfg.backbone):
         return C2LLMEncoder.from_released(
@@ -164,8 +163,7 @@ def baseline_encoder(trained, pooling: str):
 
 
 def baselines(trained, poolings: Sequence[str]) -> dict[str, Any]:
-    """{label: baseline encoder} per pooling ("untrained, ..." or "released backbone, ..."), all on one loaded backbone
-    and tokenizer object (their poolers have no weights)."""
+    """{label: baseline encoder} per pooling, all on one loaded backbone and tokenizer object."""
     kind = "released backbone" if is_released_checkpoint(trained.config.backbone) else "untrained"
     if not poolings:
         return {}
@@ -178,8 +176,7 @@ def baselines(trained, poolings: Sequence[str]) -> dict[str, Any]:
 
 
 def evaluated_models(evaluation, run_dir) -> tuple[str, dict[str, Any]]:
-    """(label, {label: the model notebook 04 evaluates, then its `baselines`}): the release `eval_released`, else the
-    run's `merged/`."""
+    """(label, {label: the release or the run's `merged/`, then its `baselines`}) for notebook 04."""
     if evaluation.eval_released:
         label = f"released {evaluation.eval_released}"
         trained = C2LLMEncoder.from_released(released_directory(evaluation.eval_released,

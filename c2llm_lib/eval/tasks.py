@@ -129,8 +129,7 @@ def heldout_task_names(groups: Iterable[tuple[str, str]]) -> dict[tuple[str, str
 def heldout_tasks(
     heldout, limit: int | None = None, max_documents: int | None = None, seed: int = 0
 ) -> list[RetrievalTask]:
-    """Tasks from a run's held-out split, one per (dataset, language) as `offline_tasks` builds them, each with its
-    rows' most frequent instruction; an empty split is an error."""
+    """Tasks of a run's held-out split, one per (dataset, language); an empty split is refused."""
     rows = heldout.select_columns(list(HELDOUT_COLUMNS)).to_list() if hasattr(heldout, "select_columns") else heldout
     missing = sorted(set(HELDOUT_COLUMNS) - set(rows[0])) if rows else []
     if not rows or missing:
@@ -183,8 +182,7 @@ def unseen_tasks(
 
 @dataclass
 class TaskSets:
-    """Notebook 04's task sets, each in its own table: held-out (`evaluation_tasks`), local BEIR (`data.beir`) and
-    unseen libraries (`unseen_tasks`), limited alike."""
+    """Notebook 04's task sets, a table each: held-out, local BEIR and unseen libraries, limited alike."""
 
     heldout: list[RetrievalTask]
     beir: list[RetrievalTask]
@@ -242,8 +240,7 @@ CHECKED_KEY = "decontaminated_mteb_tasks"  # notebook 01's record in metrics/dat
 def contamination_note(
     evaluated: Sequence[str], data_record: dict | None, model: str, unseen: dict[str, str] | None = None
 ) -> str:
-    """A paragraph naming the evaluated sets that `model`'s training rows were not checked against (all of them for a
-    release: `data_record` None), "" when none."""
+    """A paragraph naming the evaluated sets the training rows were not checked against, or ""."""
     evaluated = list(dict.fromkeys(evaluated))  # a task of two benchmarks, once
     unseen, recorded = unseen or {}, set((data_record or {}).get("unseen_packages", []))
     checked = [s for s in evaluated if _always_checked(s) or (s in unseen and unseen[s] in recorded)]

@@ -69,8 +69,7 @@ class SearchIndex:
 
 
 def index_settings(encoder, model: str | os.PathLike, max_length: int) -> dict[str, Any]:
-    """What an index's embeddings depend on besides the files: the model (a folder by its `fingerprint`), its pooler and
-    width, its text->code prompts, and the document length."""
+    """What an index's embeddings depend on besides the files: model, pooler, width, prompts, length."""
     cfg, path = encoder.config, Path(model)
     query_instruction, document_instruction = prompts(cfg.prompt_style, TEXT_TO_CODE, cfg.document_prefix)
     return {"model": f"{path.name}:{fingerprint(path, path.name)}" if path.is_dir() else str(model),

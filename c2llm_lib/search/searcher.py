@@ -124,8 +124,7 @@ def documented_queries(index: SearchIndex) -> list[KnownQuery]:
 
 
 def pick_queries(stage: SearchStage, sources: Sources, index: SearchIndex) -> list[KnownQuery]:
-    """`search_queries` as given, or `search_query_count` known-answer queries whose function is indexed once, chosen by
-    a hash of their text."""
+    """`search_queries`, or `search_query_count` known-answer queries chosen by a hash of their text."""
     if stage.search_queries:
         return [KnownQuery(q) for q in stage.search_queries]
     candidates = sources.heldout if sources.heldout is not None else documented_queries(index)

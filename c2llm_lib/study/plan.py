@@ -75,8 +75,7 @@ def recipe_configs(
 
 @dataclasses.dataclass
 class Entry:
-    """One model to train: a recipe, the run's recipe with one pooler (`study` "poolings"), or a PMA projection to a
-    smaller width, which takes its `parent`'s swept rates."""
+    """One model to train: a recipe, a pooler of the pooling study, or a PMA projection of a `parent`."""
 
     label: str
     recipe: str
@@ -120,8 +119,7 @@ def plan(
 def pooling_entries(
     base_model: ModelConfig, base_train: TrainConfig, poolings: Sequence[str], pma_dims: Sequence[int]
 ) -> list[Entry]:
-    """The run's recipe with each pooler in `poolings` at full width, and PMA projecting to each d in `pma_dims`; a
-    pooler without parameters gets no head rates."""
+    """The run's recipe with each pooler at full width, and PMA projecting to each d in `pma_dims`."""
     unknown = sorted(set(poolings) - set(POOLING_LABELS))
     if unknown:
         raise ConfigError(f"compare_poolings: unknown poolers {unknown}; choose from {sorted(POOLING_LABELS)}")

@@ -42,8 +42,7 @@ def _mean(per_task: dict[str, float]) -> float:
 
 
 def pooling_frame(results: dict[str, dict[str, Any]], chosen: dict[str, Any] | None = None):
-    """One row per full-width pooler: its rates (and validation score when swept), each seed's and the mean's nDCG@10 x
-    100, per-task scores, and encoding throughput."""
+    """One row per full-width pooler: rates, each seed's and the mean nDCG@10 x 100, tasks, throughput."""
     import pandas as pd
 
     rows = {}
@@ -87,8 +86,7 @@ def dimension_frame(results: dict[str, dict[str, Any]], full: str = "PMA"):
 def mean_intervals(
     results: dict[str, dict[str, Any]], full: str = "PMA", seed_rows: dict[str, list] | None = None
 ) -> dict[str, dict[Any, Any]]:
-    """The figure's error bars in nDCG@10 x 100 ({"poolers", "PMA projection", "truncation"}): over trainings and
-    queries with `seed_rows`, else over queries."""
+    """The figure's error bars (x 100): over trainings and queries with `seed_rows`, else queries."""
 
     def interval(row: str, per_task):
         if seed_rows is not None:

@@ -20,8 +20,7 @@ def training_peak(training: dict[str, Any]) -> float | None:
 
 
 def comparison_frame(results: dict[str, dict[str, Any]], bm25: dict[str, float] | None = None):
-    """One row per (model, width) of `over_seeds` results: curve, per-task nDCG@10 x 100, mean, and the training's
-    tokens/s, peak GB and seconds."""
+    """One row per (model, width): curve, per-task nDCG@10 x 100, mean, and training figures."""
     import pandas as pd
 
     rows = []

@@ -196,8 +196,7 @@ def sweep_entries(
 def final_trainings(
     entries: Sequence[Entry], seeds: Sequence[int], chosen: dict[str, tuple[Any, TrainConfig]] | None = None
 ) -> list[tuple[Entry, int, TrainConfig]]:
-    """(entry, seed, TrainConfig) to score: each entry at each seed, at its swept rates (a projection at its parent's)
-    or its own."""
+    """(entry, seed, TrainConfig) to score: each entry at each seed, at its swept or own rates."""
     out = []
     for entry in entries:
         train = entry.train
