@@ -1,6 +1,5 @@
-"""PMA attention statistics (paper section 3: the PMA query learns which tokens matter): each text's attention over
-its tokens, token categories by each language's own parser, and shares by category, position and entropy (notebook 05;
-docs/evaluation.md#attention-notebook-05)."""
+"""PMA attention statistics (paper section 3; notebook 05): each text's attention over its tokens, token categories by
+each language's own parser, and shares by category, position and entropy (docs/evaluation.md#attention-notebook-05)."""
 
 from __future__ import annotations
 
@@ -42,8 +41,8 @@ class TokenAttention:
 
 
 def tokenize_with_offsets(encoder, text: str, kind: str, instruction: str | None, max_tokens: int):
-    """The prompted text, its token ids as `encode` cuts them to `max_tokens`, each token's character span (None for an
-    appended EOS), the prefix's length in characters, and the whole prompted text's token count (EOS included)."""
+    """(prompted text, token ids cut as `encode` cuts them, each token's character span (None for an appended EOS),
+    prefix length in characters, full token count)."""
     formatted = encoder.format_texts([text], kind, instruction)[0]
     batch = encoder.tokenize_formatted([formatted], max_tokens)
     ids = batch["input_ids"][0][batch["attention_mask"][0].bool()].tolist()  # (T,) real tokens only
@@ -70,8 +69,7 @@ def require_pma(encoder) -> None:
 def pma_attention(
     encoder, texts: Sequence[str], kind: str = "document", instruction: str | None = None, max_tokens: int = 80
 ) -> list[TokenAttention]:
-    """PMA attention over each text's own tokens (no padding), cut to `max_tokens`; each item records the whole text's
-    length (`full_tokens`) and whether it was cut (`truncated`)."""
+    """PMA attention over each text's own tokens, cut to `max_tokens`, recording `full_tokens` and `truncated`."""
     require_pma(encoder)
     return [_token_attention(encoder, text, None, kind, instruction, max_tokens, n) for n, text in enumerate(texts)]
 
@@ -80,8 +78,7 @@ def stored_attention(
     encoder, text: str, weights: np.ndarray, kind: str = "document", instruction: str | None = None,
     max_tokens: int = 80,
 ) -> TokenAttention:  # fmt: skip
-    """A `TokenAttention` for weights computed earlier over `text`'s tokens (a search index keeps each function's):
-    (H, T) or (T,), for the T tokens `encode` gives the text at `max_tokens`; another count is an error."""
+    """A `TokenAttention` of earlier (H, T) or (T,) weights over `text`'s tokens; another T is refused."""
     return _token_attention(encoder, text, np.asarray(weights, dtype=np.float32), kind, instruction, max_tokens)
 
 
@@ -113,9 +110,7 @@ def _token_attention(encoder, text: str, weights: np.ndarray | None, kind: str, 
 
 
 def attention_documents(heldout=None) -> list[tuple[str, str]]:
-    """(text, language) of notebook 05's held-out documents: a files or code run's distinct positives (`data/heldout`),
-    whole documents before code->code continuations and languages in turn so the first few span them; without one,
-    the offline snapshot's held-out Python functions (the default run's figures)."""
+    """(text, language) of notebook 05's documents: a run's held-out positives, else offline ones."""
     if heldout is None:
         wanted = ("test", "CodeSearchNetRetrieval", "python")
         return [(r["positive"], "python") for r in load_snapshot()
@@ -143,8 +138,7 @@ CATEGORIES = ("identifier", "keyword", "operator/punctuation", "literal", "comme
 
 
 def char_categories(code: str) -> list[str]:
-    """The category of every character of Python source from Python's `tokenize` ("whitespace" between tokens); a
-    docstring (a string that is a whole statement) counts as comment/docstring."""
+    """The category of every character of Python source by `tokenize`; a docstring counts as comment/docstring."""
     cats = ["whitespace"] * len(code)
     starts = [0]
     for line in code.splitlines(keepends=True):
@@ -188,9 +182,7 @@ def _leaves(node):
 
 
 def _leaf_category(node, text: str) -> str:
-    """The category of one tree-sitter leaf: comments, literals (string, number, character nodes, their quotes, and
-    true/false/nil/null), identifiers (any `*identifier` node, a name or constant), keywords (any other word: the
-    grammar's keywords, `this`/`self`, and built-in type names such as `int` or `i32`), else operator/punctuation."""
+    """A tree-sitter leaf's category: comment, literal, identifier, keyword, else operator/punctuation."""
     kind = node.type.lower()
     if node.is_named and "comment" in kind:
         return "comment/docstring"
@@ -202,8 +194,7 @@ def _leaf_category(node, text: str) -> str:
 
 
 def grammar_char_categories(code: str, language: str) -> list[str] | None:
-    """The category of every character of `code` from its leaves under `language`'s tree-sitter grammar
-    (`data.grammars`; a fragment's error nodes too), "whitespace" between; None for a language with no grammar."""
+    """The category of every character of `code` by `language`'s tree-sitter grammar; None without a grammar."""
     grammar = next((g for g in GRAMMARS if g.language == language), None)
     if grammar is None:
         return None
@@ -223,16 +214,14 @@ def grammar_char_categories(code: str, language: str) -> list[str] | None:
 
 
 def code_char_categories(code: str, language: str) -> list[str] | None:
-    """The category of every character of `code`: Python's `tokenize` for Python, the language's own tree-sitter grammar
-    for the others mined from code, None for a language with neither (a files run's "mixed" rows, SQL, prose)."""
+    """Character categories by `tokenize` for Python, a tree-sitter grammar for other mined languages, else None."""
     return char_categories(code) if language == "python" else grammar_char_categories(code, language)
 
 
 def token_categories(encoder, text: str, kind: str = "document", instruction: str | None = None,
                      max_tokens: int = 512, language: str = "python") -> list[str] | None:  # fmt: skip
-    """The category of each token `pma_attention` shows for `text`: "instruction/prefix" for a token wholly inside the
-    prefix, "special", else that of the first non-space character of its code part (`code_char_categories`, so a
-    token fusing the prefix's end with code, as `:def`, counts as code); None when the language has no scheme."""
+    """Each token's category: "instruction/prefix" wholly inside the prefix, "special", else its code part's first
+    non-space character's; None without a scheme."""
     chars = code_char_categories(text, language)
     if chars is None:
         return None
@@ -253,8 +242,7 @@ def token_categories(encoder, text: str, kind: str = "document", instruction: st
 
 
 def attention_shares(items: Sequence[TokenAttention], categories: Sequence[Sequence[str] | None]):
-    """Share of attention (mean over heads, then over texts) by token category over the tokens each text was cut to,
-    summing to 1; a text whose categories are None is left out, and with none left every share is NaN."""
+    """Attention share by token category, summing to 1; texts without categories are left out."""
     import pandas as pd
 
     kept = [(item, cats) for item, cats in zip(items, categories, strict=True) if cats is not None]
@@ -270,8 +258,7 @@ def attention_shares(items: Sequence[TokenAttention], categories: Sequence[Seque
 
 
 def position_profile(items: Sequence[TokenAttention], bins: int = 10):
-    """Share of attention by the token's relative position in its whole text (equal bins): a text cut to its first T
-    tokens is placed in its full length, not stretched (its appended EOS stays at the end)."""
+    """Attention share by relative position in the whole text (equal bins); a cut text is placed in its full length."""
     import pandas as pd
 
     shares = np.zeros(bins)

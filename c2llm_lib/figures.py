@@ -1,6 +1,6 @@
-"""Figures for the notebooks, each returned and never shown or saved (`RunDir.save_figure` writes them): training
-curves (section 4.1's loss), per-task scores and dimension curves (section 4.2), the recipe and pooling studies, and PMA
-attention as a heatmap and shaded HTML (section 3), coloured relative to uniform attention."""
+"""Figures for the notebooks, each returned, never shown or saved: training curves (section 4.1), per-task scores (4.2),
+the recipe and pooling studies, and PMA attention as heatmaps and shaded HTML coloured relative to uniform (section 3).
+"""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def relative_to_uniform(weights: np.ndarray) -> np.ndarray:
 
 
 def attention_heatmap(item: TokenAttention, title: str = ""):
-    """Two panels, attention averaged over heads and heads x tokens, prefix and special tokens marked; colour is
-    weight x T on one log scale for every figure: white uniform, red more, blue less, saturated at UNIFORM_RANGE."""
+    """Two panels, mean over heads and heads x tokens, prefix and specials marked; colour is weight x T on one log scale
+    (docs/evaluation.md#attention-notebook-05)."""
     import matplotlib.pyplot as plt
     from matplotlib.colors import LogNorm
     from matplotlib.ticker import FixedLocator, FuncFormatter
@@ -68,8 +68,7 @@ def attention_heatmap(item: TokenAttention, title: str = ""):
 
 
 def loss_description(train, negatives_used: int | None = None, short_rows: int = 0) -> str:
-    """The loss a recipe (a `config.TrainConfig` or its dict) optimises, in words (section 4.1, `losses.py`), with the K
-    the trainer used (`negatives_used`) where it differs and the `short_rows` rows holding fewer than K negatives."""
+    """The loss a recipe optimises, in words, with the K used and the rows with fewer negatives."""
     if isinstance(train, dict):
         train = from_dict(TrainConfig, train, "loss_curves(train=...)")
     if not isinstance(train, TrainConfig):
@@ -94,8 +93,7 @@ def loss_description(train, negatives_used: int | None = None, short_rows: int =
 
 
 def loss_curves(metrics: Sequence[dict], train=None, negatives_used: int | None = None):
-    """Training loss per step, coloured by dataset, the learning rate on a second axis, titled by `loss_description`
-    when `train` is given; per-width Matryoshka losses (`loss@d`) get a second panel with one curve per width."""
+    """Training loss per step by dataset with the learning rate; Matryoshka losses in a second panel."""
     import matplotlib.pyplot as plt
     import pandas as pd
     import seaborn as sns
@@ -149,8 +147,7 @@ def attention_html(item: TokenAttention, title: str = "") -> str:
 
 
 def attention_spans(item: TokenAttention, style: str = "font-size:13px;line-height:1.6") -> str:
-    """A `<pre>` of each token shaded by its mean attention relative to uniform (weight x T on the heatmaps' log scale:
-    none uniform, red more, blue less, full colour at UNIFORM_RANGE times), its weight in its title, specials boxed."""
+    """A `<pre>` of tokens shaded by attention relative to uniform, weights in titles, specials boxed."""
     weights = item.weights.mean(0)  # (T,)
     relative = relative_to_uniform(weights)  # (T,)
     strength = np.clip(np.log(np.maximum(relative, 1e-12)) / np.log(UNIFORM_RANGE), -1.0, 1.0)  # (T,) in [-1, 1]
@@ -163,34 +160,12 @@ def attention_spans(item: TokenAttention, style: str = "font-size:13px;line-heig
     return f"<pre style='{style}'>" + "".join(spans) + "</pre>"
 
 
-def dimension_curves(table, hidden: int, dims: Sequence[int]):
-    """Mean nDCG@10 against embedding dimension: PMA trained at d versus the full PMA embedding truncated to d
-    (rows named as `study.pooling.variants` names them)."""
-    import matplotlib.pyplot as plt
-    import pandas as pd
-    import seaborn as sns
-
-    full = table.loc["PMA (trained)", "mean"]
-    rows = [{"dim": hidden, "method": m, "mean nDCG@10": full} for m in ("PMA projection to d", "truncation to d")]
-    rows += [{"dim": d, "method": "PMA projection to d", "mean nDCG@10": table.loc[f"PMA d={d} (trained)", "mean"]}
-             for d in dims]  # fmt: skip
-    rows += [{"dim": d, "method": "truncation to d", "mean nDCG@10": table.loc[f"PMA truncated to {d}", "mean"]}
-             for d in dims]  # fmt: skip
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    sns.lineplot(pd.DataFrame(rows), x="dim", y="mean nDCG@10", hue="method", marker="o", ax=ax)
-    ax.set_xscale("log", base=2)
-    ax.set_title("embedding dimension: projection (PMA) vs truncation")
-    fig.tight_layout()
-    return detached(fig)
-
-
 # the training's columns of `study.recipes.comparison_frame` (the others: the recipe, its curve, nDCG@10 per task)
 TRAINING_COLUMNS = ("tokens/s", "peak memory GB", "train s", "loss_first", "loss_last")
 
 
 def recipe_comparison(frame, dims_table):
-    """The recipe comparison (`study.recipes.comparison_frame`, `dimension_table`): per-task nDCG@10 at full width (and
-    BM25), mean nDCG@10 against embedding dimension, training throughput and peak memory."""
+    """Per-task nDCG@10, mean nDCG@10 against width, throughput and peak memory of the recipes."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 
@@ -221,9 +196,7 @@ def recipe_comparison(frame, dims_table):
 
 
 def pooling_study(frame, intervals: dict[str, dict]):
-    """The pooling study (`study.pooling.pooling_frame`, `mean_intervals`): mean nDCG@10 per pooler with its 95 %
-    interval and each seed's mean as a dot; and against the width d, PMA projection to d vs truncation to d, with
-    intervals."""
+    """Mean nDCG@10 per pooler with intervals and seed dots, and projection vs truncation by width."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1, 1.4]})

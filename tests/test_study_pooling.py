@@ -1,24 +1,27 @@
-"""Ablation variants: names and configurations, truncation known answer, training a variant."""
+"""Truncation known answer, and a trained encoder gets its own fingerprint."""
+
+import dataclasses
 
 import numpy as np
 import pytest
+import torch
 
 from c2llm_lib import ModelConfig
 from c2llm_lib.config import TrainConfig
 from c2llm_lib.eval.mteb import fingerprint
+from c2llm_lib.model import C2LLMEncoder
 from c2llm_lib.retrieval import Truncated
-from c2llm_lib.study import train_variant, variants
+from c2llm_lib.train import Trainer
 
 from training_rows import make_rows
 
 
-def test_variants_are_the_same_recipe_with_one_change():
-    base = ModelConfig(backbone="tiny-random-qwen2", pma_heads=4, lora_r=4)
-    named = variants(base, [32, 16])
-    assert list(named) == ["PMA (trained)", "last token (trained)", "mean (trained)", "PMA d=32 (trained)",
-                           "PMA d=16 (trained)"]  # fmt: skip
-    assert named["last token (trained)"].pooling == "last_token" and named["last token (trained)"].eos_appended
-    assert named["PMA d=16 (trained)"].embedding_dim == 16 and named["PMA d=16 (trained)"].lora_r == 4
+def train_variant(model: ModelConfig, train: TrainConfig, rows) -> C2LLMEncoder:
+    """A fresh encoder of configuration `model`, trained with the recipe `train` on `rows` (no checkpoints)."""
+    torch.manual_seed(train.seed)
+    encoder = C2LLMEncoder.from_config(dataclasses.replace(model, use_lora=True))
+    Trainer(encoder, rows, dataclasses.replace(train, checkpoint_steps=[], checkpoint_fractions=[])).train()
+    return encoder.eval()
 
 
 def test_truncation_known_answer(make_encoder):

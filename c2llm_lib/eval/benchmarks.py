@@ -1,7 +1,5 @@
-"""mteb benchmarks by name (paper section 4.2, table 2): MTEB(Code, v1) beside the paper's and the public scores, with
-a contamination-clean mean without CodeEditSearch (evaluated on its train split, the split C2LLM trained on), and the
-newer code benchmarks beside their public means.
-"""
+"""mteb benchmarks by name (paper section 4.2, table 2): MTEB(Code, v1) beside the paper's and the public scores, with a
+mean without CodeEditSearch (evaluated on its train split), and newer benchmarks beside their public means."""
 
 from __future__ import annotations
 
@@ -25,8 +23,7 @@ REFERENCE_SCORES = {
 
 
 def mteb_code_tasks(names: Sequence[str] | None = None, mirror: str | Path | None = None):
-    """MTEB(Code, v1) tasks (all 12, or the named subset); their data comes from the hub, or from a local mirror
-    folder laid out as the hub datasets (`data/mirror.py`)."""
+    """MTEB(Code, v1) tasks (all 12, or the named subset), from the hub or a local mirror (`data/mirror.py`)."""
     names = list(names or MTEB_CODE_TASKS)
     unknown = sorted(set(names) - set(MTEB_CODE_TASKS))
     if unknown:
@@ -77,8 +74,7 @@ def _mteb_version() -> str:
 
 
 def benchmark_tasks(name: str, tasks: Sequence[str] = ("all",), mirror: str | Path | None = None) -> list:
-    """The mteb task objects of benchmark `name` (all of them, or those named in `tasks`), as mteb's registry
-    describes them (no download); their data comes from the hub, or from a local mirror (`data/mirror.py`)."""
+    """The mteb tasks of benchmark `name` (all, or those named in `tasks`), from the hub or a local mirror."""
     import mteb
 
     check_benchmarks([name])
@@ -89,8 +85,7 @@ def benchmark_tasks(name: str, tasks: Sequence[str] = ("all",), mirror: str | Pa
 
 
 def select_tasks(benchmarks: Sequence[str], tasks: Sequence[str]) -> dict[str, list[str]]:
-    """{benchmark: the names of its tasks to run}: all of them for `tasks == ["all"]`, else those named; a task name
-    in none of the benchmarks is an error naming the key `mteb_tasks`."""
+    """{benchmark: its task names to run} (`["all"]`: all); a name in no benchmark is refused."""
     import mteb
 
     check_benchmarks(benchmarks)
@@ -105,8 +100,8 @@ def select_tasks(benchmarks: Sequence[str], tasks: Sequence[str]) -> dict[str, l
 
 
 def benchmark_table(benchmark: str, ours: dict[str, float], label: str = "this run"):
-    """Ours (main scores in [0, 1]) x 100 with the mean over tasks, beside the public figures: per task for
-    MTEB(Code, v1) (`comparison_table`), the public means of `PUBLIC_MEANS` for the others (blank per task)."""
+    """Ours x 100 with the mean over tasks, beside the public figures: per task for MTEB(Code, v1) (`comparison_table`),
+    else the means of `PUBLIC_MEANS`."""
     import pandas as pd
 
     if benchmark == "MTEB(Code, v1)":
@@ -128,9 +123,8 @@ def evaluate_benchmarks(
     batch_size: int = 16,
     max_length: int = 2048,
 ) -> dict[str, dict[str, Any]]:
-    """{benchmark: {"table": `benchmark_table`, "sizes": `mteb_task_sizes`}} of each named mteb benchmark through
-    `run_mteb` (results cached as for every evaluation); `tasks` as in `select_tasks`. `model` is an `MTEBEncoder`, or
-    an encoder evaluated through one at `batch_size` and `max_length`."""
+    """{benchmark: {"table": `benchmark_table`, "sizes": `mteb_task_sizes`}} through `run_mteb`; `tasks` as in
+    `select_tasks`; `model` an `MTEBEncoder`, or an encoder wrapped in one."""
     if not isinstance(model, MTEBEncoder):
         model = MTEBEncoder(model, batch_size=batch_size, max_length=max_length)
     results = {}
@@ -147,8 +141,7 @@ def benchmarks_markdown(
     contamination: str = "",
     max_length: int | None = None,
 ) -> str:
-    """`metrics/mteb_code.md`: each benchmark's table of `evaluate_benchmarks` with its sizes and length, the
-    `contamination` note, `SIZES_NOTE` and the sources of the public figures of `benchmarks`."""
+    """`metrics/mteb_code.md`: each benchmark's table, the contamination note and the sources."""
     tables = "\n".join(results_markdown(found["table"], f"{name}, main score x 100", found["sizes"],
                                         max_length=max_length) for name, found in results.items())  # fmt: skip
     return f"{tables}\n{contamination}\n{SIZES_NOTE}\n\nPublic figures:\n{public_sources(benchmarks)}\n"
@@ -170,8 +163,7 @@ SIZES_NOTE = (
 
 
 def mteb_task_sizes(tasks: Sequence[Any]) -> dict[str, dict[str, int]]:
-    """{task: {"queries": n, "documents": m}} of mteb tasks, from mteb's descriptive statistics (no download);
-    a task without statistics is left out."""
+    """{task: {"queries", "documents"}} from mteb's statistics; tasks without them left out."""
     sizes = {}
     for task in tasks:
         stats = (task.metadata.descriptive_stats or {}).get(task.metadata.eval_splits[0]) or {}

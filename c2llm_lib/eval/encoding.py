@@ -1,8 +1,6 @@
-"""Embeddings computed once per evaluation (paper section 4.2's baselines): `EncodingCache` embeds each formatted text
-once for the models of one evaluation, reads a `Truncated` view from its encoder's embeddings, and runs encoders on
-one backbone object (the untrained mean and last-token baselines) through one backbone pass per text
-(`shared_forward`). Scores equal each model's own `mteb.evaluate` (tests/test_eval_encoding.py).
-"""
+"""Embeddings computed once per evaluation: `EncodingCache` embeds each formatted text once per encoder, serves a
+`Truncated` view from its encoder's embeddings, and runs encoders on one backbone object (the untrained baselines)
+through one backbone pass per text (`shared_forward`); docs/evaluation.md#held-out-tasks."""
 
 from __future__ import annotations
 
@@ -19,16 +17,9 @@ from ..retrieval import Truncated, truncate
 
 
 def shared_forward(encoders: Sequence[Any], texts: Sequence[str], max_length: int, batch_size: int = 16):
-    """Unnormalised float32 embeddings, one (N, d_i) array per encoder, of `texts` (already formatted: instruction
-    or document prefix included) for encoders that share one backbone and tokenizer object (the untrained
-    baselines), from one backbone pass per text where their token sequences allow it.
-
-    An encoder that appends EOS (last-token pooling) reads `text[:max_length - 1] + [EOS]`, one without EOS (mean,
-    PMA) reads `text[:max_length]`. When the text has fewer than `max_length` tokens both are prefixes of
-    `text + [EOS]`, and since attention is causal the hidden states of the earlier tokens do not depend on the EOS
-    after them: one pass serves both, the encoder without EOS pooling over all tokens but the last. A text of
-    `max_length` tokens or more is cut differently for the two, and each gets its own pass. Returns the arrays and
-    the number of sequences that went through the backbone."""
+    """Unnormalised float32 embeddings, one (N, d_i) array per encoder, of formatted `texts` for encoders sharing one
+    backbone and tokenizer object, and the number of sequences run. A text shorter than `max_length` serves encoders
+    with and without an appended EOS in one pass (attention is causal); a longer one gets a pass per cut."""
     first = encoders[0]
     eos = first.tokenizer.eos_token_id
     wants_eos = [e.config.eos_appended for e in encoders]
@@ -81,10 +72,9 @@ def shared_forward(encoders: Sequence[Any], texts: Sequence[str], max_length: in
 
 
 class EncodingCache:
-    """Embeddings computed once per (encoder, max length, formatted text) during one evaluation (`evaluate_all`):
-    encoders registered with `add` on one backbone and tokenizer object are computed together (`shared_forward`), a
-    `Truncated` view reads its encoder's, anything else uses its own `encode`. Memory: N x d float32 per encoder and
-    length; `sequences` counts the sequences that went through a backbone."""
+    """Embeddings per (encoder, max length, formatted text) for one evaluation: registered encoders on one backbone are
+    computed together (`shared_forward`), a `Truncated` view reads its encoder's, anything else calls its own `encode`.
+    `sequences` counts the sequences run."""
 
     def __init__(self, models: Sequence[Any] = ()) -> None:
         self.encoders: dict[int, Any] = {}  # id -> encoder; held here, so an id is never reused

@@ -1,8 +1,6 @@
-"""How sure a difference of retrieval scores is: a paired bootstrap over queries (Efron & Tibshirani 1993, chapters
-13-16; for IR metrics, Sakai 2006), and over trainings and queries (a two-level bootstrap, Davison & Hinkley 1997,
-section 3.8). Queries are resampled paired, since two models' per-query scores are strongly correlated; the mean over
-tasks resamples every task at once. What an interval can and cannot say: docs/evaluation.md.
-"""
+"""Paired bootstrap intervals of retrieval score differences: over queries (Efron & Tibshirani 1993; for IR metrics,
+Sakai 2006), and over trainings and queries (two-level, Davison & Hinkley 1997, section 3.8). The mean over tasks
+resamples every task at once. What an interval can say: docs/evaluation.md#how-sure-each-difference-is."""
 
 from __future__ import annotations
 
@@ -20,8 +18,7 @@ QueryScores = Mapping[str, Mapping[str, float]]  # {task: {query id: nDCG@10 in 
 
 @dataclass(frozen=True)
 class Interval:
-    """An observed statistic (a difference of means, or a mean) and its bootstrap percentile interval, in the units of
-    the scores given (nDCG@10 in [0, 1]); `queries` counts the queries behind it."""
+    """A statistic and its bootstrap percentile interval, in the scores' units, over `queries` queries."""
 
     value: float
     low: float
@@ -53,9 +50,7 @@ class Interval:
 
 
 def aligned(a: QueryScores, b: QueryScores, names: tuple[str, str] = ("A", "B")) -> dict[str, np.ndarray]:
-    """{task: (n, 2) array} of A's and B's score on each query of each task, in A's query order. The two must hold the
-    same tasks and, per task, the same query ids: a comparison over different queries is not paired, and is refused
-    with the task and the ids that differ."""
+    """{task: (n, 2) array} of A's and B's per-query scores; different tasks or query ids are refused."""
     if set(a) != set(b):
         raise ValueError(f"{names[0]} and {names[1]} are scored on different tasks: {sorted(set(a) ^ set(b))}")
     if not a:
@@ -75,8 +70,7 @@ def aligned(a: QueryScores, b: QueryScores, names: tuple[str, str] = ("A", "B"))
 
 
 def _resampled_means(values: Mapping[str, np.ndarray], resamples: int, seed: int) -> dict[str, np.ndarray]:
-    """{task: (B,) means of `resamples` resamples of the task's per-query values} and MEAN: (B,) their mean over tasks,
-    every task resampled in each of the B resamples. One generator, tasks in sorted order: reproducible."""
+    """{task: (B,) resampled means} and MEAN: their mean over tasks; one generator, tasks sorted."""
     rng = np.random.default_rng(seed)
     out = {}
     for task in sorted(values):
@@ -137,8 +131,7 @@ def bootstrap_mean(a: QueryScores, resamples: int = RESAMPLES, seed: int = SEED,
 
 
 def _by_training(runs: Sequence[QueryScores], name: str) -> dict[str, np.ndarray]:
-    """{task: (S, n) array}: each training's (seed's) score on each query, in the first training's query order. Every
-    training must hold the same tasks and queries; a training scored on others is an error naming it."""
+    """{task: (S, n) array} of each training's per-query scores; mismatched trainings are refused."""
     if not runs:
         raise ValueError(f"{name}: no trainings to resample")
     first = runs[0]
@@ -148,8 +141,7 @@ def _by_training(runs: Sequence[QueryScores], name: str) -> dict[str, np.ndarray
 
 
 def _resampled(scores: np.ndarray, trainings: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    """(R,) means of one task's (S, n) per-training scores over each resample's drawn trainings (R, S) and queries
-    (R, n)."""
+    """(R,) means of one task's (S, n) scores over each resample's drawn trainings (R, S) and queries (R, n)."""
     per_query = scores[trainings].mean(axis=1)  # (R, S, n) -> (R, n): mean over the drawn trainings
     return np.take_along_axis(per_query, queries, axis=1).mean(axis=1)  # (R,)
 
@@ -188,9 +180,7 @@ def training_bootstrap(
     level: float = LEVEL,
     names: tuple[str, str] = ("A", "B"),
 ) -> dict[str, Interval]:
-    """{task: Interval, MEAN: Interval} of A - B over trainings and queries: `a_seeds` and `b_seeds` hold each
-    training's (seed's) per-query scores; trainings are resampled per model, queries per task, paired over queries.
-    The value is the same difference of means as `paired_bootstrap` of the two models' seed means."""
+    """{task: Interval, MEAN: Interval} of A - B over trainings (per model) and queries (paired)."""
     a, b = _by_training(a_seeds, names[0]), _by_training(b_seeds, names[1])
     aligned(a_seeds[0], b_seeds[0], names)  # the same tasks and queries for A and B, or a named error
     return _training_intervals(a, b, resamples, seed, level)
@@ -221,8 +211,7 @@ def training_differences(
 
 
 def seed_mean(runs: Sequence[QueryScores]) -> dict[str, dict[str, float]]:
-    """Per query, the mean of several seeds' scores ({task: {query id: mean}}); every seed must hold the same tasks
-    and queries (a seed scored on other queries is an error naming it)."""
+    """{task: {query id: mean over seeds}}; every seed must hold the same tasks and queries."""
     if not runs:
         raise ValueError("no seeds to average")
     first = runs[0]
@@ -243,8 +232,7 @@ def cell(interval: Interval, scale: float = 100.0, digits: int = 1) -> str:
 
 
 def sentence(a: str, b: str, where: str, interval: Interval) -> str:
-    """One comparison in words, built from its numbers: which side is ahead, by how much, and whether the 95 % interval
-    holds 0 ("within noise")."""
+    """One comparison in words: which side is ahead, by how much, or "within noise" when the 95 % interval holds 0."""
     i = interval.scaled(100)
     span = f"95 % interval [{i.low:+.1f}, {i.high:+.1f}] over {i.over}"
     if interval.within_noise:
@@ -259,15 +247,13 @@ Differences = Mapping[tuple[str, str], Mapping[str, Interval]]  # {(A, B): {task
 def differences(
     rows: Mapping[str, QueryScores], pairs: Sequence[tuple[str, str]], resamples: int = RESAMPLES, seed: int = SEED
 ) -> dict[tuple[str, str], dict[str, Interval]]:
-    """{(A, B): {task: Interval, MEAN: Interval}} of A - B for each pair, A and B named rows of `rows` ({model: {task:
-    {query id: score}}}); a pair naming a model without per-query scores is an error naming it."""
+    """{(A, B): {task: Interval, MEAN: Interval}} of A - B per pair of `rows`; unknown models are refused."""
     _check_pairs(rows, pairs, "per-query")
     return {(a, b): paired_bootstrap(rows[a], rows[b], resamples, seed, names=(a, b)) for a, b in pairs}
 
 
 def differences_markdown(diffs: Differences, title: str) -> str:
-    """The differences as a markdown table, x 100: one row per comparison, the mean over tasks first, then each task,
-    then whether the mean's interval holds 0."""
+    """The differences as a markdown table x 100, mean first, then whether the mean holds 0."""
     if not diffs:
         return ""
     first = next(iter(diffs.values()))

@@ -1,9 +1,6 @@
-"""Our tasks and encoders through mteb itself (paper section 4.2): users compare with the leaderboard, so encoders are
-scored by `mteb.evaluate` with the released prompts. Results are cached in mteb's layout, keyed by a `fingerprint` of
-the weights and every setting that changes a score, and by a hash of each task's data; an offline task's result keeps
-every query's nDCG@10 for the paired bootstrap. Importing it imports mteb (about 240 MB): the rest of the package
-imports it inside functions.
-"""
+"""Our tasks and encoders through `mteb.evaluate` with the released prompts (paper section 4.2), results cached in
+mteb's layout keyed by a `fingerprint` of weights and settings and by a hash of each task's data; an offline task keeps
+every query's nDCG@10. Importing it imports mteb (about 240 MB): the rest of the package imports it inside functions."""
 
 from __future__ import annotations
 
@@ -32,10 +29,9 @@ PROMPTED_TASKS = tuple(sorted({*C2LLM_PROMPTS, *OFFLINE_TASKS}))  # every task a
 def fingerprint(
     encoder, max_length: int | None = None, overrides: dict[str, str] | None = None, batch_size: int | None = None
 ) -> str:
-    """A short hash of every setting that changes an encoder's scores (config, computing dtype, width, `max_length`,
-    `batch_size`: in bf16 an embedding moves with its batch's padding, `overrides`, every task's prompts) and of its
-    weights (`weights_digest`, and the tensors training or a merge change in memory: PMA head, LoRA, the first
-    layer's query projection): mteb caches by model name and revision, so a changed model gets a new revision."""
+    """A short hash of the encoder's weights (`weights_digest`, and the head, LoRA and first query projection in memory)
+    and of every setting that changes its scores, used as mteb's revision so a changed model is never read from
+    cache."""
     base = getattr(encoder, "encoder", encoder)  # a Truncated view hashes its encoder and its width
     config = base.config
     settings = {
@@ -64,9 +60,7 @@ _FOLDER_DIGESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # load
 
 
 def weights_digest(encoder) -> str | None:
-    """`files.file_digest` of the folder `encoder` was loaded from (`C2LLMEncoder.directory`: a run's `merged/`, a
-    release), every file of it, read once per loaded backbone (about 1 GB for the 0.5B model; the baselines' poolers
-    share one); None for an encoder built in memory (the untrained baselines of a run, the ablations' variants)."""
+    """`files.file_digest` of the folder `encoder` was loaded from (None if built in memory)."""
     directory = getattr(encoder, "directory", None)
     if directory is None:
         return None
@@ -76,9 +70,7 @@ def weights_digest(encoder) -> str | None:
 
 
 def task_fingerprint(task: RetrievalTask) -> str:
-    """A short hash of what a retrieval task ranks: its queries, its corpus and its qrels (ids, texts, grades, in
-    order). Two tasks of one name (the offline tasks under another `eval_limit` or `eval_max_documents`) share it
-    only when they score the same."""
+    """A short hash of a task's queries, corpus and qrels (ids, texts, grades, in order)."""
     content = [task.queries, task.corpus, task.qrels]
     return hashlib.blake2b(json.dumps(content, ensure_ascii=False).encode(), digest_size=8).hexdigest()
 
@@ -91,8 +83,7 @@ def model_meta(
     overrides: dict[str, str] | None = None,
     batch_size: int | None = None,
 ):
-    """A ModelMeta for our encoder (mteb needs one, or it substitutes an empty record and tries the hub); its
-    revision is the `fingerprint` of the encoder and of the evaluation settings unless given."""
+    """mteb's ModelMeta for our encoder; its revision is the `fingerprint` unless given."""
     from mteb.models.model_meta import ModelMeta, ScoringFunction
 
     return ModelMeta.create_empty(
@@ -110,11 +101,9 @@ def model_meta(
 
 
 class MTEBEncoder(AbsEncoder):
-    """mteb's encoder protocol around a C2LLMEncoder, with the prompts of the encoder's `prompt_style`
-    (`prompts.prompts`). `prompts` overrides the query instruction of named tasks. A task no prompt set knows
-    (a custom task) gets its override or, in the c2llm style, no instruction, as mteb does for a model whose
-    prompts lack the task; its documents get the encoder's `document_prefix`. With a `cache` (`EncodingCache`,
-    shared by the models of one evaluation) texts already embedded are not encoded again."""
+    """mteb's encoder protocol around a C2LLMEncoder with its prompt style's prompts; `prompts` overrides named tasks'
+    query instructions (an unknown task gets its override or none). A shared `cache` (`EncodingCache`) encodes each text
+    once."""
 
     def __init__(
         self,
@@ -154,15 +143,12 @@ class MTEBEncoder(AbsEncoder):
 
 
 class OfflineTask(AbsTaskRetrieval):
-    """Base of the offline tasks: mteb keeps task metadata on the class, so `offline_task` makes one small
-    subclass per task, carrying its metadata and its in-memory data. Its results also hold every query's nDCG@10
-    (`QUERY_SCORES`), for the paired bootstrap of `intervals.py`."""
+    """Base of the offline tasks (one subclass per task); results keep every query's nDCG@10."""
 
     task: RetrievalTask
 
     def task_specific_scores(self, scores, qrels, results, hf_split, hf_subset) -> dict[str, Any]:
-        """{QUERY_SCORES: {query id: nDCG@10}}: pytrec_eval's per-query values, the ones mteb averages into
-        `ndcg_at_10`, kept in the result mteb caches (so a result read back brings them, with no encoding)."""
+        """{QUERY_SCORES: {query id: nDCG@10}}, pytrec_eval's values, kept in the cached result."""
         return {QUERY_SCORES: {q: float(s["ndcg_cut_10"]) for q, s in scores.items()}}
 
     def load_data(self, num_proc: int | None = None, **kwargs: Any) -> None:
@@ -180,8 +166,7 @@ class OfflineTask(AbsTaskRetrieval):
 
 
 def offline_task(task: RetrievalTask) -> OfflineTask:
-    """An mteb task for one of our offline retrieval tasks (`tasks.offline_tasks`); its dataset revision is the
-    `task_fingerprint` of its content, which mteb records with every result (`run_mteb` compares them)."""
+    """An mteb task for one of our offline tasks; its dataset revision is the task's `task_fingerprint`."""
     from mteb.abstasks.task_metadata import TaskMetadata
 
     metadata = TaskMetadata(
@@ -209,9 +194,7 @@ def offline_task(task: RetrievalTask) -> OfflineTask:
 
 
 def run_mteb(model: MTEBEncoder, tasks: Sequence[Any], cache_dir: str | Path) -> dict[str, float]:
-    """{task: nDCG@10} through mteb.evaluate; results are cached in mteb's layout under `cache_dir`, and a task
-    already there is read back instead of rerun, unless that result was computed on other data than the task holds
-    now (`stale_results`): then it is computed again, and its file replaced."""
+    """{task: nDCG@10} through mteb.evaluate, cached under `cache_dir`; stale results are recomputed."""
     import mteb
 
     cache = mteb.ResultCache(cache_dir)
@@ -226,9 +209,7 @@ def run_mteb(model: MTEBEncoder, tasks: Sequence[Any], cache_dir: str | Path) ->
 
 
 def stale_results(cache, meta, tasks: Sequence[Any]) -> set[int]:
-    """The ids of the tasks for which `cache` holds a result of this model (`meta`: name and revision) on another
-    dataset revision than the task's: mteb's "only-missing" would read it back, whatever data it was computed on. An
-    offline task's result without per-query scores (`QUERY_SCORES`, cached before they were kept) is stale too."""
+    """Ids of tasks cached for `meta` on another dataset revision or without per-query scores."""
     stale = set()
     for task in tasks:
         found = cache.load_task_result(task.metadata.name, meta)
@@ -249,9 +230,7 @@ def _query_scores(result) -> dict[str, float] | None:
 
 
 def cached_query_scores(model: MTEBEncoder, tasks: Sequence[Any], cache_dir: str | Path) -> dict[str, dict[str, float]]:
-    """{task: {query id: nDCG@10}} of `model` on offline tasks that `run_mteb` evaluated into `cache_dir`: the per-query
-    values behind each cached score, read back without encoding. A task with no current result (not evaluated, another
-    dataset revision, no per-query scores) is an error naming the model and the task."""
+    """{task: {query id: nDCG@10}} from `run_mteb`'s cache, no encoding; a missing one is an error."""
     import mteb
 
     cache = mteb.ResultCache(cache_dir)
@@ -276,24 +255,30 @@ def evaluate_all(
     max_length: int = 2048,
     log=print,
 ) -> dict[str, dict[str, float]]:
-    """{model: {task: nDCG@10}}: each encoder through mteb.evaluate (cached under `cache_dir`, one folder per model),
-    a task's own query instruction kept (`instruction_overrides`), and BM25 through our scorer; the models share one
-    `EncodingCache`, so no model encodes a text twice."""
-    scores: dict[str, dict[str, float]] = {}
-    if bm25:
-        scores["BM25"] = bm25_scores(tasks)
+    """{model: {task: nDCG@10}} through mteb (cached), BM25 by our scorer; one `EncodingCache` shared."""
     cache = EncodingCache(list(models.values()))  # every model registered first, so siblings share each pass
+
+    def evaluated(label: str, model: MTEBEncoder, offline: list[OfflineTask]) -> dict[str, float]:
+        found = run_mteb(model, offline, cache_dir)
+        log(f"evaluated {label}")
+        return found
+
+    return _per_model(models, tasks, bm25_scores if bm25 else None, evaluated, batch_size, max_length, cache)
+
+
+def _per_model(models, tasks, bm25_scorer, score, batch_size: int, max_length: int, cache=None) -> dict[str, Any]:
+    """{"BM25": bm25_scorer(tasks)} unless None, then {label: score(label, mteb model, offline tasks)}."""
+    out: dict[str, Any] = {}
+    if bm25_scorer is not None:
+        out["BM25"] = bm25_scorer(tasks)
     for label, encoder in models.items():
         model = mteb_model(label, encoder, tasks, batch_size, max_length, cache)
-        scores[label] = run_mteb(model, [offline_task(t) for t in tasks], cache_dir)
-        log(f"evaluated {label}")
-    return scores
+        out[label] = score(label, model, [offline_task(t) for t in tasks])
+    return out
 
 
 def mteb_model(label: str, encoder, tasks: Sequence[RetrievalTask], batch_size: int, max_length: int, cache=None):
-    """The mteb encoder `evaluate_all` evaluates a model as on `tasks`: named `local/<label as a slug>`, with the
-    tasks' own query instructions (`instruction_overrides`), its revision the fingerprint of the encoder and the
-    evaluation settings (so the cache key of its results)."""
+    """The `MTEBEncoder` named `local/<label slug>` with the tasks' instruction overrides."""
     slug = "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")
     return MTEBEncoder(encoder, instruction_overrides(encoder.config, tasks), batch_size=batch_size,
                        max_length=max_length, name=f"local/{slug}", cache=cache)  # fmt: skip
@@ -307,13 +292,9 @@ def query_scores(
     batch_size: int = 16,
     max_length: int = 2048,
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """{model: {task: {query id: nDCG@10}}} behind `evaluate_all`'s scores, for the paired bootstrap
-    (`intervals.py`): each encoder's per-query values from the results mteb cached (no encoding; call
-    `evaluate_all` with the same arguments first), BM25's from our scorer. Each task's mean equals its score."""
-    out: dict[str, dict[str, dict[str, float]]] = {}
-    if bm25:
-        out["BM25"] = bm25_query_scores(tasks)
-    for label, encoder in models.items():
-        model = mteb_model(label, encoder, tasks, batch_size, max_length)
-        out[label] = cached_query_scores(model, [offline_task(t) for t in tasks], cache_dir)
-    return out
+    """{model: {task: {query id: nDCG@10}}} behind `evaluate_all`'s scores, read from its cache."""
+
+    def read(label: str, model: MTEBEncoder, offline: list[OfflineTask]) -> dict[str, dict[str, float]]:
+        return cached_query_scores(model, offline, cache_dir)
+
+    return _per_model(models, tasks, bm25_query_scores if bm25 else None, read, batch_size, max_length)

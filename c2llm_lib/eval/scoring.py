@@ -1,7 +1,6 @@
 """Our scorer (paper section 4.2): exact top-k by cosine in chunks, nDCG@10 and recall on ranked ids, BM25, the
 per-query scores behind every mean, MRL-style truncated widths, and the untrained-pooler baselines. Documents are
-prepared as mteb prepares a corpus (`corpus_text`), so these scores equal `mteb.evaluate`'s on the same task.
-"""
+prepared as mteb prepares a corpus (`corpus_text`), so these scores equal `mteb.evaluate`'s on the same task."""
 
 from __future__ import annotations
 
@@ -67,8 +66,7 @@ def query_ndcg(task: RetrievalTask, rankings: dict[str, list[str]], k: int = 10)
 
 
 def embedding_rankings(task: RetrievalTask, queries: np.ndarray, documents: np.ndarray, k: int = 10):
-    """{query id: the ids of its top k documents} by cosine of normalised query (Q, d) and document (N, d) embeddings,
-    in task order."""
+    """{query id: its top k document ids} by cosine of normalised (Q, d) and (N, d) embeddings."""
     doc_ids = list(task.corpus)
     _, top = chunked_topk(queries, documents, k)  # (Q, k)
     return {q: [doc_ids[j] for j in row] for q, row in zip(task.queries, top, strict=True)}
@@ -96,8 +94,7 @@ def evaluate_encoder(
 def task_embeddings(
     encoder, task: RetrievalTask, batch_size: int = 16, max_length: int | None = None, prompt: tuple | None = None
 ):
-    """Unnormalised (queries (Q, d), documents (N, d)) of a task, with the prompts of the encoder's prompt style, or
-    `prompt` = (query instruction, document prefix) when given (a validation task's, `study/validation.py`)."""
+    """Unnormalised (queries (Q, d), documents (N, d)) with the encoder's prompts or `prompt`."""
     query, document = prompt or task_prompts(encoder.config, task.name, instruction_overrides(encoder.config, [task]))
     kwargs = {"batch_size": batch_size, "max_length": max_length, "normalize": False}
     docs = encoder.encode([corpus_text(t) for t in task.corpus.values()], kind="document", instruction=document,
@@ -149,8 +146,7 @@ def evaluate_bm25(task: RetrievalTask, k: int = 10) -> dict[str, float]:
 
 
 def baseline_encoder(trained, pooling: str):
-    """The untrained-pooler baseline of `trained`: its backbone before training (or, for a released checkpoint,
-    the release's own backbone) with a baseline pooler (mean or last token), no LoRA."""
+    """`trained`'s backbone before training (or a release's) with a mean or last-token pooler."""
     cfg = trained.config
     if is_released_checkpoint(cfg.backbone):
         return C2LLMEncoder.from_released(
@@ -167,10 +163,7 @@ def baseline_encoder(trained, pooling: str):
 
 
 def baselines(trained, poolings: Sequence[str]) -> dict[str, Any]:
-    """{label: baseline encoder} for each pooling: "untrained, mean pooling" on the run's base backbone, or
-    "released backbone, mean pooling" when `trained` is a released checkpoint. The baselines share one backbone
-    and tokenizer object (their poolers have no weights): it is loaded once, and `evaluate_all` runs it once
-    per text for all of them (`encoding.shared_forward`)."""
+    """{label: baseline encoder} per pooling, all on one loaded backbone and tokenizer object."""
     kind = "released backbone" if is_released_checkpoint(trained.config.backbone) else "untrained"
     if not poolings:
         return {}
@@ -183,8 +176,7 @@ def baselines(trained, poolings: Sequence[str]) -> dict[str, Any]:
 
 
 def evaluated_models(evaluation, run_dir) -> tuple[str, dict[str, Any]]:
-    """(label, {label: the model notebook 04 evaluates, then its `baselines`}) for `evaluation` (its EvalStage): the
-    release `eval_released` ("released <id>"), else the run's `merged/` ("C2LLM recipe (merged)")."""
+    """(label, {label: the release or the run's `merged/`, then its `baselines`}) for notebook 04."""
     if evaluation.eval_released:
         label = f"released {evaluation.eval_released}"
         trained = C2LLMEncoder.from_released(released_directory(evaluation.eval_released,

@@ -1,7 +1,5 @@
 """Notebook 04's tables (paper section 4.2, table 2's layout): models x tasks of nDCG@10 x 100 with each task's size,
-and `evaluate_set`, one call per task set that returns the scores, the per-query scores, the trained model's
-differences with their intervals, and the markdown of both.
-"""
+and `evaluate_set`: one call per task set for scores, per-query scores, differences and markdown."""
 
 from __future__ import annotations
 
@@ -27,10 +25,8 @@ def results_frame(scores: dict[str, dict[str, float]]):
 def results_markdown(
     frame, title: str, sizes: dict[str, dict[str, int]] | None = None, max_length: int | None = None
 ) -> str:
-    """The table as markdown; with `sizes` (`task_sizes`), rows saying how many queries and documents each
-    task's corpus held (and how many were truncated, when counted), so that no score is read without its corpus
-    size: "40 of 213" queries where a limit drew them, with a line naming the seed; with `max_length`, a line
-    stating the evaluation length."""
+    """The table as markdown; with `sizes` (`task_sizes`), a row per count ("40 of 213" for drawn queries, with the seed
+    stated), and with `max_length` a line stating the evaluation length."""
     sizes = sizes or {}
     header = "| model | " + " | ".join(frame.columns) + " |\n|---|" + "---|" * len(frame.columns) + "\n"
     cell = lambda v: "" if v != v else f"{v:.1f}"  # noqa: E731  a blank for NaN: a public mean has no task scores
@@ -64,9 +60,7 @@ def _count_cell(task: dict[str, int], count: str) -> str:
 
 @dataclass
 class SetEvaluation:
-    """One task set of notebook 04 scored (`evaluate_set`): models x tasks x 100 (`table`, None without tasks),
-    {model: {task: nDCG@10}}, each task's size (`task_sizes`), every query's nDCG@10 per model, the trained model's
-    differences to the others with their intervals (`intervals`: as JSON), and the markdown of both."""
+    """One task set scored (`evaluate_set`): table, scores, sizes, per-query scores, differences, markdown."""
 
     table: Any = None
     scores: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -91,11 +85,8 @@ def evaluate_set(
     batch_size: int = 16,
     max_length: int = 2048,
 ) -> SetEvaluation:
-    """`models` (the trained one named `label`, and its baselines) and BM25 scored on `tasks` through mteb
-    (`mteb.evaluate_all`, then the per-query scores from the same cache, `mteb.query_scores`), with each task's size at
-    `max_length` and the difference of `label` to every other model with its 95 % interval over queries; the markdown
-    is the table ("### <title>", with its counts and length), then the differences ("<label> against each other model,
-    <name>"). No tasks: an empty result."""
+    """`models` (the trained one is `label`) and BM25 scored on `tasks` through mteb, with each task's size and
+    `label`'s difference to every other model with its 95 % interval; no tasks: an empty result."""
     from .mteb import evaluate_all, query_scores
 
     if not tasks:

@@ -1,7 +1,6 @@
-"""The retrieval tasks notebook 04 scores (paper section 4.2): the offline held-out tasks and HumanEval, a run's own
-held-out split, the unseen libraries, a limit drawn with a seed, the sizes and truncation counts shown beside every
-score, the query instructions and prompts a task gets, and the note on sets the training was not checked against.
-"""
+"""The retrieval tasks notebook 04 scores (paper section 4.2): offline held-out tasks and HumanEval, a run's own
+held-out split, the unseen libraries, seeded limits, sizes and truncation counts, query instructions, and the note on
+sets the training was not checked against."""
 
 from __future__ import annotations
 
@@ -25,10 +24,8 @@ from ..retrieval import RetrievalTask, corpus_text, file_safe
 def limit_task(
     task: RetrievalTask, limit: int | None = None, max_documents: int | None = None, seed: int = 0
 ) -> RetrievalTask:
-    """`task` with `limit` of its queries drawn with `seed` (`drawn_queries`; all when None), in task order, recording
-    how many it held (`split_queries`) and the seed; a limit never shortens the corpus. With `max_documents`, the
-    corpus keeps every document judged for an evaluated query and a sample of the others (seeded by `seed` and the
-    task name) up to `max_documents`, with their ids and order."""
+    """`task` with `limit` of its queries drawn with `seed` (`drawn_queries`; all when None), recording the split's
+    count and the seed; with `max_documents`, the corpus keeps every judged document plus a seeded sample."""
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be a positive number of queries or None, got {limit}")
     if max_documents is not None and max_documents < 1:
@@ -51,10 +48,8 @@ def limit_task(
 
 
 def drawn_queries(task: RetrievalTask, limit: int, seed: int = 0) -> list[str]:
-    """The ids of `limit` queries of `task` drawn with `seed`, in task order: those with the smallest hash of the seed,
-    the query's text and its relevant documents' texts and grades (ties, a query repeated with the same answers, by
-    id). A draw from the whole task that depends on its content only, never on the order of its rows: a limit takes a
-    sample, not the first files' queries, and the same one on every run while the task is unchanged."""
+    """The ids of `limit` queries of `task`, in task order, with the smallest seeded hash of their text and answers: the
+    same draw on every run whatever the order of the rows."""
 
     def key(q: str) -> tuple[str, str]:
         answers = sorted((task.corpus.get(d, d), grade) for d, grade in task.qrels.get(q, {}).items())
@@ -75,11 +70,8 @@ def task_from_rows(
     distinct_queries: bool = False,
     documents: Sequence[str] = (),
 ) -> RetrievalTask:
-    """A task of the rows' queries, `limit` of them drawn with `seed` (all when None; `limit_task`); the corpus holds
-    every row's positive and every text of `documents` (a whole corpus: the answers of no query too), so a limit
-    shortens the query list and never the corpus. Identical documents share an id. With `distinct_queries`, rows
-    sharing a query text are one query, relevant to each of their positives (a query's other correct answers are not
-    counted as misses). `max_documents` as in `limit_task`."""
+    """A task of the rows' queries (`limit` drawn as in `limit_task`) whose corpus holds every positive and every text
+    of `documents`; identical documents share an id. `distinct_queries` merges rows sharing a query text."""
     corpus, ids, queries, qrels, query_ids = {}, {}, {}, {}, {}
     for text in [*(row["positive"] for row in rows), *documents]:
         doc_id = ids.setdefault(text, f"d{len(ids)}")
@@ -94,8 +86,7 @@ def task_from_rows(
 def offline_tasks(
     limit: int | None = None, include_humaneval: bool = True, max_documents: int | None = None, seed: int = 0
 ) -> list[RetrievalTask]:
-    """Held-out offline tasks, one per (recipe, language), plus HumanEval; `limit` and `max_documents` as in
-    `limit_task` (every task's corpus holds all of its held-out documents unless `max_documents` caps it)."""
+    """Held-out offline tasks per (recipe, language) plus HumanEval; limits as in `limit_task`."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for row in load_snapshot():
         if row["split"] == "test":
@@ -116,10 +107,8 @@ HELDOUT_COLUMNS = ("dataset", "language", "query", "positive", "instruction")
 
 
 def heldout_task_names(groups: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """{(dataset, language): task name} of a run's held-out groups: `heldout-text2code-<language>` and
-    `heldout-code2code-<language>` for the two code recipes (`prompts.HELDOUT_RECIPES`), `heldout-<group>-<language>`
-    for a user's group (its name made file-safe; a group that would read as a code recipe's task is prefixed
-    `files-`, and names that coincide get `-2`, `-3`, ...)."""
+    """{(dataset, language): task name}: `heldout-text2code-<language>`, `heldout-code2code-<language>`, or
+    `heldout-<group>-<language>` for a user's group (file-safe, unique, never read as a code recipe's)."""
     short = {recipe: name for name, recipe in HELDOUT_RECIPES.items()}
     names: dict[tuple[str, str], str] = {}
     for dataset, language in sorted(set(groups)):
@@ -140,10 +129,7 @@ def heldout_task_names(groups: Iterable[tuple[str, str]]) -> dict[tuple[str, str
 def heldout_tasks(
     heldout, limit: int | None = None, max_documents: int | None = None, seed: int = 0
 ) -> list[RetrievalTask]:
-    """Tasks from a run's held-out split (a `datasets.Dataset` or rows in the record schema, `data/heldout`), one per
-    (dataset, language) group as `offline_tasks` builds them (`heldout_task_names`; `limit` and `max_documents` as in
-    `limit_task`), each query once with all its positives relevant. A task's instruction is its rows' (the most
-    frequent one where a files group's rows differ); an empty split is an error."""
+    """Tasks of a run's held-out split, one per (dataset, language); an empty split is refused."""
     rows = heldout.select_columns(list(HELDOUT_COLUMNS)).to_list() if hasattr(heldout, "select_columns") else heldout
     missing = sorted(set(HELDOUT_COLUMNS) - set(rows[0])) if rows else []
     if not rows or missing:
@@ -164,16 +150,14 @@ def heldout_tasks(
 def evaluation_tasks(
     heldout=None, limit: int | None = None, max_documents: int | None = None, seed: int = 0
 ) -> list[RetrievalTask]:
-    """The tasks notebook 04 evaluates a run on: its own held-out split's (`heldout_tasks`) when it has one (a
-    `files` or `code` run), else the offline snapshot's held-out tasks and HumanEval (`offline_tasks`)."""
+    """The run's own held-out tasks when it has a split, else the offline held-out tasks and HumanEval."""
     if heldout is not None:
         return heldout_tasks(heldout, limit, max_documents, seed)
     return offline_tasks(limit, max_documents=max_documents, seed=seed)
 
 
 def unseen_task_names(entries: Sequence[str]) -> dict[str, str]:
-    """{task name: its package's pin} of the tasks `unseen_tasks` makes of `unseen_packages` (no fetching): what
-    `contamination_note` compares with the pins notebook 01 recorded."""
+    """{task name: its package's pin} of the tasks `unseen_tasks` would make (no fetching)."""
     return {f"unseen-{short}-{file_safe(pin.name)}": str(pin) for pin in package_pins(entries)
             for short in HELDOUT_RECIPES}  # fmt: skip
 
@@ -185,10 +169,8 @@ def unseen_tasks(
     seed: int = 0,
     cache_dir: str | Path | None = None,
 ) -> list[RetrievalTask]:
-    """Two tasks per library of `unseen_packages` (`data.unseen.mine_packages`: the pinned wheel, fetched once into
-    the cache and hash-checked, mined): `unseen-text2code-<package>` and `unseen-code2code-<package>`, each query once
-    with all its positives relevant, against the package's whole corpus (every function as a document, its queries'
-    answers or not); `limit` and `max_documents` as in `limit_task`. No packages: no tasks."""
+    """`unseen-text2code-<package>` and `unseen-code2code-<package>` per pinned, hash-checked library
+    (`data.unseen.mine_packages`), against its whole corpus; `limit` and `max_documents` as in `limit_task`."""
     tasks = []
     for mined in mine_packages(entries, cache_dir) if entries else []:
         for short, recipe in HELDOUT_RECIPES.items():
@@ -200,8 +182,7 @@ def unseen_tasks(
 
 @dataclass
 class TaskSets:
-    """The task sets notebook 04 scores, each in a table of its own: the held-out tasks (`evaluation_tasks`), the local
-    BEIR sets (`data.beir`) and the unseen libraries (`unseen_tasks`), all limited alike (`limit_task`)."""
+    """Notebook 04's task sets, a table each: held-out, local BEIR and unseen libraries, limited alike."""
 
     heldout: list[RetrievalTask]
     beir: list[RetrievalTask]
@@ -215,9 +196,7 @@ class TaskSets:
 
 
 def task_sets(evaluation, heldout=None) -> TaskSets:
-    """The task sets of notebook 04's `evaluation` (its EvalStage) with `eval_limit` and `eval_max_documents`, the
-    held-out tasks from `heldout` (the run's own split) or the offline ones. A bad BEIR set fails here, naming its
-    file, line and column; an unseen library's wheel is fetched once into the cache, refused when its hash differs."""
+    """Notebook 04's task sets for `evaluation`; a bad BEIR set fails naming its file, line and column."""
     limits = (evaluation.eval_limit, evaluation.eval_max_documents)
     beir = [limit_task(t, *limits) for t in read_beir_sets(evaluation.beir_sets, evaluation.beir_instruction)]
     unseen = unseen_tasks(evaluation.unseen_packages, *limits)
@@ -228,10 +207,8 @@ def task_sets(evaluation, heldout=None) -> TaskSets:
 
 
 def instruction_overrides(config, tasks: Sequence[RetrievalTask]) -> dict[str, str]:
-    """{task: its own query instruction} for the tasks whose instruction the c2llm prompt set does not give: a
-    user's files' groups and local BEIR sets (the offline and code held-out tasks' instructions are table 1's, the
-    set's own). The c2llm style trains on each row's instruction, so it evaluates such a task with the task's; the
-    peer styles evaluate with their own prompt sets, as they trained (`prompts.prompts`), and get none."""
+    """{task: its own query instruction} for the tasks the c2llm prompt set has none for (a files group, a BEIR set);
+    empty for the peer prompt styles, which evaluate with their own prompts."""
     if config.prompt_style != "c2llm":
         return {}
     overrides = {}
@@ -263,10 +240,7 @@ CHECKED_KEY = "decontaminated_mteb_tasks"  # notebook 01's record in metrics/dat
 def contamination_note(
     evaluated: Sequence[str], data_record: dict | None, model: str, unseen: dict[str, str] | None = None
 ) -> str:
-    """A paragraph naming the evaluated sets (task names, in order) that `model`'s training rows were not checked
-    against, "" when there is none. `data_record` is the run's `metrics/data.json` (None for a release: every set is
-    named): notebook 01 checks the held-out tasks always, the unseen libraries whose pins it records (`unseen`: each
-    unseen task's pin), the MTEB tasks it records (`CHECKED_KEY`), never a BEIR set or another benchmark."""
+    """A paragraph naming the evaluated sets the training rows were not checked against, or ""."""
     evaluated = list(dict.fromkeys(evaluated))  # a task of two benchmarks, once
     unseen, recorded = unseen or {}, set((data_record or {}).get("unseen_packages", []))
     checked = [s for s in evaluated if _always_checked(s) or (s in unseen and unseen[s] in recorded)]
@@ -288,18 +262,15 @@ def contamination_note(
 
 
 def _always_checked(task: str) -> bool:
-    """A task (named by this module) notebook 01 always decontaminates against: the offline held-out tasks, HumanEval,
-    a run's own held-out tasks."""
+    """A task notebook 01 always decontaminates against: offline held-out, HumanEval, a run's own held-out."""
     return task == "HumanEval" or task.startswith(("offline-", "heldout-"))
 
 
 def task_sizes(
     tasks: Sequence[RetrievalTask], encoder=None, max_length: int | None = None
 ) -> dict[str, dict[str, int]]:
-    """{task: {"queries": n, "documents": corpus size}}: what each score was ranked against; for a task whose queries a
-    limit drew (`limit_task`), also "queries in the split" (how many it held) and "seed" (the draw's). With an
-    `encoder` and the evaluation's `max_length`, also how many queries and documents were cut at that length
-    (`truncation_counts`)."""
+    """{task: {"queries", "documents"}}, plus "queries in the split" and "seed" where a limit drew the queries, and with
+    an `encoder` the truncation counts at `max_length`."""
     sizes = {t.name: {"queries": len(t.queries), "documents": len(t.corpus)} for t in tasks}
     for t in tasks:
         if t.split_queries is not None:
@@ -313,9 +284,7 @@ def task_sizes(
 
 
 def truncation_counts(encoder, tasks: Sequence[RetrievalTask], max_length: int) -> dict[str, dict[str, int]]:
-    """{task: {"truncated queries": n, "truncated documents": m}}: texts with more than `max_length` tokens as
-    `encoder` reads them in the evaluation (the prompts eval.mteb.MTEBEncoder gives the task, and the EOS token
-    when the encoder appends one), so cut on the right at `max_length`."""
+    """{task: {"truncated queries", "truncated documents"}} at `max_length`, as evaluated."""
     limit = max_length - (1 if encoder.config.eos_appended else 0)
     counts = {}
     for task in tasks:

@@ -1,6 +1,5 @@
-"""Notebook 07's index (paper section 3's embeddings and PMA attention): a folder's functions encoded, saved under
-`search/index/` without pickle, updated for the files that changed, and checked against the files it claims, each file
-that does not match encoded again (docs/search.md)."""
+"""Notebook 07's index (paper section 3's embeddings and PMA attention): a folder's functions encoded, saved without
+pickle, updated for changed files, and checked against its files (docs/search.md)."""
 
 from __future__ import annotations
 
@@ -70,9 +69,7 @@ class SearchIndex:
 
 
 def index_settings(encoder, model: str | os.PathLike, max_length: int) -> dict[str, Any]:
-    """What an index's embeddings depend on besides the files: the model (a folder is named by its `fingerprint`, so a
-    retrained model differs; a name that is no folder is kept as it is), its pooler and width, the text->code prompts
-    of its prompt style, and the length documents are cut to."""
+    """What an index's embeddings depend on besides the files: model, pooler, width, prompts, length."""
     cfg, path = encoder.config, Path(model)
     query_instruction, document_instruction = prompts(cfg.prompt_style, TEXT_TO_CODE, cfg.document_prefix)
     return {"model": f"{path.name}:{fingerprint(path, path.name)}" if path.is_dir() else str(model),
@@ -146,7 +143,6 @@ def _fingerprint(source: SourceFile, documents: int) -> FileState:
 
 
 def _previous_parts(previous: SearchIndex | None) -> dict[str, _Part]:
-    """{file: its part} of an earlier index, vectors included."""
     if previous is None:
         return {}
     parts: dict[str, _Part] = {}
@@ -161,8 +157,7 @@ def _previous_parts(previous: SearchIndex | None) -> dict[str, _Part]:
 
 def _scan(encoder, sources: Sources, earlier: dict[str, _Part], settings: dict[str, Any], max_files: int | None,
           report: IndexReport) -> list[_Part]:  # fmt: skip
-    """The index's files in walk order: earlier parts that match their file now (`_mismatch`, `_vector_mismatch`), the
-    others parsed into documents still to encode; counts each kind of file. Files that do not parse are skipped."""
+    """The index's files in walk order: matching earlier parts, others parsed into documents to encode."""
     pma, dim = encoder.config.pooling == "pma", encoder.embedding_dim
     parts: list[_Part] = []
     for source in source_files(sources.roots, report.files, keep=sources.keep):
@@ -209,8 +204,7 @@ def _mismatch(recorded: list[Document], found: list[Document]) -> str | None:
 
 
 def _vector_mismatch(encoder, part: _Part, settings: dict[str, Any]) -> str | None:
-    """How a reused part's vectors fail its documents (None: they do not): an embedding that is not a finite unit row,
-    or a PMA attention that is not a distribution over each document's tokens (which `stored_attention` refuses)."""
+    """Why a reused part's vectors fail (None: they do not): non-unit embedding or bad attention."""
     norms = np.linalg.norm(part.embeddings, axis=1) if len(part.documents) else np.ones(0)
     if not np.isfinite(part.embeddings).all() or not np.allclose(norms, 1.0, atol=1e-3):
         return "an embedding is not a finite unit vector"
@@ -227,8 +221,7 @@ def _vector_mismatch(encoder, part: _Part, settings: dict[str, Any]) -> str | No
 
 
 def _encode(encoder, texts: Sequence[str], instruction: str, max_length: int, batch_size: int):
-    """(unit embeddings (n, d), each text's PMA attention (T_i,) mean over heads, or None without a PMA head), in
-    `C2LLMEncoder.encode`'s batches and prompts, so the embeddings equal its."""
+    """(unit embeddings (n, d), PMA attention (T_i,) per text or None), as `C2LLMEncoder.encode` encodes."""
     pma = encoder.config.pooling == "pma"
     formatted = encoder.format_texts(texts, "document", instruction)
     lengths = encoder.token_lengths(formatted, max_length)
@@ -254,7 +247,6 @@ def _encode(encoder, texts: Sequence[str], instruction: str, max_length: int, ba
 
 
 def _assemble(settings: dict[str, Any], parts: list[_Part], dim: int, pma: bool) -> SearchIndex:
-    """The index of the parts that have vectors, in walk order."""
     done = [p for p in parts if p.embeddings is not None]
     embeddings = np.concatenate([p.embeddings for p in done]) if done else np.zeros((0, dim), np.float32)
     attention = [a for p in done for a in (p.attention or [])] if pma else None
@@ -274,9 +266,8 @@ def update_index(
     save_every: float = SAVE_EVERY,
     log: Callable[[str], Any] = print,
 ) -> tuple[SearchIndex, IndexReport]:
-    """The index of `sources` for `encoder` (`settings` from `index_settings`), reusing `previous` for the files that
-    still match it. Says what it will encode and how long that should take, shows a progress bar, and hands the index
-    to `save` (`RunDir.save_search_index`) every `save_every` seconds and at the end. No function: a `DataError`."""
+    """The index of `sources` for `encoder`, reusing `previous` where files still match, saved through `save` every
+    `save_every` seconds and at the end; no function is a `DataError`."""
     report = IndexReport()
     reusable = previous is not None and previous.settings == settings
     if previous is not None and not reusable:
@@ -362,7 +353,6 @@ def _store(encoder, indices, texts, instruction, max_length, batch_size, vectors
 
 
 def _fill(pending, chunk, vectors, attention, pma: bool) -> None:
-    """Gives each file whose documents are all encoded its vectors."""
     for part in {id(pending[i][0]): pending[i][0] for i in chunk}.values():
         rows = [i for i in chunk if pending[i][0] is part]
         if len(rows) == len(part.documents) and all(vectors[i] is not None for i in rows):

@@ -1,5 +1,5 @@
-"""Notebook 07's searcher (paper section 4.2's text->code retrieval): a query's top k by cosine beside BM25's, the
-known-answer queries and their ranks, and the hits shown as HTML shaded by PMA attention (section 3; docs/search.md)."""
+"""Notebook 07's searcher (paper section 4.2's text->code retrieval): a query's top k by cosine beside BM25's,
+known-answer queries and their ranks, and hits shaded by PMA attention (docs/search.md)."""
 
 from __future__ import annotations
 
@@ -114,8 +114,7 @@ def _top(scores: np.ndarray, k: int) -> list[Hit]:
 
 
 def documented_queries(index: SearchIndex) -> list[KnownQuery]:
-    """Known-answer queries from the indexed functions' documentation, by notebook 01's text->code recipe: the first
-    paragraph of the documentation (3 to 120 words) of a function of 2 to 150 lines (`offline.pair_records`)."""
+    """Known-answer queries from indexed functions' documentation (`offline.pair_records`)."""
     out = []
     for d in index.documents:
         rows = pair_records(d.file, d.function, d.language, d.summary, d.code) if d.summary else []
@@ -125,8 +124,7 @@ def documented_queries(index: SearchIndex) -> list[KnownQuery]:
 
 
 def pick_queries(stage: SearchStage, sources: Sources, index: SearchIndex) -> list[KnownQuery]:
-    """`search_queries` as given (answers unknown), or `search_query_count` known-answer queries whose function is
-    indexed exactly once, chosen by a hash of their text (the same on every run)."""
+    """`search_queries`, or `search_query_count` known-answer queries chosen by a hash of their text."""
     if stage.search_queries:
         return [KnownQuery(q) for q in stage.search_queries]
     candidates = sources.heldout if sources.heldout is not None else documented_queries(index)
@@ -238,8 +236,7 @@ def search_metrics(index: SearchIndex, report: IndexReport, results: Sequence[Se
 
 
 def search_widget(searcher: Searcher, k: int = 5, min_score: float = 0.0):
-    """A query box for JupyterLab (ipywidgets): type a query and press Enter or Search; the hits table appears below,
-    and an error (an empty query, say) is shown in its place."""
+    """A JupyterLab query box (ipywidgets) showing the hits table, or the error, below it."""
     import ipywidgets as widgets
 
     box = widgets.Text(placeholder="describe the function you are looking for", description="Query:",

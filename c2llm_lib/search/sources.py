@@ -1,5 +1,5 @@
-"""What notebook 07 searches (paper section 1: an embedding model is for retrieval): the folders, each indexed function
-(`Document`), and the known-answer queries of the run's held-out split (docs/search.md)."""
+"""What notebook 07 searches: the folders, each indexed function (`Document`), and the known-answer queries of the run's
+held-out split (docs/search.md)."""
 
 from __future__ import annotations
 
@@ -73,8 +73,7 @@ def _heldout_file(test_percent: int, file: str) -> bool:
 
 
 def search_sources(stage: SearchStage) -> Sources:
-    """What notebook 07 indexes: the folders of `search_roots`, else the run's held-out source files (the offline
-    snapshot's in this Python's standard library, or the held-out files of `code_roots`)."""
+    """The folders of `search_roots`, else the run's held-out source files."""
     if stage.search_roots:
         return Sources(code_roots(stage.search_roots), None, None, [
             "the folders named in search_roots; known-answer queries are the documentation of their functions, "
@@ -96,8 +95,7 @@ def search_sources(stage: SearchStage) -> Sources:
 
 
 def offline_sources(stdlib: str | os.PathLike | None = None) -> Sources:
-    """The offline snapshot's held-out Python files, read from this Python's standard library (`stdlib`), with the
-    snapshot's held-out text->code queries of those files; held-out files not found there are named and skipped."""
+    """The offline snapshot's held-out stdlib files and their queries; missing files named, skipped."""
     stdlib = Path(stdlib or sysconfig.get_paths()["stdlib"])
     rows = [r for r in load_snapshot() if r["split"] == "test" and r["dataset"] == TEXT_TO_CODE]
     python = sorted({r["file"] for r in rows if r["file"].startswith("python/")})

@@ -1,9 +1,5 @@
-"""What notebook 06 trains: each recipe's own keys over the run's compute, and the pooling study's poolers (C2LLM
-section 3's takeaway against the peers' choices), with the seeds and the fitting rules stated for the results.
-
-A recipe brings only `RECIPE_KEYS`; backbone, precision, length, batch, steps, seed and PMA heads are the run's
-notebook-02 configuration, so every model sees the same rows and optimizer steps (docs/studies.md).
-"""
+"""What notebook 06 trains: each recipe's own keys (`RECIPE_KEYS`) over the run's notebook-02 compute, so every model
+sees the same rows and steps, and the pooling study's poolers (C2LLM section 3's takeaway; docs/studies.md)."""
 
 from __future__ import annotations
 
@@ -31,8 +27,7 @@ POOLING_LABELS = {"pma": "PMA", "last_token": "last token", "mean": "mean"}
 
 
 def base_configs(run_dir) -> tuple[ModelConfig, TrainConfig, str]:
-    """The run's notebook-02 configuration and where it was read: `metrics/train.json` when notebook 02 ran, else
-    `resolved.yaml` (the pipeline records every notebook's parameters first, so `--only 01 06` needs no training)."""
+    """The run's notebook-02 configs and their source: `metrics/train.json`, else `resolved.yaml`."""
     trained = run_dir.root / "metrics" / "train.json"
     if trained.is_file():
         record = json.loads(trained.read_text())
@@ -63,8 +58,7 @@ def load_recipe(name: str, params_dir: str | Path = PARAMS_DIR) -> dict[str, Any
 def recipe_configs(
     base_model: ModelConfig, base_train: TrainConfig, recipe: dict[str, Any], dims: Sequence[int], source: str
 ) -> tuple[ModelConfig, TrainConfig]:
-    """(ModelConfig, TrainConfig) of a recipe on the run's compute: recipe keys over the run's configuration,
-    LoRA on, full width, no intermediate checkpoints, and MRL (if the recipe has it) at `dims`."""
+    """(ModelConfig, TrainConfig) of a recipe on the run's compute: LoRA on, full width, MRL at `dims`."""
     model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
     defaults_model, defaults_train = ModelConfig(), TrainConfig()
     model_keys = {k: recipe.get(k, getattr(defaults_model, k)) for k in RECIPE_KEYS if k in model_fields}
@@ -81,9 +75,7 @@ def recipe_configs(
 
 @dataclasses.dataclass
 class Entry:
-    """One model to train: a recipe on the run's compute, the run's own recipe with one pooler (`study`
-    "poolings"), or a PMA model projecting to a smaller width, which trains at the rates of its `parent` (the
-    full-width entry of the same recipe) when rates are chosen by a sweep."""
+    """One model to train: a recipe, a pooler of the pooling study, or a PMA projection of a `parent`."""
 
     label: str
     recipe: str
@@ -95,8 +87,7 @@ class Entry:
 
 
 def projections(entry: Entry, pma_dims: Sequence[int], label: str) -> list[Entry]:
-    """`entry` (a PMA model) projecting to each d in `pma_dims` (equations 2-3), MRL kept below d; labelled
-    `label.format(d=d)`."""
+    """`entry` (PMA) projecting to each d in `pma_dims` (equations 2-3), labelled `label.format(d=d)`."""
     out = []
     for d in pma_dims:
         small = dataclasses.replace(entry.train, mrl_dims=[x for x in entry.train.mrl_dims if x < d], mrl_weights=[])
@@ -114,8 +105,7 @@ def plan(
     params_dir: str | Path = PARAMS_DIR,
     poolings: Sequence[str] = (),
 ) -> list[Entry]:
-    """The trainings of a comparison: each recipe, and each PMA recipe again at every width in `pma_dims`; then the
-    pooling study (`pooling_entries`)."""
+    """Each recipe, each PMA recipe again at every width in `pma_dims`, then the pooling study's entries."""
     entries = []
     for name in recipes:
         source = str(Path(params_dir) / f"{name}.yaml")
@@ -129,8 +119,7 @@ def plan(
 def pooling_entries(
     base_model: ModelConfig, base_train: TrainConfig, poolings: Sequence[str], pma_dims: Sequence[int]
 ) -> list[Entry]:
-    """The pooling study: the run's own recipe with each pooler in `poolings`, LoRA on, at full width, and PMA also
-    projecting to each d in `pma_dims`. A pooler without parameters gets no head rates (it has no head)."""
+    """The run's recipe with each pooler at full width, and PMA projecting to each d in `pma_dims`."""
     unknown = sorted(set(poolings) - set(POOLING_LABELS))
     if unknown:
         raise ConfigError(f"compare_poolings: unknown poolers {unknown}; choose from {sorted(POOLING_LABELS)}")
@@ -162,8 +151,7 @@ def recipe_frame(entries: Sequence[Entry]):
 def adjustments(
     base_train: TrainConfig, most_negatives: int, seeds: Sequence[int] = (), sweep_seed: int | None = None
 ) -> list[str]:
-    """The fitting rules with this run's values, as sentences for the results. `most_negatives`: the most hard
-    negatives a training row holds (`train.most_negatives`); `sweep_seed`: the sweep's seed when rates were swept."""
+    """The fitting rules with this run's values, as sentences for the results."""
     seeds = list(seeds) or [base_train.seed]
     rates = (f"each model trains at the learning rates its own sweep chose on the validation split (at seed "
              f"{sweep_seed}; a projection at its full width's), then afresh at each compared seed, so no test score "
@@ -183,8 +171,7 @@ def adjustments(
 
 
 def study_seeds(comparison: CompareStage, base_train: TrainConfig) -> list[int]:
-    """The seeds every compared model trains with (`compare_seeds`, or notebook 02's seed), none of them the sweep's
-    (`sweep_seed`, when rates are swept): a training selected on validation would carry its selection onto test."""
+    """The seeds every compared model trains with (`compare_seeds`, or notebook 02's), refusing the sweep's seed."""
     seeds = list(comparison.compare_seeds) or [base_train.seed]
     if comparison.compare_sweep and comparison.sweep_seed in seeds:
         source = "compare_seeds" if comparison.compare_seeds else "notebook 02's seed (compare_seeds is empty)"

@@ -1,10 +1,6 @@
-"""The pooling study: C2LLM section 3's claims for its head tested on equal terms. PMA against the last (EOS) token and
-the mean, PMA projecting to d (equations 2-3) against the full PMA embedding truncated to d, and PMA's encoding cost.
-Notebook 06 (`compare_poolings`) is the study to read: per-pooler rates from the sweep, every seed, and each difference
-with 95 % intervals over queries and, with several seeds, over trainings and queries, by which the sentences judge.
-`variants`, `train_variant`, `ablation_pairs` (notebook 04's former quick check) train in the kernel at one rate
-and seed.
-"""
+"""The pooling study (C2LLM section 3's claims for its head, on equal terms): PMA against the last token and the mean,
+PMA projecting to d (equations 2-3) against truncation to d, and PMA's encoding cost, each difference with its 95 %
+interval (docs/studies.md#the-pooling-study)."""
 
 from __future__ import annotations
 
@@ -13,8 +9,6 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from ..config import ModelConfig, TrainConfig
 from ..eval.intervals import (
@@ -29,46 +23,14 @@ from ..eval.intervals import (
 )
 from ..figures import pooling_study
 from ..hardware import cpu_info, resolve_device, resolve_dtype
-from ..model import C2LLMEncoder
-from ..train import Trainer
 from .plan import Entry
 from .sweep import Grid, edge_sentences, rates_label, sweep_frame, sweep_markdown
 from .trainings import query_rows, seed_query_rows
 from .trainings import timings as times
 
 
-def variants(base: ModelConfig, dims: Sequence[int]) -> dict[str, ModelConfig]:
-    """Pooler and dimension variants of `base` (a PMA configuration at full width)."""
-    full = dataclasses.replace(base, pooling="pma", embedding_dim=None, append_eos=None)
-    out = {
-        "PMA (trained)": full,
-        "last token (trained)": dataclasses.replace(full, pooling="last_token"),
-        "mean (trained)": dataclasses.replace(full, pooling="mean"),
-    }
-    for d in dims:
-        out[f"PMA d={d} (trained)"] = dataclasses.replace(full, embedding_dim=d)
-    return out
-
-
-def train_variant(model: ModelConfig, train: TrainConfig, rows) -> C2LLMEncoder:
-    """A fresh encoder of configuration `model`, trained with the recipe `train` on `rows` (no checkpoints)."""
-    torch.manual_seed(train.seed)
-    encoder = C2LLMEncoder.from_config(dataclasses.replace(model, use_lora=True))
-    Trainer(encoder, rows, dataclasses.replace(train, checkpoint_steps=[], checkpoint_fractions=[])).train()
-    return encoder.eval()
-
-
-def ablation_pairs(dims: Sequence[int]) -> list[tuple[str, str]]:
-    """The comparisons of an in-kernel pooling table (rows named as `variants` names them): PMA
-    against each other pooler, and PMA trained to each d against the full PMA embedding truncated to d."""
-    return [("PMA (trained)", "last token (trained)"), ("PMA (trained)", "mean (trained)")] + [
-        (f"PMA d={d} (trained)", f"PMA truncated to {d}") for d in dims
-    ]
-
-
 def study_pairs(entries) -> list[tuple[str, str]]:
-    """The pooling study's comparisons (`Entry` labels): PMA against each other pooler at full width, and
-    each PMA projection against the full PMA embedding truncated to its width."""
+    """PMA against each other pooler, and each PMA projection against PMA truncated to its width."""
     full = [e.label for e in entries if e.study == "poolings" and not e.projected]
     pairs = [("PMA", other) for other in full if other != "PMA"] if "PMA" in full else []
     return pairs + [(e.label, f"{e.parent}, truncated to {e.model.embedding_dim}")
@@ -80,9 +42,7 @@ def _mean(per_task: dict[str, float]) -> float:
 
 
 def pooling_frame(results: dict[str, dict[str, Any]], chosen: dict[str, Any] | None = None):
-    """One row per pooler at full width: the rates it trained at (chosen on validation when swept, with the
-    validation score x 100), each seed's mean nDCG@10 x 100 on the test tasks, the mean over seeds and its per-task
-    scores (per query the mean over seeds), and the encoding throughput (real tokens/s) of the evaluation."""
+    """One row per full-width pooler: rates, each seed's and the mean nDCG@10 x 100, tasks, throughput."""
     import pandas as pd
 
     rows = {}
@@ -103,8 +63,7 @@ def pooling_frame(results: dict[str, dict[str, Any]], chosen: dict[str, Any] | N
 
 
 def dimension_frame(results: dict[str, dict[str, Any]], full: str = "PMA"):
-    """Mean nDCG@10 x 100 against the embedding width d: PMA trained to project to d, and the full PMA embedding
-    truncated to d (at the full width both are the full PMA), each the mean over seeds and per seed."""
+    """Mean nDCG@10 x 100 against width d for PMA projection and truncation, over seeds and per seed."""
     import pandas as pd
 
     base = results[full]
@@ -127,9 +86,7 @@ def dimension_frame(results: dict[str, dict[str, Any]], full: str = "PMA"):
 def mean_intervals(
     results: dict[str, dict[str, Any]], full: str = "PMA", seed_rows: dict[str, list] | None = None
 ) -> dict[str, dict[Any, Any]]:
-    """The figure's error bars, {"poolers": {label: Interval}, "PMA projection": {d: ...}, "truncation": {d: ...}} in
-    nDCG@10 x 100: each mean's 95 % interval over trainings and queries when `seed_rows` (`seed_query_rows`) holds
-    each model's seeds, else over queries."""
+    """The figure's error bars (x 100): over trainings and queries with `seed_rows`, else queries."""
 
     def interval(row: str, per_task):
         if seed_rows is not None:
@@ -160,9 +117,7 @@ def overhead(results: dict[str, dict[str, Any]]) -> dict[str, float]:
 def study_sentences(
     frame, dims, diffs, speeds: dict[str, float], seeds: Sequence[int], training_diffs=None, sweep_seed=None
 ) -> str:
-    """The pooling study's outcome in sentences from its numbers: chosen rates, test means and each seed's, each
-    difference with its interval (over trainings and queries when `training_diffs` holds them), the dimension curves,
-    and PMA's encoding throughput against last-token pooling."""
+    """The study's outcome in sentences built from its numbers."""
     import pandas as pd
 
     lines = []
@@ -202,10 +157,7 @@ def study_sentences(
 
 
 def study_record(frame, dims, diffs, results, chosen, setting: dict[str, Any], training_diffs=None) -> dict[str, Any]:
-    """What `metrics/pooling_study.json` holds: the tables, the differences with their intervals over queries and
-    (several seeds) over trainings, every model's per-seed scores, per-query scores (mean over seeds), training and
-    encoding figures, the sweeps, and the setting (CPU, steps, seeds, grid, splits, timings, which trainings were
-    selected on validation and which were scored on test)."""
+    """What `metrics/pooling_study.json` holds: tables, differences, per-model scores, sweeps and setting."""
     tables = {
         "poolers": json.loads(frame.to_json(orient="index")),
         "dimensions": json.loads(dims.to_json(orient="index")) if dims is not None else None,
@@ -219,9 +171,8 @@ def study_record(frame, dims, diffs, results, chosen, setting: dict[str, Any], t
 def study_setting(
     base_model, base_train, seeds, grid, split, tasks, per_seed, chosen=None, sweep_seed=None
 ) -> dict[str, Any]:
-    """What a reader needs beside the numbers: the machine, the shared compute, seeds, grid, split and task sizes, each
-    training's and scoring's time (a reused training counted once), and which trainings were selected on validation
-    (the sweep's, at `sweep_seed`) and which were scored on test (fresh ones, at `seeds`)."""
+    """The machine, shared compute, seeds, grid, split, task sizes and timings (a reused training counted once), and
+    which trainings were selected on validation and which scored on test."""
     device = resolve_device(base_model.device)
     timings = {f"{label}, seed {seed}": {**times(found), "folder": found["folder"]}
                for label, by_seed in per_seed.items() for seed, found in by_seed.items()}  # fmt: skip
@@ -247,7 +198,7 @@ def study_setting(
 
 
 def frame_markdown(frame, digits: int = 1) -> str:
-    """A table of numbers and labels as markdown (numbers to `digits`, blanks for missing ones)."""
+    """A frame as markdown: numbers to `digits`, blanks for missing ones."""
     columns = list(frame.columns)
 
     def cell(value) -> str:
@@ -263,9 +214,7 @@ def frame_markdown(frame, digits: int = 1) -> str:
 def study_markdown(
     run: str, frame, dims, diffs, sentences: str, setting: dict[str, Any], sweeps=None, training_diffs=None
 ) -> str:
-    """`metrics/pooling_study.md`: the pooler table, the dimension table, the differences with their intervals (over
-    trainings and queries, then over queries), the sweep and which trainings it selected, the sentences, and the
-    setting in one page."""
+    """`metrics/pooling_study.md`: the tables, differences, sweep, sentences and setting on one page."""
     cpu = setting["cpu"]
     lines = [f"### The pooling study, run {run}", "",
              f"Machine: {cpu.get('model')} ({', '.join(cpu.get('capabilities', [])) or 'no listed capability'}), "
@@ -298,9 +247,7 @@ def study_markdown(
 
 @dataclass
 class PoolingStudy:
-    """The pooling study of one run: `table` (`pooling_frame`), `dimensions` (`dimension_frame`, None without PMA),
-    the differences over queries and over trainings, `intervals` (the figure's error bars), `outcome` (sentences),
-    `setting`, `record` and `markdown` (`metrics/pooling_study.{json,md}`), and `figure`."""
+    """The pooling study of one run: tables, differences, error bars, sentences, record, markdown, figure."""
 
     table: Any
     dimensions: Any
@@ -323,8 +270,7 @@ def compare_poolings(
     entries: Sequence[Entry], results: dict[str, dict[str, Any]], per_seed: dict[str, dict[int, dict[str, Any]]],
     seeds: Sequence[int], tasks, base_model: ModelConfig, base_train: TrainConfig, sweeps, run: str,
 ) -> PoolingStudy | None:  # fmt: skip
-    """The pooling study of the entries of study "poolings" (`over_seeds` results, `score_trainings`' per-seed ones,
-    the test `tasks`, and the study's `sweep.Sweeps` or None), or None when no pooler was compared."""
+    """The pooling study of the "poolings" entries, or None when no pooler was compared."""
     study = {e.label: results[e.label] for e in entries if e.study == "poolings"}
     if not study:
         return None

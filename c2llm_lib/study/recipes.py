@@ -1,7 +1,5 @@
-"""The recipe comparison's tables, figure and sentences (C2LLM section 3's takeaway against jina-code-embeddings and
-CodeXEmbed): one row per model and dimension, the quality-vs-dimension curves, each stated difference with its 95 %
-interval over queries (`eval/intervals.py`), and `metrics/comparison.{json,md}`.
-"""
+"""The recipe comparison (C2LLM section 3's takeaway against jina-code-embeddings and CodeXEmbed): one row per model and
+width, quality-vs-dimension curves, differences with 95 % intervals, and `metrics/comparison.{json,md}`."""
 
 from __future__ import annotations
 
@@ -17,14 +15,12 @@ from .trainings import query_rows
 
 
 def training_peak(training: dict[str, Any]) -> float | None:
-    """The memory a training needed beyond loading: CUDA's peak on a GPU, else the resident peak of its training
-    window, else (not Linux) the whole process's peak."""
+    """Memory a training needed beyond loading: CUDA's peak, else its window's resident peak, else the process's."""
     return training.get("peak_cuda_gb", training.get("train_peak_rss_gb", training.get("peak_rss_gb")))
 
 
 def comparison_frame(results: dict[str, dict[str, Any]], bm25: dict[str, float] | None = None):
-    """One row per (model, dimension) of `over_seeds` results: its curve (how the dimension is reached), per-task
-    nDCG@10 x 100, their mean, and the training's tokens/s, peak memory (GB) and seconds on trained models' rows."""
+    """One row per (model, width): curve, per-task nDCG@10 x 100, mean, and training figures."""
     import pandas as pd
 
     rows = []
@@ -50,8 +46,7 @@ def comparison_frame(results: dict[str, dict[str, Any]], bm25: dict[str, float] 
 
 
 def dimension_table(frame):
-    """Mean nDCG@10 per curve (rows) and dimension (columns, widest first): the quality-vs-dimension plot's data.
-    A PMA projection curve starts at its recipe's full width."""
+    """Mean nDCG@10 per curve (rows) and width (columns, widest first)."""
     models = frame[frame["curve"] != "BM25"]
     table = models.pivot_table(index="curve", columns="dim", values="mean", aggfunc="first")
     for curve in table.index:
@@ -65,8 +60,7 @@ def dimension_table(frame):
 
 
 def recipe_pairs(entries: Sequence[Entry], bm25: bool = True) -> list[tuple[str, str]]:
-    """The comparisons the recipe table states with intervals: the first recipe against each other recipe (and BM25)
-    at full width, and each PMA projection against its recipe's full embedding truncated to the same width."""
+    """The first recipe against each other (and BM25); each PMA projection against its truncation."""
     recipes = [e.label for e in entries if e.study == "recipes" and not e.projected]
     if not recipes:
         return []
@@ -76,8 +70,7 @@ def recipe_pairs(entries: Sequence[Entry], bm25: bool = True) -> list[tuple[str,
 
 
 def verdict(frame, dims_table, notes: Sequence[str] = (), diffs=None) -> str:
-    """The outcome in plain sentences, whatever it is, from the numbers of `comparison_frame` and, when given, the
-    intervals of the differences (`eval.intervals.differences`: "within noise" where the interval holds 0)."""
+    """The outcome in sentences from `comparison_frame`'s numbers and, when given, the differences' intervals."""
     trained = frame.dropna(subset=["tokens/s"])
     full = trained[~trained["curve"].str.endswith("PMA projection")].sort_values("mean", ascending=False)
     lines = ["At full width, mean nDCG@10 ranks " + ", then ".join(
@@ -111,8 +104,7 @@ def verdict(frame, dims_table, notes: Sequence[str] = (), diffs=None) -> str:
 
 
 def comparison_markdown(frame, title: str) -> str:
-    """The comparison table as markdown: scores to 0.1, throughput to whole tokens/s, blanks where a column does not
-    apply (a truncation trains nothing; BM25 has no dimension)."""
+    """The comparison table as markdown, blanks where a column does not apply."""
     columns = [c for c in frame.columns if c not in ("recipe", "curve")]
     digits = {"dim": 0, "tokens/s": 0, "peak memory GB": 2, "train s": 1, "loss_first": 2, "loss_last": 2}
 
@@ -131,9 +123,7 @@ def comparison_markdown(frame, title: str) -> str:
 def record(
     frame, dims_table, trainings: dict[str, Any], notes: Sequence[str], compute_from: str, diffs=None
 ) -> dict[str, Any]:
-    """What `metrics/comparison.json` holds: the table (null where a column does not apply), the curves, each
-    training's summary, the fitting notes, where the run's compute was read, and the differences with their
-    intervals (`eval.intervals.differences_record`)."""
+    """What `metrics/comparison.json` holds: table, curves, trainings, notes, compute source and differences."""
     curves = {c: {int(d): float(v) for d, v in dims_table.loc[c].dropna().items()} for c in dims_table.index}
     return {"table": json.loads(frame.reset_index().to_json(orient="records")), "dimensions": curves,
             "trainings": trainings, "notes": list(notes), "compute_from": compute_from,
@@ -142,8 +132,7 @@ def record(
 
 @dataclass
 class RecipeStudy:
-    """The recipe comparison of one run: `table` (`comparison_frame`), `dimensions` (`dimension_table`), `differences`
-    with their intervals, `outcome` (sentences), `record` and `markdown` (`metrics/comparison.{json,md}`), `figure`."""
+    """The recipe comparison of one run: tables, differences, sentences, record, markdown and figure."""
 
     table: Any
     dimensions: Any
@@ -162,8 +151,7 @@ def compare_recipes(
     entries: Sequence[Entry], results: dict[str, dict[str, Any]], per_seed: dict[str, dict[int, dict[str, Any]]],
     bm25: dict[str, dict[str, float]], notes: Sequence[str], compute_from: str, run: str,
 ) -> RecipeStudy | None:  # fmt: skip
-    """The recipe comparison of the entries of study "recipes" (`over_seeds` results and `score_trainings`' per-seed
-    ones, BM25's per-query scores), or None when no recipe was compared."""
+    """The recipe comparison of the "recipes" entries, or None when no recipe was compared."""
     recipes = {e.label: results[e.label] for e in entries if e.study == "recipes"}
     if not recipes:
         return None

@@ -1,7 +1,5 @@
-"""Notebook 06 in one call: plan the models on the run's compute, carve the validation split and sweep the rates on it
-(at `sweep_seed`), train and score every model afresh at each comparison seed, and build the recipe comparison and the
-pooling study (C2LLM section 3's takeaway). `run_study` returns a `Study` whose parts the notebook's cells show.
-"""
+"""Notebook 06 in one call: plan the models, sweep rates on a validation split, train and score each model afresh at
+every comparison seed, and build the recipe comparison and the pooling study."""
 
 from __future__ import annotations
 
@@ -21,9 +19,8 @@ from .validation import ValidationSplit, validation_split
 
 @dataclass
 class Study:
-    """What notebook 06 found: the `entries` it trained and their recipe keys side by side (`models`), the `summary`
-    line, the fitting `notes`, the `seeds` and the sweep's (`sweep_seed`), the `validation` split and the `sweep` (None
-    without `compare_sweep`), each model's per-seed and seed-mean results, and the two studies (None when not asked)."""
+    """What notebook 06 found: the trained entries and their keys (`models`), summary, notes, seeds, validation split,
+    sweep, per-model results, and the two studies (None when not asked)."""
 
     entries: list[Entry]
     models: Any
@@ -45,9 +42,7 @@ class Study:
 
 
 def run_study(run_dir, comparison: CompareStage, log=print) -> Study:
-    """Runs notebook 06's studies for `run_dir` (a `runs.RunDir`) with its parameters `comparison`: trainings in
-    `comparison/` (reused when finished), the validation rows in `comparison/rows-<fingerprint>/`, cached scores beside
-    each training. Writes nothing else: the notebook saves the metrics and figures it shows."""
+    """Runs notebook 06's studies for `run_dir`; trains and caches under `comparison/`, writes nothing else."""
     base_model, base_train, base_source = base_configs(run_dir)
     rows = run_dir.load_dataset("train")
     entries = plan(base_model, base_train, comparison.compare_recipes, comparison.compare_dims,

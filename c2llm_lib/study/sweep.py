@@ -1,8 +1,6 @@
-"""Learning rates chosen on a validation split, one small grid for every compared model (notebook 06): the LoRA rate,
-and for a PMA head its rate and its attention logits' rate in every combination. Each point trains once at the sweep's
-seed and is scored by mean nDCG@10 on the validation tasks; the best point wins (a tie: lower rates first). A choice
-at an end of a grid axis is said as such (`edges`): it bounds the best rate from one side only (docs/studies.md).
-"""
+"""Learning rates chosen on a validation split (notebook 06): one small grid of LoRA, head and attention-logit rates for
+every model, each point trained once at the sweep's seed and scored on validation; a choice at a grid's end bounds the
+rate from one side only (docs/studies.md#rates-chosen-on-a-validation-split)."""
 
 from __future__ import annotations
 
@@ -46,8 +44,7 @@ def points(model: ModelConfig, train: TrainConfig, grid: Grid) -> list[TrainConf
 
 
 def rates(train: TrainConfig, model: ModelConfig) -> dict[str, float | None]:
-    """The rates a training uses, as the optimizer applies them: the head's and its attention's default to the LoRA
-    rate and the head's; a pooler without parameters has none."""
+    """The rates a training uses as the optimizer applies them; none without pooler parameters."""
     if model.pooling != "pma":
         return {"learning_rate": train.learning_rate}
     head = train.learning_rate if train.pma_learning_rate is None else train.pma_learning_rate
@@ -101,8 +98,7 @@ def sweep(
     grid: Grid,
     score: Callable[[ModelConfig, TrainConfig], tuple[dict[str, float], str, dict[str, float]]],
 ) -> tuple[SweepResult, TrainConfig]:
-    """Trains and scores every point of `grid` for `model` through `score(model, train) -> ({validation task:
-    nDCG@10}, training folder, {what: seconds})`; returns the sweep and the chosen point's TrainConfig."""
+    """Trains and scores every point of `grid` for `model`; returns the sweep and the chosen TrainConfig."""
     configs = points(model, train, grid)
     found = []
     for config in configs:
@@ -120,8 +116,7 @@ NAMES = {"learning_rate": "LoRA rate", "pma_learning_rate": "head rate",
 
 
 def edges(chosen_rates: dict[str, float | None], grid: Grid) -> dict[str, str]:
-    """{rate key: "largest" | "smallest"} for each chosen rate at an end of its grid axis (an axis of one value has
-    no end to speak of): such a choice bounds the best rate from one side only, it does not find it."""
+    """{rate key: "largest" | "smallest"} for each chosen rate at an end of a grid axis of several values."""
     found = {}
     for key, value in chosen_rates.items():
         axis = getattr(grid, key + "s")  # the grid's axis of each rate: learning_rates for learning_rate, ...
@@ -135,8 +130,7 @@ def edges(chosen_rates: dict[str, float | None], grid: Grid) -> dict[str, str]:
 
 
 def edge_sentences(chosen: dict[str, tuple[SweepResult, TrainConfig]], grid: Grid) -> list[str]:
-    """One sentence per model whose chosen rates sit at an end of the grid: the sweep could not see whether a rate
-    beyond it scores better."""
+    """One sentence per model whose chosen rates sit at an end of the grid."""
     lines = []
     for label, (found, _) in chosen.items():
         ends = edges(found.best.rates, grid)
@@ -151,8 +145,7 @@ def edge_sentences(chosen: dict[str, tuple[SweepResult, TrainConfig]], grid: Gri
 
 
 def sweep_frame(chosen: dict[str, tuple[SweepResult, TrainConfig]]):
-    """One row per (model, grid point): the rates, the validation mean nDCG@10 x 100 and its per-task scores, and
-    whether it was chosen."""
+    """One row per (model, grid point): rates, validation nDCG@10 x 100 and per task, and whether chosen."""
     import pandas as pd
 
     rows = []
@@ -175,8 +168,7 @@ def sweep_markdown(frame) -> str:
 
 @dataclass
 class Sweeps:
-    """A study's sweep: its grid and seed, the validation split it scored on (`ValidationSplit`), and {model:
-    (SweepResult, the chosen TrainConfig)}; `table`, `edges` and `record` (`metrics/sweep.json`) show it."""
+    """A study's sweep: grid, seed, validation split and {model: (SweepResult, chosen TrainConfig)}."""
 
     grid: Grid
     seed: int

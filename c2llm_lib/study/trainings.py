@@ -1,9 +1,6 @@
-"""Notebook 06's trainings and their scores: each training in its own process, in a folder keyed by its configs, the
-dtype and device they resolve to and its rows, reused when finished; each scored query by query on held-out tasks at
-full width and each truncation, the scores kept beside it; seeds averaged per query (C2LLM section 3's comparisons).
-
-A training of the sweep (selected on validation) is never scored on test (`score_trainings` refuses it).
-"""
+"""Notebook 06's trainings and scores: each training in its own process, in a folder keyed by its configs, resolved
+compute and rows, reused when finished; scored per query at full width and each truncation, the scores kept beside it. A
+sweep training is never scored on test."""
 
 from __future__ import annotations
 
@@ -30,16 +27,13 @@ from .sweep import RATE_KEYS, sweep
 
 
 def resolved_compute(model: ModelConfig) -> dict[str, str]:
-    """The device and dtype `model` trains and encodes in on this machine (`dtype: auto` and `device: auto` resolved),
-    which a training's or a scoring's cache key holds instead of the settings' names."""
+    """The device and dtype `model` resolves to on this machine (for cache keys)."""
     device = resolve_device(model.device)
     return {"device": device.type, "dtype": str(resolve_dtype(model.dtype, device)).removeprefix("torch.")}
 
 
 def config_key(model: ModelConfig, train: TrainConfig, rows: str, compute: dict[str, str] | None = None) -> str:
-    """A short hash of a training: its configurations, the device and dtype they resolve to (`resolved_compute`,
-    computed when not given) and `rows`, the fingerprint of the rows it trains on (`train.data_fingerprint`). The
-    folder a training writes to, reused when none of them changed."""
+    """A short hash of a training's configs, resolved compute and `rows` fingerprint: its folder's name."""
     compute = compute if compute is not None else resolved_compute(model)
     blob = json.dumps({"model": model.to_dict(), "train": train.to_dict(), "rows": rows, "compute": compute},
                       sort_keys=True)  # fmt: skip
@@ -47,8 +41,7 @@ def config_key(model: ModelConfig, train: TrainConfig, rows: str, compute: dict[
 
 
 def training_folder(model: ModelConfig, train: TrainConfig, rows_dir: Path, work_dir: Path) -> tuple[str, Path]:
-    """(the fingerprint of the rows saved in `rows_dir`, the folder `work_dir/<config_key>` a training of `model` and
-    `train` on them writes to)."""
+    """(the rows' fingerprint, `work_dir/<config_key>`) of a training of `model` and `train`."""
     from datasets import load_from_disk
 
     rows = data_fingerprint(load_from_disk(str(rows_dir)))
@@ -56,9 +49,8 @@ def training_folder(model: ModelConfig, train: TrainConfig, rows_dir: Path, work
 
 
 def train_recipe(model: ModelConfig, train: TrainConfig, rows_dir: Path, work_dir: Path, log=print) -> dict[str, Any]:
-    """The summary of one training on the rows in `rows_dir`, in its own process (`train.launch.train_in_subprocess`),
-    under `work_dir/<config_key>/`. A finished training on the same rows (its summary's fingerprint) is reused; one on
-    other rows is moved aside (`<hash>.other-rows-<time>`, nothing deleted) and trained again."""
+    """The summary of one training in its own process under `work_dir/<config_key>/`; a finished one on the same rows is
+    reused, one on other rows moved aside (nothing deleted)."""
     rows, folder = training_folder(model, train, rows_dir, work_dir)
     summary = folder / "checkpoints" / "train_summary.json"
     if summary.is_file():
@@ -77,8 +69,7 @@ def train_recipe(model: ModelConfig, train: TrainConfig, rows_dir: Path, work_di
 
 
 def with_loss_trend(summary: dict[str, Any], checkpoints: Path, window: int = 5) -> dict[str, Any]:
-    """The summary with `loss_first` and `loss_last`: the mean training loss of the first and of the last
-    `window` steps (from `train_metrics.json`), so that a recipe that did not learn is seen to."""
+    """The summary with `loss_first` and `loss_last`, the mean loss of the first and last `window` steps."""
     losses = [m["loss"] for m in json.loads((checkpoints / "train_metrics.json").read_text())]
     n = min(window, len(losses))
     return {**summary, "loss_first": sum(losses[:n]) / n, "loss_last": sum(losses[-n:]) / n}
@@ -86,8 +77,7 @@ def with_loss_trend(summary: dict[str, Any], checkpoints: Path, window: int = 5)
 
 @dataclasses.dataclass
 class Setup:
-    """What every training and scoring of one comparison shares: the run (which writes the cached scores), the rows
-    the trainings read, where they train (`comparison/`), and how models are encoded."""
+    """What every training and scoring of one comparison shares: run, rows, work folder, encoding settings."""
 
     run_dir: Any  # runs.RunDir
     rows_dir: Path
@@ -105,10 +95,8 @@ def evaluate_queries(
     max_length: int | None = None,
     prompts_of: Callable | None = None,
 ) -> dict[str, Any]:
-    """One encoding pass of `encoder` on `tasks`, scored at its full width and each smaller d in `dims` (truncated and
-    re-normalised): {"width", "scores": {str(d): {task: nDCG@10}}, "queries": {str(d): {task: {query id: nDCG@10}}},
-    "encode": {"seconds", "texts", "tokens", "tokens_per_second"}} (real tokens: each pooler's inference cost).
-    `prompts_of(config, task)`: a task's (query instruction, document prefix); None: the encoder's prompt style."""
+    """One encoding pass scored at full width and each smaller d in `dims`: {"width", "scores", "queries", "encode"}
+    (real tokens/s); `prompts_of(config, task)` gives a task's prompts."""
     width = encoder.embedding_dim
     widths = [width, *(d for d in dims if d < width)]
     queries: dict[str, dict[str, dict[str, float]]] = {str(d): {} for d in widths}
@@ -128,8 +116,7 @@ def evaluate_queries(
 
 
 def encoded_tokens(encoder, task: RetrievalTask, max_length: int, prompt: tuple[str, str] | None = None) -> int:
-    """The real tokens `encoder` reads for a task's queries and documents (formatted, cut at `max_length`, EOS
-    included when it appends one)."""
+    """The real tokens `encoder` reads for a task (formatted, cut at `max_length`, EOS included)."""
     query, document = prompt or prompts(encoder.config.prompt_style, task.name, encoder.config.document_prefix)
     eos = 1 if encoder.config.eos_appended else 0
     texts = encoder.format_texts(list(task.queries.values()), "query", query) + encoder.format_texts(
@@ -146,9 +133,7 @@ def scored_training(
     dims: Sequence[int],
     prompts_of: Callable | None = None,
 ) -> dict[str, Any]:
-    """A training (`train_recipe`) and its `evaluate_queries` on `tasks`, with "training" (its summary) and "folder".
-    The scores are kept in the training's folder (`scores-<evaluation_key>.json`) and read back while the key holds,
-    so a resumed study re-encodes nothing it has scored."""
+    """A training and its `evaluate_queries`, cached in its folder under `evaluation_key`."""
     training = train_recipe(model, train, setup.rows_dir, setup.work_dir, setup.log)
     folder = Path(training["final_checkpoint"]).parent.parent  # <work_dir>/<config_key>
     prompts = {t.name: list(prompts_of(model, t)) if prompts_of else None for t in tasks}
@@ -181,8 +166,7 @@ def timings(found: dict[str, Any]) -> dict[str, float | None]:
 def evaluation_key(
     tasks, prompts: dict, dims, batch_size: int, max_length: int | None, checkpoints: Path, compute: dict[str, str]
 ) -> str:
-    """A short hash of what a scoring depends on: tasks, prompts, widths, batch size and length (bf16 embeddings move
-    slightly with padding), the device and dtype (`resolved_compute`) and the training's summary."""
+    """A short hash of what a scoring depends on: tasks, prompts, widths, batch, length, compute, training."""
     from ..eval.mteb import task_fingerprint
 
     summary = (checkpoints / "train_summary.json").read_bytes()
@@ -195,8 +179,7 @@ def evaluation_key(
 def sweep_entries(
     entries: Sequence[Entry], grid, seed: int, setup: Setup, validation
 ) -> dict[str, tuple[Any, TrainConfig]]:
-    """{label: (SweepResult, the chosen TrainConfig)} of every full-width entry: each point of `grid` trained at `seed`
-    (`sweep_seed`: never a seed scored on test) and scored on the tasks of `validation` (a `ValidationSplit`)."""
+    """{label: (SweepResult, chosen TrainConfig)} of every full-width entry, swept at `seed`."""
 
     def score(model: ModelConfig, train: TrainConfig) -> tuple[dict[str, float], str, dict[str, float]]:
         found = scored_training(setup, model, train, validation.tasks, [], validation.prompts)
@@ -213,8 +196,7 @@ def sweep_entries(
 def final_trainings(
     entries: Sequence[Entry], seeds: Sequence[int], chosen: dict[str, tuple[Any, TrainConfig]] | None = None
 ) -> list[tuple[Entry, int, TrainConfig]]:
-    """(entry, seed, TrainConfig) of every training to score: each entry at each seed, at the rates its sweep chose
-    (a projection at its parent's), or at its own rates when nothing was swept."""
+    """(entry, seed, TrainConfig) to score: each entry at each seed, at its swept or own rates."""
     out = []
     for entry in entries:
         train = entry.train
@@ -234,9 +216,7 @@ def score_trainings(
     trainings: Sequence[tuple[Entry, int, TrainConfig]], setup: Setup, tasks: Sequence[RetrievalTask],
     dims: Sequence[int], selected: Collection[str] = (),
 ) -> dict[str, dict[int, dict[str, Any]]]:  # fmt: skip
-    """{label: {seed: `scored_training` result}} on the test tasks; a projection is scored at its own width only.
-    `selected`: the folders of the trainings the sweep ran (`sweep_folders`); a test training that is one of them is
-    refused before it is scored (its validation score chose it, so its test score would carry that selection)."""
+    """{label: {seed: `scored_training`}} on test; a training in `selected` (the sweep's) is refused."""
     out: dict[str, dict[int, dict[str, Any]]] = {}
     for entry, seed, train in trainings:
         setup.log(f"{entry.label}, seed {seed}")
@@ -252,8 +232,7 @@ def score_trainings(
 
 
 def over_seeds(entry: Entry, per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """An entry's result for the tables: per query the mean over its seeds (`eval.intervals.seed_mean`), each task's
-    score the mean of those, each seed's own scores, and the mean of the seeds' training and encoding figures."""
+    """An entry's table result: per-query means over seeds, task scores, per-seed scores, training figures."""
     runs = list(per_seed.values())
     widths = list(runs[0]["queries"])
     queries = {d: seed_mean([r["queries"][d] for r in runs]) for d in widths}
@@ -272,8 +251,7 @@ def over_seeds(entry: Entry, per_seed: dict[int, dict[str, Any]]) -> dict[str, A
 def query_rows(
     results: dict[str, dict[str, Any]], bm25: dict[str, dict[str, float]] | None = None
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """{row of `comparison_frame`: {task: {query id: nDCG@10}}}: each model at full width under its label, each
-    truncation as "<label>, truncated to <d>", and BM25: the per-query scores behind the table, for its intervals."""
+    """{row: {task: {query id: nDCG@10}}}: each model, each "<label>, truncated to <d>", and BM25."""
     rows = {}
     for label, result in results.items():
         for d, per_task in result["queries"].items():
@@ -286,8 +264,7 @@ def query_rows(
 def seed_query_rows(
     per_seed: dict[str, dict[int, dict[str, Any]]], labels: Sequence[str]
 ) -> dict[str, list[dict[str, dict[str, float]]]]:
-    """{row: [each seed's {task: {query id: nDCG@10}}]} of the models `labels`, rows named as `query_rows` names them:
-    what the intervals over trainings resample (`eval.intervals.training_differences`)."""
+    """{row: [each seed's {task: {query id: nDCG@10}}]} of `labels`, named as `query_rows` names them."""
     rows: dict[str, list[dict[str, dict[str, float]]]] = {}
     for label in labels:
         runs = list(per_seed[label].values())

@@ -1,8 +1,6 @@
-"""A validation split carved from a run's training rows, on which notebook 06's sweep chooses learning rates, so the
-held-out test tasks never choose anything they then score. Stable, and by the unit that leaks: by file on the offline
-snapshot (a hash of the path of its own), else by normalised query; a remaining row sharing a text with a validation
-row is dropped and counted. Its tasks are built as the test tasks are (docs/studies.md).
-"""
+"""A validation split carved from a run's training rows, on which notebook 06 chooses rates so the test tasks choose
+nothing: by file on the offline snapshot, else by normalised query, rows sharing a text with it dropped
+(docs/studies.md#rates-chosen-on-a-validation-split)."""
 
 from __future__ import annotations
 
@@ -38,9 +36,7 @@ class ValidationSplit:
     datasets: dict[str, str] = field(default_factory=dict)  # task name -> the training dataset its rows come from
 
     def prompts(self, config, task: RetrievalTask) -> tuple[str, str]:
-        """(query instruction, document prefix) of a validation task for an encoder's ModelConfig, as training
-        prompts its rows (`train.step`): the c2llm style takes the rows' own instruction and the encoder's document
-        prefix, the other styles their prompt set's entry for the rows' dataset."""
+        """(query instruction, document prefix) of a validation task for a ModelConfig, as training prompts its rows."""
         if config.prompt_style == "c2llm":
             return task.instruction, config.document_prefix
         return prompts(config.prompt_style, self.datasets[task.name], config.document_prefix)
@@ -60,9 +56,7 @@ def snapshot_files() -> dict[tuple[str, str, str], str]:
 def validation_split(
     rows, percent: int, limit: int | None = None, max_documents: int | None = None, seed: int = 0
 ) -> ValidationSplit:
-    """Splits a run's training rows (a `datasets.Dataset` in the record schema) into training rows and validation
-    tasks by the rule above. An empty side (no unit in the share, or every row in it) is an error naming the rule,
-    the counts and `validation_percent`."""
+    """Training rows and validation tasks; an empty side is an error naming `validation_percent`."""
     if not 1 <= percent <= 50:
         raise ValueError(f"validation_percent must be from 1 to 50, got {percent}")
     if len(rows) == 0:
@@ -97,8 +91,7 @@ def validation_split(
 def validation_tasks(
     pool: list[dict[str, Any]], limit: int | None, max_documents: int | None, seed: int
 ) -> tuple[list[RetrievalTask], dict[str, str]]:
-    """One task per (dataset, language) of the validation rows, built like the test tasks (`task_from_rows`), and
-    {task name: dataset}."""
+    """One task per (dataset, language) of the validation rows (`task_from_rows`), and {task: dataset}."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in pool:
         groups.setdefault((row["dataset"], row["language"]), []).append(row)
