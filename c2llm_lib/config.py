@@ -209,8 +209,7 @@ ENDPOINT = re.compile(r"[A-Za-z0-9._\-\[\]:]+:[0-9]{1,5}")  # host:port (a name,
 
 @dataclass
 class LaunchConfig:
-    """Notebook 02: how many processes train together (torchrun and DDP), on how many machines; the global batch is
-    split over them, so it does not change the training."""
+    """Notebook 02: the processes and machines that train together; the global batch is split over them."""
 
     nproc: int | Literal["auto"] = "auto"  # processes on this machine; auto: every visible GPU, 1 without one
     nnodes: int = 1  # machines; more than 1 needs rdzv_endpoint and a launcher on each (docs/training.md)
@@ -408,8 +407,7 @@ class AttentionStage:
 
 @dataclass
 class CompareStage:
-    """Notebook 06: peer recipes and the run's recipe with each pooler, trained on the run's data at every seed of
-    `compare_seeds`, optionally swept first (docs/studies.md), and how they are scored."""
+    """Notebook 06: peer recipes and the run's recipe with each pooler: seeds, sweep, scoring (docs/studies.md)."""
 
     compare_recipes: list[str] = field(default_factory=list)  # params file stems, e.g. ["c2llm-0.5b", "jina-code-0.5b"]
     compare_poolings: list[str] = field(default_factory=list)  # the run's own recipe with each pooler

@@ -200,8 +200,7 @@ def check_paths(
     notebook_dir: Path = NOTEBOOK_DIR,
     origins: dict[str, str] | None = None,
 ) -> None:
-    """`hub_mirror` and a `backbone` that names a folder must be folders as the notebooks see them (a relative path
-    from notebooks/)."""
+    """`hub_mirror` and a folder `backbone` must be folders as the notebooks see them (relative: from notebooks/)."""
     wanted = [(n, "hub_mirror", v["hub_mirror"]) for n, v in resolved.items() if v.get("hub_mirror") is not None]
     model = resolved.get("02_train_lora_contrastive", {})
     backbone = model.get("backbone")
@@ -288,8 +287,7 @@ def resolve_run(
 
 
 def select_notebooks(only: list[str] | None) -> list[str]:
-    """The notebooks a run executes, in order: those named by `--only` (their numbers), else every notebook but the
-    ones that run only when named (`notebook.ON_REQUEST`: notebook 07)."""
+    """The notebooks a run executes, in order: those `--only` names by number, else all but `ON_REQUEST`."""
     if not only:
         return [n for n in NOTEBOOKS if n not in ON_REQUEST]
     selected = [n for n in NOTEBOOKS if any(n.startswith(p) for p in only)]

@@ -112,8 +112,7 @@ def _now() -> str:
 def check_upstream(
     run: RunDir, selected: list[str], resolved: dict[str, dict[str, Any]], params_file: str, notebook_dir: Path
 ) -> None:
-    """Refuses (`UpstreamNotCurrent`) a chosen notebook that reads a product of a notebook that does not run and is
-    not current (`not_current`), naming both and the command that reruns what is stale."""
+    """Refuses (`UpstreamNotCurrent`) a chosen notebook reading a product of an unchosen one not current."""
     records, seen = records_of(run), {}
     for name in selected:
         outside = {relative: producer for relative, producer in upstream(name).items() if producer not in selected}

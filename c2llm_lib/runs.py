@@ -98,8 +98,7 @@ RUN_FOLDERS = ("notebooks", "data", "checkpoints", "metrics", "figures")  # what
 
 
 def contents(root: Path) -> list[str]:
-    """What a run directory holds besides its lock and the empty folders `create` makes (a runner stopped before
-    its manifest leaves only those): names, folders with a trailing '/'."""
+    """What a run directory holds but its lock and `create`'s empty folders: names, folders with a trailing '/'."""
 
     def made_empty(p: Path) -> bool:
         return p.name in RUN_FOLDERS and p.is_dir() and not p.is_symlink() and not any(p.iterdir())
@@ -130,8 +129,7 @@ class RunInUse(RuntimeError):
 
 
 def process_start(pid: int) -> str | None:
-    """When a process started (clock ticks since boot, /proc/<pid>/stat field 22), to tell a runner from a later
-    process that reuses its pid; None without /proc or without the process."""
+    """When process `pid` started (/proc/<pid>/stat field 22), to tell it from a later one reusing its pid, or None."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -145,8 +143,7 @@ def runner_record() -> dict[str, Any]:
 
 
 def runner_alive(runner: Any) -> bool:
-    """Whether the runner a manifest names is another process alive on this host (the same pid, started at the same
-    time); a runner on another host, or one that cannot be told, counts as gone."""
+    """Whether the runner a manifest names is another live process on this host (same pid and start time)."""
     if not isinstance(runner, dict) or runner.get("host") != platform.node():
         return False
     pid = runner.get("pid")
@@ -435,8 +432,7 @@ class RunDir:
         return {relative: fingerprint(self.root, relative) for relative in INPUTS[notebook]}
 
     def remove_products(self, notebook: str) -> list[str]:
-        """Deletes what `notebook` wrote earlier (`PRODUCTS` less `KEPT_ON_RERUN`), only inside the run directory;
-        returns what it deleted, relative to the run."""
+        """Deletes what `notebook` wrote earlier (`PRODUCTS` less `KEPT_ON_RERUN`); returns it, run-relative."""
         real = self.root.resolve()
         kept = KEPT_ON_RERUN.get(notebook, ())
         doomed = [p for pattern in PRODUCTS[notebook] if pattern not in kept for p in sorted(self.root.glob(pattern))]
@@ -468,8 +464,7 @@ class RunDir:
         return path
 
     def save_rows(self, relative: str | Path, table) -> Path:
-        """A `datasets` table saved atomically at `relative` under the run, unless one is there (callers key
-        `relative` by the rows' content)."""
+        """A `datasets` table saved atomically at `relative` under the run, unless one is there (keyed by content)."""
         path = self.inside(relative)
         if path.is_dir():
             return path

@@ -1,7 +1,5 @@
 """The stage graph and what `--resume` reruns: each notebook's inputs fingerprinted, and the one rule that says whether
-what a notebook made earlier still stands (`rerun_reason`), for itself and upstream (`not_current`).
-
-The rules are written once in docs/runner.md.
+what a notebook made earlier still stands (`rerun_reason`), for itself and upstream (`not_current`); docs/runner.md.
 """
 
 from __future__ import annotations
@@ -72,8 +70,7 @@ CODE_ROOTS = ("code_roots", "search_roots")  # walked by the mining rules (`tree
 
 
 def outside_paths(name: str, values: dict[str, Any], notebook_dir: Path = NOTEBOOK_DIR) -> list[tuple[str, str, Path]]:
-    """(key, value as given, the path as notebook `name` sees it) of each path outside the run that its parameters
-    `values` name (`OUTSIDE_PATHS`; a `data_files` entry by its `path`)."""
+    """(key, value as given, path as notebook `name` sees it) of each outside path `values` names (`OUTSIDE_PATHS`)."""
     found = []
     for key in OUTSIDE_PATHS.get(name, ()):
         value = values.get(key)
@@ -101,8 +98,7 @@ def outside_fingerprint(key: str, path: Path) -> str:
 
 
 def check_outside_paths(resolved: dict[str, dict[str, Any]], root: Path, notebook_dir: Path = NOTEBOOK_DIR) -> None:
-    """Refuses an input outside the run (`outside_paths`) that lies inside the run directory `root`, which
-    `--overwrite` deletes."""
+    """Refuses an input outside the run (`outside_paths`) that lies inside `root`, which `--overwrite` deletes."""
     real = root.resolve()
     for name, values in resolved.items():
         for key, given, path in outside_paths(name, values, notebook_dir):
