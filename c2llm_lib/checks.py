@@ -1,6 +1,5 @@
 """Parameter checking: `ConfigError`, `require`, the type check of a dataclass's fields against their annotations
-(every float finite), and the did-you-mean for unknown keys. The stage dataclasses (config.py), the `data_files`
-entries (entries.py) and the package pins (pins.py) refuse a bad value through these.
+(every float finite), and the did-you-mean for unknown keys.
 """
 
 from __future__ import annotations

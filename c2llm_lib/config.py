@@ -1,12 +1,8 @@
-"""Typed parameters, one dataclass per stage, validated on construction (checks.py): `ModelConfig` the encoder of the
-paper's section 3, `TrainConfig` the recipe of section 4.1, `LaunchConfig` notebook 02's processes and machines, and
-the `*Stage` classes the parameters of notebooks 01 and 03-07. Parameters are flat, so that a params file is a list
-of overrides; `from_dict` refuses unknown keys (with a did-you-mean) and values of the wrong type or range, naming the
-source and the key. A key two notebooks read (`eval_limit`, `data_source`) is declared by both.
+"""Typed parameters, one flat dataclass per stage, validated on construction: `ModelConfig` (paper section 3),
+`TrainConfig` (section 4.1), `LaunchConfig` (notebook 02's processes), and the `*Stage` classes of notebooks 01, 03-07.
 
-One default per key: each field's default is its notebook's parameters cell (tests/test_notebook_params.py). Deliberate
-compromise: the defaults are the released C2LLM-0.5B's architecture trained and evaluated at a laptop's scale (64 rows
-per group, K = 1, batches of 8, 20 steps, 40 queries per task); the paper's recipe is params/c2llm-0.5b.yaml.
+Each default is its notebook's parameters cell. Deliberate compromise: the released C2LLM-0.5B's architecture at a
+laptop's scale; the paper's recipe is params/c2llm-0.5b.yaml (docs/runner.md#notebooks-by-hand).
 """
 
 from __future__ import annotations
@@ -24,14 +20,11 @@ from .pins import package_pins
 C = TypeVar("C")
 
 MAX_TOKENS = 131_072  # the longest context a Qwen2.5-Coder backbone takes (with YaRN); a longer length is a typo
-# AdamW moves each weight by about the learning rate per step, whatever the gradient's scale: the recipes use 5e-5 to
-# 3e-3 and the head's sweep reaches 3e-2, while at 0.1 one step moves a LoRA or PMA weight (initialised below 0.1)
-# by more than its own size. A larger rate is a typo (1e30 trained to 1e30-scale weights, all of them finite).
+# AdamW moves each weight by about the learning rate per step: the recipes use 5e-5 to 3e-3 (the head's sweep 3e-2),
+# while at 0.1 one step moves a LoRA or PMA weight by more than its own size. A larger rate is a typo.
 MAX_LEARNING_RATE = 0.1
-# The logits are cosines / tau, so they lie within +-1/tau. Above 10 they lie within +-0.1: the softmax is near
-# uniform and the gradient (scaled by 1/tau) near 0, so nothing trains (1e308 trained nothing, silently). Below 1e-3
-# they span over 2,000: float32's exp underflows past ~100 units, the softmax is a hard maximum, and at 1e-300 the
-# logits overflow. The recipes use 0.05 (C2LLM, jina, CodeXEmbed); CLIP's learned temperature stops at 0.01.
+# The logits are cosines / tau: above 10 the softmax is near uniform and nothing trains; below 1e-3 float32's exp
+# underflows and the softmax is a hard maximum. The recipes use 0.05; CLIP's learned temperature stops at 0.01.
 TAU_RANGE = (1e-3, 10.0)
 DEVICE = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -137,8 +130,7 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    """The training recipe: the paper's section 4.1 where it gives it, at a laptop's scale (`max_steps`, the batch, K,
-    the checkpoints; the paper's values are params/c2llm-0.5b.yaml's)."""
+    """The training recipe of the paper's section 4.1, at a laptop's scale (the paper's: params/c2llm-0.5b.yaml)."""
 
     epochs: int = 3
     max_steps: int | None = 20  # stop after this many optimizer steps (short runs); None: every epoch
@@ -217,8 +209,7 @@ ENDPOINT = re.compile(r"[A-Za-z0-9._\-\[\]:]+:[0-9]{1,5}")  # host:port (a name,
 
 @dataclass
 class LaunchConfig:
-    """Notebook 02: how many processes train together (torchrun and DDP, paper section 4.1's global batch), on how
-    many machines. It does not change the training: the global batch is split over the processes."""
+    """Notebook 02: the processes and machines that train together; the global batch is split over them."""
 
     nproc: int | Literal["auto"] = "auto"  # processes on this machine; auto: every visible GPU, 1 without one
     nnodes: int = 1  # machines; more than 1 needs rdzv_endpoint and a launcher on each (docs/training.md)
@@ -264,8 +255,7 @@ def check_beir_sets(folders: list[str]) -> None:
 
 
 def check_unseen_packages(entries: list[str]) -> None:
-    """`unseen_packages` (notebooks 01 and 04): names of pinned packages or pins, each package once (`package_pins`,
-    which names a bad entry)."""
+    """`unseen_packages` (notebooks 01 and 04): pinned package names or pins, each package once (`package_pins`)."""
     if entries:
         package_pins(entries)
 
@@ -322,8 +312,7 @@ class DataStage:
         return file_entries(self.data_files)
 
     def _check_code(self) -> None:
-        """code_roots: folders for data_source "code" only, at least one, distinct (existence is checked when they
-        are mined, in the folder the notebook runs in)."""
+        """code_roots: folders for data_source "code" only, at least one, distinct (existence is checked at mining)."""
         where = "(a relative path resolves from the folder the notebook runs in: notebooks/ in the pipeline)"
         if self.data_source == "code":
             require(bool(self.code_roots), "code_roots", "must name at least one folder of source code, e.g. "
@@ -341,8 +330,7 @@ class DataStage:
 
 @dataclass
 class MergeStage:
-    """Notebook 03: which checkpoints are merged, with which weights (paper: 4 checkpoints), and the length the export
-    encodes at (notebook 04's `eval_max_length`, so that the export encodes as the scored model did)."""
+    """Notebook 03: which checkpoints are merged, with which weights (paper: 4), and the export's encoding length."""
 
     merge_last: int = 4  # merge the last N checkpoints
     merge_weights: list[float] | None = None  # one per merged checkpoint; None: equal weights
@@ -419,9 +407,7 @@ class AttentionStage:
 
 @dataclass
 class CompareStage:
-    """Notebook 06: peer recipes (params files) and the run's recipe with each pooler (the pooling study), trained on
-    the run's data and compute, each at the learning rates a sweep on a validation split chose (`compare_sweep`) and
-    with every seed of `compare_seeds`, and how they are scored."""
+    """Notebook 06: peer recipes and the run's recipe with each pooler: seeds, sweep, scoring (docs/studies.md)."""
 
     compare_recipes: list[str] = field(default_factory=list)  # params file stems, e.g. ["c2llm-0.5b", "jina-code-0.5b"]
     compare_poolings: list[str] = field(default_factory=list)  # the run's own recipe with each pooler

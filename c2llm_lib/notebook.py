@@ -1,14 +1,5 @@
-"""What the notebooks and the pipeline share: the stages, their parameters cells, and opening a stage.
-
-Each notebook has one cell tagged `parameters`, literal assignments with type annotations and a comment,
-one per line: `rows_per_group: "Optional[int]" = 256  # cap per group; None keeps every row`. papermill
-reads the cell with a regular expression (`papermill --help-notebook` lists name, type, default and
-comment), so the annotation is a builtin type (`int`, `list[str]`) or, where None is allowed, a quoted
-`"Optional[...]"` (papermill cannot read `int | None`), and the line holds no other `=` or `#`
-(tests/test_notebook_params.py states the rule and checks it). `read_parameters` reads that cell without
-running it, which is how the pipeline learns which keys each notebook declares. `open_stage` is the one call right after
-the cell: it turns the notebook's variables into the stage's validated dataclasses and opens the run
-directory.
+"""What the notebooks and the pipeline share: the stages, their parameters cells (the rule for that cell:
+docs/runner.md#notebooks-by-hand), and `open_stage`, the one call right after it.
 """
 
 from __future__ import annotations

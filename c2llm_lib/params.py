@@ -1,10 +1,6 @@
-"""Params resolution (the runner's first step): a params file, an overlay laid over it and `--set` values, resolved
-against every notebook's `parameters` cell and validated by the stages' dataclasses.
-
-`resolve_run` is the one call (the runner, the multi-machine launcher and the preflight resolve through it): a key no
-notebook declares is refused with a did-you-mean, and a bad value is blamed on where it came from (the params file,
-the overlay, "--set"). Checks that span notebooks (`check_pma_dims`) or look at the disk (`check_paths`) run
-before anything does. The rules are written once in docs/runner.md.
+"""Params resolution: a params file, an overlay and `--set` values, resolved against every notebook's `parameters`
+cell and validated by the stage dataclasses. `resolve_run` is the one call; the rules are written once in
+docs/runner.md.
 """
 
 from __future__ import annotations
@@ -32,8 +28,8 @@ class _DuplicateKey(yaml.YAMLError):
 
 
 class ParamsLoader(yaml.SafeLoader):
-    """YAML for params: refuses a key given twice in one mapping, and reads `1e-3`, `5E4` or `1.0e5` as floats
-    (PyYAML follows YAML 1.1, whose floats need a dot and a signed exponent, so it reads those as strings)."""
+    """YAML for params: refuses a key given twice in one mapping, and reads `1e-3`, `5E4` or `1.0e5` as floats (YAML
+    1.1 reads them as strings)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
@@ -100,13 +96,8 @@ def apply_overlay(
     source: str = "the params file",
     set_origins: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """`params` with an overlay file laid over it (e.g. params/overlays/rehearsal.yaml): its keys replace the file's,
-    and the keys under `where_nonempty:` replace only a list the run has non-empty (in the file or as the notebook's
-    default), so that an overlay scales what a recipe asks for without switching on what it does not. The run's
-    `--set` values (`sets`, applied after the overlay) take part in that validation, since a params file may need
-    one to be valid (params/own-code.yaml's code_roots); a bad value is blamed on where it came from: the overlay,
-    "--set" (or what `set_origins` names for a value of `sets`) or the params file (`source`). A key under
-    `where_nonempty` must be a list parameter and be given a list: anything else would be ignored, so it is refused."""
+    """`params` with an overlay file laid over it, validated together with the run's `--set` values (`sets`); errors
+    name the overlay, "--set" (or `set_origins`) or `source`. The rules: docs/runner.md."""
     overlay = load_params(path)
     conditional = overlay.pop("where_nonempty", {})
     if not isinstance(conditional, dict):
@@ -154,9 +145,8 @@ def resolve(
     across: bool = True,
     origins: dict[str, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """{notebook: {key: value}} for every notebook, overrides validated; errors name the key and where its value came
-    from: `origins[key]` (an overlay, "--set"), else `source` (the params file). `across`: also the values that must
-    agree across notebooks (off for an overlay's first pass: its where_nonempty values come after it)."""
+    """{notebook: {key: value}} for every notebook, overrides validated; errors name the key and `origins[key]`, else
+    `source`. `across`: also check the values that must agree across notebooks, and the paths."""
 
     def blame(keys: list[str]) -> tuple[str, list[str]]:  # where the first key came from, and the keys from there
         where = (origins or {}).get(keys[0], source)
@@ -200,8 +190,7 @@ def resolve(
 
 
 def _looks_like_a_path(value: str) -> bool:
-    """A backbone that names a folder rather than a hub id ("owner/name"): it starts with '.', '/' or '~', or has
-    more than one '/'."""
+    """A backbone that names a folder rather than a hub id ("owner/name")."""
     return value.startswith((".", "/", "~")) or value.count("/") > 1
 
 
@@ -211,9 +200,7 @@ def check_paths(
     notebook_dir: Path = NOTEBOOK_DIR,
     origins: dict[str, str] | None = None,
 ) -> None:
-    """`hub_mirror` (notebooks 01, 04) must be a folder, and a `backbone` (02) that names a folder must exist, seen
-    from where the notebooks run: a relative path is resolved from notebooks/, not from where the runner started.
-    Errors name where the value came from (`origins[key]`, else `source`)."""
+    """`hub_mirror` and a folder `backbone` must be folders as the notebooks see them (relative: from notebooks/)."""
     wanted = [(n, "hub_mirror", v["hub_mirror"]) for n, v in resolved.items() if v.get("hub_mirror") is not None]
     model = resolved.get("02_train_lora_contrastive", {})
     backbone = model.get("backbone")
@@ -258,9 +245,8 @@ def hidden_size(backbone: str, notebook_dir: Path = NOTEBOOK_DIR) -> int | None:
 
 
 def check_pma_dims(resolved: dict[str, dict[str, Any]], source: str, notebook_dir: Path = NOTEBOOK_DIR) -> None:
-    """Notebook 06's pooling study trains PMA at each of `compare_pma_dims` with notebook 02's model: each d must split
-    into its `pma_heads` and be no wider than the backbone's hidden size (the full embedding it is truncated from).
-    Checked before anything runs, instead of failing in notebook 06 after its other trainings."""
+    """With `pma` in notebook 06's `compare_poolings`, each of `compare_pma_dims` must split into notebook 02's
+    `pma_heads` and be no wider than the backbone's hidden size."""
     study, model = resolved.get("06_recipe_comparison", {}), resolved.get("02_train_lora_contrastive", {})
     if "pma" not in study.get("compare_poolings", []) or "pma_heads" not in model:
         return
@@ -285,9 +271,7 @@ def resolve_run(
     set_origins: dict[str, str] | None = None,
 ) -> tuple[str, dict[str, Any], dict[str, dict[str, Any]], list[str]]:
     """(run name, the overrides in effect, {notebook: values}, the notebooks chosen) of a params file with its
-    overlay and `--set` values, as a run uses them (the preflight resolves through here too). An error names where
-    the bad value came from: the params file, the overlay, "--set", or for a value of `sets` given otherwise (the
-    launcher's --node-rank) what `set_origins` says."""
+    overlay and `--set` values; `set_origins` names where a value of `sets` came from if not "--set"."""
     params_file = Path(params_file)
     name = check_run_name(params_file.stem, f"{params_file}: the run name (the file's stem)")
     given = load_params(params_file)
@@ -303,8 +287,7 @@ def resolve_run(
 
 
 def select_notebooks(only: list[str] | None) -> list[str]:
-    """The notebooks a run executes, in order: those named by `--only` (their numbers), else every notebook but the
-    ones that run only when named (`notebook.ON_REQUEST`: notebook 07)."""
+    """The notebooks a run executes, in order: those `--only` names by number, else all but `ON_REQUEST`."""
     if not only:
         return [n for n in NOTEBOOKS if n not in ON_REQUEST]
     selected = [n for n in NOTEBOOKS if any(n.startswith(p) for p in only)]

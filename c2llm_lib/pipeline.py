@@ -2,11 +2,7 @@
 
     python -m c2llm_lib.pipeline params/<run>.yaml [--only 02 03] [--set key=value ...] [--resume | --overwrite]
 
-Its rules (what is refused before anything runs, `--only`, `--resume`, `--overwrite`, staleness, the paths outside a
-run) are written once in docs/runner.md. The parameters come from `params.resolve_run`; what `--resume` keeps and
-what `--only` may rely on, from `stages` (`rerun_reason`, `not_current`); the run directory is `runs.RunDir`. The
-preflight is a tool beside the library, `python -m tools.preflight` (docs/preflight.md): the runner's former
-`--preflight` flags exit with status 2 and name that command.
+Its rules are written once in docs/runner.md.
 """
 
 from __future__ import annotations
@@ -39,8 +35,7 @@ class PipelineError(RuntimeError):
 
 
 class Terminated(Exception):
-    """The runner received SIGTERM (a scheduler, `timeout`, `kill`): the running notebook fails, its kernel is shut
-    down (and with it any training processes, which die with their parent), and the manifest says so."""
+    """The runner received SIGTERM: the running notebook fails, its kernel and any training stop."""
 
 
 @contextlib.contextmanager
@@ -61,8 +56,7 @@ def sigterm_raises():
 
 
 class UpstreamNotCurrent(PipelineError):
-    """With --only, a chosen notebook would read the products of a notebook that is not current; the message names
-    that notebook, why, and the command that reruns it."""
+    """With --only, a chosen notebook would read the products of a notebook that is not current."""
 
 
 def _last_cell(path: Path) -> str:
@@ -78,22 +72,9 @@ def _last_cell(path: Path) -> str:
 
 
 def kernel_config():
-    """The settings of papermill's kernels: CurveZMQ keys for their sockets, and a kernel log without the shutdown's
-    "KeyboardInterrupt caught in kernel." line.
-
-    papermill talks to its kernel over TCP on localhost, and ipykernel (7.x) warns at every kernel start that the
-    traffic is not encrypted ("Kernel is running over TCP without encryption"). With `transport_encryption="auto"`
-    jupyter_client provisions keys when the kernelspec declares support (ipykernel's does), so the traffic is
-    encrypted and the kernel has nothing to warn about; a jupyter_client without the setting gets none (its kernels
-    predate the warning).
-
-    After the last cell papermill asks the kernel for its info, and as soon as the reply arrives it shuts the kernel
-    down, and jupyter_client interrupts (SIGINT) a kernel before it asks it to shut down. When the interrupt lands
-    before the kernel has left its handler for that request (a busy CPU widens the gap), ipykernel catches the
-    KeyboardInterrupt and logs "[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel." in a run that succeeded.
-    Every kernel therefore starts with a filter on its log that drops that line only (`exec_lines`, run before the
-    notebook and leaving no name behind): an interrupt of a running cell is the cell's error, reported by papermill,
-    and every other kernel error is still logged."""
+    """The settings of papermill's kernels: encrypted sockets (no ipykernel warning), and a log filter that drops the
+    "KeyboardInterrupt caught in kernel." line jupyter_client's interrupt-before-shutdown leaves after a successful run
+    (an interrupted cell is still the cell's error, and every other kernel error is logged)."""
     from jupyter_client import KernelManager
     from traitlets.config import Config
 
@@ -106,8 +87,7 @@ def kernel_config():
 
 
 def notebook_html(path: Path) -> str:
-    """An executed notebook as one HTML page (nbconvert's lab template, figures inline), for reading a run without
-    a kernel."""
+    """An executed notebook as one HTML page (nbconvert's lab template, figures inline)."""
     import nbformat
     from nbconvert import HTMLExporter
 
@@ -116,8 +96,7 @@ def notebook_html(path: Path) -> str:
 
 
 def _save_html(run: RunDir, name: str, executed: Path, log) -> None:
-    """Saves notebooks/<name>.html beside the executed notebook; a failed export is reported, never raised (the
-    notebook's own outcome is what the run records)."""
+    """Saves notebooks/<name>.html beside the executed notebook; a failed export is logged, never raised."""
     if not executed.is_file():
         return
     try:
@@ -133,8 +112,7 @@ def _now() -> str:
 def check_upstream(
     run: RunDir, selected: list[str], resolved: dict[str, dict[str, Any]], params_file: str, notebook_dir: Path
 ) -> None:
-    """Refuses (`UpstreamNotCurrent`) a chosen notebook that reads a product of a notebook that does not run and is
-    not current (`not_current`), naming both and the command that reruns what is stale."""
+    """Refuses (`UpstreamNotCurrent`) a chosen notebook reading a product of an unchosen one not current."""
     records, seen = records_of(run), {}
     for name in selected:
         outside = {relative: producer for relative, producer in upstream(name).items() if producer not in selected}
@@ -178,9 +156,8 @@ def training_reason(
     outputs: str | Path,
     notebook_dir: Path = NOTEBOOK_DIR,
 ) -> str:
-    """What node 0 of a launch decides, for the other machines (`tools/launch.py`): why its `--resume --only 02` trains
-    (they must join), or '' when it keeps the finished training (they have nothing to join): the same checks
-    (`check_upstream`) and the same rule (`rerun_reason`) on the same parameters, node 0's."""
+    """Why node 0's `--resume --only 02` trains (the other machines must join), or '' when it keeps the finished
+    training: node 0's parameters through `check_upstream` and `rerun_reason`."""
     name, _, resolved, selected = resolve_run(params_file, {**sets, "node_rank": 0}, overlay, ["02"], notebook_dir)
     run = RunDir(_run_root(outputs, name, resolved))
     check_upstream(run, selected, resolved, str(params_file), notebook_dir)
@@ -361,8 +338,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def results_table(run: RunDir, params_file: str) -> str:
-    """metrics/results.md when notebook 04 is current in the run's manifest; else a line saying that the table is
-    stale and why (it was written for another model, e.g. after --only 01 02 03 with a new learning rate), or ''
+    """metrics/results.md when notebook 04 is current in the run's manifest, else a line saying why it is stale; ''
     when there is none."""
     summary = run.root / "metrics" / "results.md"
     if not summary.is_file():
@@ -379,8 +355,7 @@ def results_table(run: RunDir, params_file: str) -> str:
 
 
 def preflight_command(args: argparse.Namespace) -> str:
-    """The `python -m tools.preflight` command that checks what the runner's former `--preflight` (with these
-    arguments) checked: the same params, --only, --set, --overlay and --outputs, its limits without the prefix."""
+    """The `python -m tools.preflight` command equivalent to the runner's former `--preflight` with these arguments."""
     cmd = ["python", "-m", "tools.preflight", args.params]
     cmd += ["--only", *args.only] if args.only else []
     cmd += ["--set", *args.set] if args.set else []

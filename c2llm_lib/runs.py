@@ -1,9 +1,6 @@
 """Run directories: `outputs/<run>/` holds everything a run produced, and only `RunDir` writes there.
 
-The layout, the manifest, the lock and which folders count as runs are written once in docs/runner.md. Here `INPUTS`
-lists what each notebook reads and `PRODUCTS` what it writes (`upstream` names the notebook each input comes from,
-`KEPT_ON_RERUN` the caches a rerun keeps), `require` names the notebook that makes a missing input, and `check_lock`
-keeps one runner in a run.
+`INPUTS` and `PRODUCTS` are what each notebook reads and writes. The layout, manifest and lock: docs/runner.md.
 """
 
 from __future__ import annotations
@@ -37,23 +34,19 @@ PRODUCERS = {
     "metrics/train.json": "02_train_lora_contrastive",
     "merged": "03_merge_checkpoints",
 }
-# What each notebook reads from the run directory (fingerprinted: a finished notebook whose inputs changed
-# reruns on --resume) and what it writes (replaced by --overwrite --only). Globs relative to the run root. An input
-# that is absent fingerprints as "missing" (data/heldout of an offline or hub run); 01's "data" holds data/heldout.
+# What each notebook reads from the run (fingerprinted for --resume) and writes (replaced by --overwrite --only), as
+# globs relative to the run root; an absent input fingerprints as "missing".
 INPUTS = {
     "01_data_prep": (),
     "02_train_lora_contrastive": ("data/train",),
     "03_merge_checkpoints": ("checkpoints", "metrics/train.json"),
-    # data/heldout: the run's own held-out tasks; metrics/data.json: the MTEB tasks notebook 01 decontaminated against
-    # (said beside the scores of the others)
+    # metrics/data.json: the MTEB tasks notebook 01 decontaminated against
     "04_eval_mteb_code": ("merged", "data/heldout", "metrics/data.json"),
     "05_pma_attention": ("merged", "data/heldout"),
     "06_recipe_comparison": ("data/train", "metrics/train.json"),
     "07_search_code": ("merged",),
 }
-# Notebooks whose folders outside the run the runner does not fingerprint: --resume always reruns them (notebook 07's
-# default folder is this Python's standard library, and its index of what it searched makes a rerun encode only what
-# changed). Every other path a notebook reads outside the run is fingerprinted (`stages.OUTSIDE_PATHS`).
+# Notebooks whose folders outside the run are not fingerprinted: --resume always reruns them (docs/runner.md)
 OUTSIDE_INPUTS = {"07_search_code": "the folders it searches lie outside the run"}
 PRODUCTS = {
     "01_data_prep": ("data", "metrics/data.json", "figures/data_lengths.png"),
@@ -86,9 +79,7 @@ PRODUCTS = {
     ),
     "07_search_code": ("search", "metrics/search.json", "figures/search.html"),
 }
-# Products a rerun reads back rather than recomputes, each keyed by what it holds: notebook 02's checkpoints (it
-# resumes its own training, moves another's aside), mteb's results (by model, settings and task data), notebook 06's
-# trainings (by configs and rows) and their scores (by tasks, prompts, widths and length).
+# Products a rerun reads back rather than recomputes, each a cache keyed by what it holds
 KEPT_ON_RERUN = {
     "02_train_lora_contrastive": ("checkpoints", "logs/02_train"),
     "04_eval_mteb_code": ("mteb",),
@@ -107,8 +98,7 @@ RUN_FOLDERS = ("notebooks", "data", "checkpoints", "metrics", "figures")  # what
 
 
 def contents(root: Path) -> list[str]:
-    """What a run directory holds besides its lock and the empty folders `create` makes (a runner stopped before
-    its manifest leaves only those): names, folders with a trailing '/'."""
+    """What a run directory holds but its lock and `create`'s empty folders: names, folders with a trailing '/'."""
 
     def made_empty(p: Path) -> bool:
         return p.name in RUN_FOLDERS and p.is_dir() and not p.is_symlink() and not any(p.iterdir())
@@ -139,8 +129,7 @@ class RunInUse(RuntimeError):
 
 
 def process_start(pid: int) -> str | None:
-    """When a process started (clock ticks since boot, /proc/<pid>/stat field 22), to tell a runner from a later
-    process that reuses its pid; None without /proc or without the process."""
+    """When process `pid` started (/proc/<pid>/stat field 22), to tell it from a later one reusing its pid, or None."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -154,8 +143,7 @@ def runner_record() -> dict[str, Any]:
 
 
 def runner_alive(runner: Any) -> bool:
-    """Whether the runner a manifest names is another process alive on this host (the same pid, started at the same
-    time); a runner on another host, or one that cannot be told, counts as gone."""
+    """Whether the runner a manifest names is another live process on this host (same pid and start time)."""
     if not isinstance(runner, dict) or runner.get("host") != platform.node():
         return False
     pid = runner.get("pid")
@@ -187,11 +175,7 @@ def upstream(notebook: str) -> dict[str, str]:
 
 
 def fingerprint(root: Path, relative: str) -> str:
-    """`files.fingerprint` of `root/relative`, its files named by their path in the run: names and sizes, the bytes of
-    each file up to 4 MiB (the JSON records, configs and trainer states that say which training or model a folder
-    holds) and the modification time of larger ones (weights and tables; a checkpoint's identity is in its small
-    trainer state). A file copied in from another training with its size and time kept (`cp -p`) is therefore a
-    change. Hidden entries (staging folders, the lock) and `cache-*` files are left out."""
+    """`files.fingerprint` of `root/relative`, its files named by their path in the run."""
     return files_fingerprint(root / relative, relative)
 
 
@@ -232,9 +216,8 @@ PREFLIGHT_SUFFIX = ".preflight.json"
 
 
 def save_preflight(outputs: str | Path, run: str, report: dict[str, Any]) -> Path:
-    """`<outputs>/<run>.preflight.json`, beside the run directory (never inside it): the preflight's report, written
-    to a temporary file and renamed, so a killed preflight never leaves half a report. A file of that name that is
-    not a preflight report (no `"kind": "c2llm-preflight"`) is refused, not overwritten."""
+    """Writes the preflight's report atomically to `<outputs>/<run>.preflight.json`, beside the run directory; a file
+    of that name that is not a preflight report is refused, not overwritten."""
     check_run_name(run, "run name")
     outputs = Path(outputs)
     outputs.mkdir(parents=True, exist_ok=True)
@@ -264,11 +247,8 @@ class RunDir:
     def create(cls, root: str | Path, mode: str = "new", replace: Iterable[str] | None = None) -> RunDir:
         """A run directory for a pipeline run, locked against a second runner until `release()`.
 
-        mode: "new" (refuses an existing run), "resume" (continues in it), or "overwrite": deletes its contents
-        first, deliberately, or with `replace` (globs relative to the run, e.g. `PRODUCTS` of the notebooks to
-        rerun) only those. Deletion stays inside `<outputs>/<run>`: a run directory that is a symlink, or resolves
-        anywhere else, is refused. In every mode, a folder that holds anything but no `manifest.json` is not a run
-        and is refused, listing what it holds."""
+        mode: "new", "resume" or "overwrite" (with `replace`, globs relative to the run, only those are deleted); the
+        rules are docs/runner.md#new-runs---overwrite-and---resume."""
         root = Path(root)
         if mode not in ("new", "resume", "overwrite"):
             raise ValueError(f"mode must be 'new', 'resume' or 'overwrite', got {mode!r}")
@@ -339,8 +319,7 @@ class RunDir:
         self.lock = handle
 
     def _refuse_a_live_runner(self) -> None:
-        """The lock was free, but the manifest may say that a runner still alive here works in the run: its lock file
-        was deleted. Refused, naming it (an unreadable manifest names nobody)."""
+        """Refuses a run whose manifest names a live runner on this host (its lock file was deleted)."""
         try:
             manifest = self.read_manifest()
         except (OSError, ValueError):  # CorruptFile is a ValueError: --overwrite may replace it
@@ -354,8 +333,7 @@ class RunDir:
             )
 
     def check_lock(self) -> None:
-        """Between notebooks: if this runner's lock file was deleted, takes a new one (so that a later runner is
-        refused again); if another runner already took it, raises RunInUse, since two runners now share the run."""
+        """Takes a new lock if this runner's lock file was deleted; RunInUse if another runner took it meanwhile."""
         if self.lock is None:
             return
         try:
@@ -406,8 +384,7 @@ class RunDir:
         return path.exists() and not (path.is_dir() and not any(path.iterdir()))
 
     def made(self, notebook: str) -> list[str]:
-        """The run files `notebook` writes for later notebooks (`PRODUCERS`) that the run holds now: the runner records
-        them when it finishes, and reruns it on --resume when one is gone."""
+        """The run files `notebook` writes for later notebooks (`PRODUCERS`) that the run holds now."""
         return [relative for relative, producer in PRODUCERS.items() if producer == notebook and self.present(relative)]
 
     def require(self, relative: str) -> Path:
@@ -436,8 +413,7 @@ class RunDir:
         return load_json(path, "run manifest") if path.is_file() else {}
 
     def write_manifest(self, repo: Path, drop: Iterable[str] = (), **extra: Any) -> dict[str, Any]:
-        """Updates manifest.json with `extra` (and the git state, versions and device), removing the keys in
-        `drop`; written to a temporary file and renamed, so a killed runner never leaves half a manifest."""
+        """Updates manifest.json atomically with `extra`, the git state, versions and device, less `drop`."""
         path = self.root / "manifest.json"
         manifest = self.read_manifest()
         manifest.setdefault("started", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
@@ -456,9 +432,7 @@ class RunDir:
         return {relative: fingerprint(self.root, relative) for relative in INPUTS[notebook]}
 
     def remove_products(self, notebook: str) -> list[str]:
-        """Deletes what `notebook` wrote earlier (`PRODUCTS`), but for the caches it reads back (`KEPT_ON_RERUN`),
-        before it runs again: a product it no longer writes (ablations switched off) must not stay beside the new
-        ones. Only inside the run directory; returns what it deleted, relative to the run."""
+        """Deletes what `notebook` wrote earlier (`PRODUCTS` less `KEPT_ON_RERUN`); returns it, run-relative."""
         real = self.root.resolve()
         kept = KEPT_ON_RERUN.get(notebook, ())
         doomed = [p for pattern in PRODUCTS[notebook] if pattern not in kept for p in sorted(self.root.glob(pattern))]
@@ -481,8 +455,7 @@ class RunDir:
         return path
 
     def save_json(self, relative: str | Path, values: Any) -> Path:
-        """A JSON record at `relative` under the run (e.g. a cached evaluation in `comparison/<key>/`), written to a
-        temporary file and renamed, so a killed run never leaves half a record."""
+        """A JSON record at `relative` under the run, written atomically."""
         path = self.inside(relative)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
@@ -491,8 +464,7 @@ class RunDir:
         return path
 
     def save_rows(self, relative: str | Path, table) -> Path:
-        """A `datasets` table saved at `relative` under the run (the rows a comparison's trainings read), unless a
-        table is already there: callers key `relative` by the rows' content. Written beside it and renamed."""
+        """A `datasets` table saved atomically at `relative` under the run, unless one is there (keyed by content)."""
         path = self.inside(relative)
         if path.is_dir():
             return path
@@ -529,8 +501,7 @@ class RunDir:
         return path
 
     def save_search_index(self, files: dict[str, bytes]) -> Path:
-        """search/index/ (notebook 07, `search.index.index_payload`): the index's files written at once, replacing the
-        old index whole, so a killed run leaves the previous or the new one, never a mix."""
+        """search/index/: the index's files, replacing the old index whole and atomically."""
         with atomic_directory(self.search_index_dir) as staging:
             for name, data in files.items():
                 if not name or Path(name).name != name:
@@ -546,8 +517,7 @@ class RunDir:
         return path
 
     def drop_dataset(self, name: str) -> bool:
-        """Deletes data/<name> if it is there (whether it was); notebook 01 drops data/heldout when its source holds
-        nothing out, so that no later notebook reads an earlier source's split."""
+        """Deletes data/<name> if it is there; returns whether it was."""
         path = self.data_path(name)
         if not path.exists() and not path.is_symlink():
             return False

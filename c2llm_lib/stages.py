@@ -1,9 +1,5 @@
-"""The stage graph and what `--resume` reruns: each notebook's inputs fingerprinted (the run files it reads, its code,
-the recipe files and the paths outside the run its parameters name), and the one rule that says whether what a
-notebook made earlier still stands (`rerun_reason`), for itself and through the notebooks upstream of it
-(`not_current`). Which run files each notebook reads and writes is `runs.INPUTS` and `runs.PRODUCTS`.
-
-The rules are written once in docs/runner.md (new runs, `--overwrite` and `--resume`; `--only` and stale notebooks).
+"""The stage graph and what `--resume` reruns: each notebook's inputs fingerprinted, and the one rule that says whether
+what a notebook made earlier still stands (`rerun_reason`), for itself and upstream (`not_current`); docs/runner.md.
 """
 
 from __future__ import annotations
@@ -41,9 +37,8 @@ def reason_to_rerun(
     inputs: dict[str, str],
     ignore: tuple[str, ...] = (),
 ) -> str:
-    """Why `--resume` must rerun a notebook; '' when what it produced earlier still stands: the manifest says it
-    finished, its executed copy is complete with these parameters (those in `ignore` aside), and its inputs have the
-    recorded fingerprints."""
+    """Why `--resume` must rerun a notebook, or '' when it finished, complete, with these parameters (`ignore` aside)
+    and its inputs' recorded fingerprints."""
     if not executed.is_file():
         return "it has not run"
     try:
@@ -63,9 +58,8 @@ def reason_to_rerun(
     return f"its inputs changed since it ran: {', '.join(changed)}" if changed else ""
 
 
-# Parameters naming files or folders outside the run that a notebook reads (a relative path from notebooks/, where the
-# notebooks run): its inputs (`input_fingerprints`, but for notebook 07's, which always reruns), and never inside the
-# run directory (`check_outside_paths`). A backbone or eval_released that names nothing on disk is a hub id.
+# Parameters naming paths outside the run that a notebook reads (relative ones from notebooks/); a backbone or
+# eval_released that names nothing on disk is a hub id
 OUTSIDE_PATHS = {
     "01_data_prep": ("data_files", "code_roots", "hub_mirror"),
     "02_train_lora_contrastive": ("backbone",),
@@ -76,8 +70,7 @@ CODE_ROOTS = ("code_roots", "search_roots")  # walked by the mining rules (`tree
 
 
 def outside_paths(name: str, values: dict[str, Any], notebook_dir: Path = NOTEBOOK_DIR) -> list[tuple[str, str, Path]]:
-    """(key, value as given, the path as notebook `name` sees it) of each path outside the run that its parameters
-    `values` name (`OUTSIDE_PATHS`; a `data_files` entry by its `path`)."""
+    """(key, value as given, path as notebook `name` sees it) of each outside path `values` names (`OUTSIDE_PATHS`)."""
     found = []
     for key in OUTSIDE_PATHS.get(name, ()):
         value = values.get(key)
@@ -94,11 +87,8 @@ def outside_paths(name: str, values: dict[str, Any], notebook_dir: Path = NOTEBO
 
 
 def outside_fingerprint(key: str, path: Path) -> str:
-    """The fingerprint of an input outside the run, by the one rule (`files.digest`: names, sizes, the bytes of every
-    file up to 4 MiB, larger ones by their modification time). A code root covers the files its mining walks
-    (`tree_walk.walked_files`: source files the path and .gitignore rules keep, so a whole site-packages hashes its
-    source files only, as mining reads them); any other folder every file under it (`files.fingerprint`, hidden
-    entries and `cache-*` files aside). "missing" when absent, "unreadable (...)" when it cannot be read."""
+    """The fingerprint of an input outside the run: a code root by the files its mining walks, anything else by
+    `files.fingerprint`; "missing" when absent, "unreadable (...)" when it cannot be read."""
     try:
         if key in CODE_ROOTS and path.is_dir():
             return digest(walked_files(path))
@@ -108,9 +98,7 @@ def outside_fingerprint(key: str, path: Path) -> str:
 
 
 def check_outside_paths(resolved: dict[str, dict[str, Any]], root: Path, notebook_dir: Path = NOTEBOOK_DIR) -> None:
-    """Refuses, naming the key and path, an input outside the run (`outside_paths`) that lies inside the run directory
-    `root` (a code root in outputs/<run>/): `--overwrite` deletes the run directory whole, and a rerun replaces its
-    notebook's products. Checked in every mode, before anything is deleted."""
+    """Refuses an input outside the run (`outside_paths`) that lies inside `root`, which `--overwrite` deletes."""
     real = root.resolve()
     for name, values in resolved.items():
         for key, given, path in outside_paths(name, values, notebook_dir):
@@ -122,11 +110,8 @@ def check_outside_paths(resolved: dict[str, dict[str, Any]], root: Path, noteboo
 
 
 def input_fingerprints(run: RunDir, name: str, parameters: dict[str, Any], notebook_dir: Path) -> dict[str, str]:
-    """{input: fingerprint} of everything notebook `name` reads: the run files (`RunDir.input_fingerprints`), the code
-    cells of its notebook ("notebook code"; its prose changes no result), for notebook 06 each recipe file it reads
-    ("recipe params/<name>.yaml", "missing" when absent), and each path outside the run its parameters name
-    (`outside_paths`: "code_roots ../src", "backbone /models/qwen", ...; `outside_fingerprint`). Notebook 07 always
-    reruns (`runs.OUTSIDE_INPUTS`): its outside folders are not fingerprinted."""
+    """{input: fingerprint} of everything notebook `name` reads (docs/runner.md#new-runs---overwrite-and---resume):
+    run files, its code cells, notebook 06's recipe files, and the paths outside the run its parameters name."""
     import nbformat
 
     inputs = run.input_fingerprints(name)
@@ -149,12 +134,8 @@ def input_fingerprints(run: RunDir, name: str, parameters: dict[str, Any], noteb
 def rerun_reason(
     run: RunDir, name: str, parameters: dict[str, Any], record: dict[str, Any], notebook_dir: Path
 ) -> tuple[str, dict[str, str]]:
-    """(why notebook `name` must run again, '' when what it made earlier stands; its inputs' fingerprints now). The
-    one rule of `--resume`, of `not_current`, and of every machine of a launch (`training_reason`): what it
-    made stands when it finished, with these parameters (`LAUNCH_KEYS` aside: where notebook 02 ran does not change
-    what it made), with the recorded fingerprints of its inputs, and every run file it made for later notebooks
-    (`RunDir.made`, recorded when it finished) is still there: a deleted metrics/train.json reruns notebook 02 rather
-    than failing notebook 03 at every --resume."""
+    """(why notebook `name` must run again, '' when what it made earlier stands; its inputs' fingerprints now): the
+    one rule of `--resume`, `not_current` and `training_reason` (docs/runner.md#new-runs---overwrite-and---resume)."""
     inputs = input_fingerprints(run, name, parameters, notebook_dir)
     executed = run.root / "notebooks" / f"{name}.ipynb"
     reason = reason_to_rerun(record, executed, parameters, inputs, ignore=LAUNCH_KEYS)
@@ -177,9 +158,8 @@ def not_current(
     rerun: tuple[str, ...] = (),
     seen: dict[str, tuple[str, list[str]]] | None = None,
 ) -> tuple[str, list[str]]:
-    """(why notebook `name`'s products do not stand for this run, the notebooks to rerun for them), or ('', []) when
-    they do: `rerun_reason` finds none for it nor for any notebook upstream whose product it read, and none of those
-    is in `rerun`. `seen`: the answers already found for the same `rerun` (an input is fingerprinted once)."""
+    """(why notebook `name`'s products do not stand for this run, the notebooks to rerun for them), or ('', []): it and
+    every notebook upstream whose product it read pass `rerun_reason` and are not in `rerun`. `seen` memoises."""
     seen = {} if seen is None else seen
     if name in seen:
         return seen[name]
