@@ -44,13 +44,6 @@ def bm25_ranker(corpus: Sequence[str]) -> Callable[[Sequence[str], int], np.ndar
     return rank
 
 
-def encoder_topk(
-    encode: Callable[..., np.ndarray], queries: Sequence[str], corpus: Sequence[str], k: int
-) -> np.ndarray:
-    """Indices (Q, k) of the nearest corpus documents by cosine under an encoder (the teacher option)."""
-    return encoder_ranker(encode, queries, corpus)(list(queries), k)
-
-
 def encoder_ranker(
     encode: Callable[..., np.ndarray], queries: Sequence[str], corpus: Sequence[str]
 ) -> Callable[[Sequence[str], int], np.ndarray]:
