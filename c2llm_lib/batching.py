@@ -1,7 +1,5 @@
-"""Batches: the grouped sampler (paper section 4.1: each global batch from one (dataset, language) group, the same plan
-on every rank from (seed, epoch), no duplicate query or positive in a batch, a short remainder dropped and counted),
-and length-grouped micro-batches for the padding-free forwards of training and evaluation (section 5). See
-docs/training.md#the-loss.
+"""Batches (paper section 4.1): the grouped sampler (each global batch from one (dataset, language) group, the same on
+every rank, no duplicate query or positive) and length-grouped micro-batches for padding-free forwards.
 """
 
 from __future__ import annotations
@@ -18,8 +16,8 @@ FORWARD_COST_SLOTS = 64  # one forward's fixed cost (per-layer calls, weight pac
 def micro_batches(
     lengths: list[int], budget: int, forward_cost: int = FORWARD_COST_SLOTS, max_rows: int | None = None
 ) -> list[list[int]]:
-    """Indices of texts of these token `lengths` in micro-batches, longest first: the grouping that computes the fewest
-    token slots (rows x longest, plus `forward_cost` per forward), at most `budget` slots and `max_rows` texts each."""
+    """Indices of texts of these token `lengths` in micro-batches, longest first, computing the fewest token slots (plus
+    `forward_cost` per forward) within `budget` slots and `max_rows` texts each."""
     if budget < 1:
         raise ValueError(f"a micro-batch needs a token budget of at least 1 slot, got {budget}")
     if max_rows is not None and max_rows < 1:
@@ -43,8 +41,7 @@ def micro_batches(
 
 
 def length_batches(lengths: list[int], batch_size: int, fill: bool = False) -> list[list[int]]:
-    """Inference batches of at most `batch_size` texts of similar length, longest first: fewest slots (`micro_batches`,
-    on a CPU) or, with `fill`, full batches (on an accelerator, never more forwards than fixed batches)."""
+    """Inference batches of at most `batch_size` similar-length texts: fewest slots, or with `fill` full batches."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if fill:

@@ -1,7 +1,5 @@
-"""Process groups for the global-batch contrastive loss (paper section 4.1): gathers with gradients (each rank's
-passages get every rank's queries' gradient) and without (accelerate.gather, as the F2LLM trainer uses it), agreement
-across ranks without pickle, and `die_with_parent`. Standard library and torch only; `die_with_parent`'s source runs
-on its own before torch is imported (`train.launch.DIES_WITH_PARENT`).
+"""Process groups for the global-batch contrastive loss (paper section 4.1): gathers with and without gradient,
+agreement across ranks without pickle, and `die_with_parent` (its source runs before torch is imported).
 """
 
 from __future__ import annotations
@@ -17,8 +15,8 @@ import torch.distributed as dist
 
 
 def die_with_parent(parent: int | None = None, sig: int = signal.SIGTERM) -> None:
-    """Asks Linux to send this process `sig` when its parent dies (prctl PR_SET_PDEATHSIG) and exits at once if `parent`
-    (pid) is already gone, so no training outlives the runner that started it. A no-op without prctl."""
+    """Asks Linux to send this process `sig` when its parent dies (prctl), and exits at once if `parent` is already
+    gone."""
     import ctypes
     import sys
 
@@ -63,7 +61,6 @@ def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
 
 
 def functional_gather(x: torch.Tensor) -> torch.Tensor:
-    """torch's functional all-gather with autograd (torch 2.13 and later)."""
     from torch.distributed._functional_collectives import all_gather_single_autograd
 
     return all_gather_single_autograd(x, gather_dim=0, group=dist.group.WORLD)  # (W*b, d)
@@ -97,13 +94,11 @@ def gather_without_grad(x: torch.Tensor) -> torch.Tensor:
 
 
 def barrier() -> None:
-    """Waits for every rank (no-op in a single process)."""
     if world()[1] > 1:
         dist.barrier()
 
 
 def _collective_device() -> torch.device:
-    """Where a collective's tensors must live: the current GPU under NCCL, else the CPU."""
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 

@@ -1,7 +1,5 @@
-"""Where users take the model: `outputs/<run>/export/`, one folder that loads in sentence-transformers
-(`load_export`, which checks `modules.json` before anything runs) and in plain transformers (`AutoModel` and the
-card's loader), with prompts as mteb registers C2LLM and a model card saying which model its scores come from. It
-encodes at the evaluation length. See docs/encoder.md#the-export-sentence-transformers-and-transformers.
+"""Where users take the model: `outputs/<run>/export/`, one folder that loads in sentence-transformers (`load_export`)
+and in plain transformers, with a model card. See docs/encoder.md#the-export-sentence-transformers-and-transformers.
 """
 
 from __future__ import annotations
@@ -30,8 +28,7 @@ LICENCES = {  # the backbone's licence, which a fine-tuned model keeps
 
 
 def sentence_prompts(encoder) -> dict[str, str]:
-    """{prompt name: the prefix `encoder.format_texts` puts before a text}: `query`, `document`, and `<task>-query`,
-    `<task>-document` for every MTEB(Code, v1) task."""
+    """{prompt name: prefix}: `query`, `document`, `<task>-query` and `<task>-document` per MTEB(Code, v1) task."""
     cfg = encoder.config
     named = {
         "query": encoder.format_texts([""], "query")[0],
@@ -45,8 +42,7 @@ def sentence_prompts(encoder) -> dict[str, str]:
 
 
 def sentence_transformer(encoder, max_seq_length: int | None = None):
-    """The merged encoder (no LoRA adapter) as a `SentenceTransformer` (Backbone, Pooler, Normalize), sharing its
-    backbone, encoding at most `max_seq_length` tokens (default: the encoder's `max_length`)."""
+    """The merged encoder as a `SentenceTransformer` (Backbone, Pooler, Normalize), `max_seq_length` tokens at most."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Normalize
 
@@ -96,8 +92,7 @@ def export_settings(directory: str | os.PathLike) -> dict[str, Any]:
 
 
 def write_card(directory: str | os.PathLike, card: str, max_seq_length: int | None = None) -> Path:
-    """Replaces an export's model card and, with `max_seq_length`, the length it encodes at (written first, so the
-    card never states a length the folder lacks)."""
+    """Replaces an export's model card and, with `max_seq_length`, first the length it encodes at."""
     folder = Path(directory)
     if not (folder / "modules.json").is_file():
         raise FileNotFoundError(f"{directory} is not an export folder (no modules.json): run notebook 03 first")
@@ -130,8 +125,7 @@ def _modules_problem(entries: Any) -> str:
 
 
 def check_export(directory: str | os.PathLike) -> Path:
-    """Raises, naming the file, unless `directory` is an export whose `modules.json` names exactly `MODULES` and
-    whose pooler fits its backbone; reads settings only, never weights or code."""
+    """Raises, naming the file, unless `directory` is an export of exactly `MODULES`; reads settings only."""
     from .model.st_modules import POOLER_RULES, check_settings
 
     folder = Path(directory)
@@ -162,8 +156,7 @@ def check_export(directory: str | os.PathLike) -> Path:
 
 
 def load_export(directory: str | os.PathLike, device: str | None = None, **kwargs: Any):
-    """The export folder as a `SentenceTransformer`, loaded so that nothing from the folder runs: `check_export`,
-    then `SentenceTransformer(directory, trust_remote_code=True, **kwargs)`."""
+    """The export folder as a `SentenceTransformer` after `check_export`, so that nothing from the folder runs."""
     from sentence_transformers import SentenceTransformer
 
     folder = check_export(directory)
@@ -307,7 +300,6 @@ class ScoredModel:
 
 
 def scored_model(encoder, max_length: int, min_cosine: float | None = None) -> ScoredModel:
-    """The `ScoredModel` of an encoder evaluated at `max_length` tokens."""
     adapter = encoder.base_model is not encoder.backbone
     dtype = str(next(encoder.base_model.parameters()).dtype).removeprefix("torch.")
     return ScoredModel("adapter" if adapter else "dense", dtype, max_length, encoder.config.lora_r if adapter else None,
@@ -348,9 +340,7 @@ def model_card(
     scored: ScoredModel | None = None,
     path: str = ".",
 ) -> str:
-    """The export's README.md: base model, architecture, data and decontamination, training and merge parameters,
-    held-out scores (they need `scored`, at the export's length; else "not evaluated yet"), licence and both
-    loaders."""
+    """The export's README.md; held-out scores need `scored` (else "not evaluated yet")."""
     if results and scored is None:
         raise ValueError("held-out results need `scored`: the card must say which model they come from")
     if scored is not None and scored.max_length != max_seq_length:
@@ -430,8 +420,7 @@ def export_card(encoder, run_root: str | os.PathLike, max_seq_length: int) -> st
 
 
 def evaluated_card(encoder, run_root: str | os.PathLike, results: str, max_length: int) -> str:
-    """Notebook 04's card: `results` of `encoder` at `max_length`, beside the export's own weights, with notebook
-    03's agreement of the two forms when recorded."""
+    """Notebook 04's card: `results` of `encoder` at `max_length`, beside the export's own weights."""
     records = run_records(run_root)
     settings = export_settings(Path(run_root) / FOLDER)
     scored = scored_model(encoder, max_length, (records["merge"] or {}).get("forms_min_cosine"))

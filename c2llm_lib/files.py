@@ -1,7 +1,5 @@
-"""Reading the files a run or a model directory holds, with errors that name the file and what is wrong (weights from
-safetensors only, finite; a pickle `.bin`/`.pt` is refused unread); the one digest of files (`digest`, `fingerprint`,
-`file_digest`); and `atomic_directory`, which writes a folder whole or not at all, as readable as the umask allows,
-through a symlinked target to where it points.
+"""Reading run and model files with errors that name the file (weights from safetensors only, finite; a pickle is
+refused unread); the one digest of files; `atomic_directory`, which writes a folder whole or not at all.
 """
 
 from __future__ import annotations
@@ -53,8 +51,7 @@ def check_no_pickles(folder: str | Path) -> None:
 
 
 def _stand_ins(path: Path) -> list[Path]:
-    """Pickle files a loader could take in place of a missing safetensors file (`model.safetensors` ->
-    `pytorch_model.bin`)."""
+    """Pickle files a loader could take in place of the missing safetensors file `path`."""
     stems = {path.stem, "pytorch_" + path.stem}
     return sorted(p for p in path.parent.glob("*") if p.suffix in PICKLE_SUFFIXES and p.stem in stems)
 
@@ -123,8 +120,7 @@ CONTENT_LIMIT = 4 * 2**20  # files up to this size are fingerprinted by their by
 
 
 def every_file(folder: str | Path) -> list[Path]:
-    """Every file under `folder` in path order, through symlinked subfolders (which `Path.rglob` skips), each real
-    folder once."""
+    """Every file under `folder` in path order, through symlinked subfolders (which `Path.rglob` skips)."""
     found, seen, todo = [], set(), [Path(folder)]
     while todo:
         current = todo.pop()
@@ -161,8 +157,7 @@ def digest(files: Iterable[tuple[str, Path]], content_limit: int | None = CONTEN
 
 
 def fingerprint(path: str | Path, name: str, content_limit: int | None = CONTENT_LIMIT) -> str:
-    """`digest` of a file, or of every file under a folder but hidden entries and `cache-*` files; "missing" when
-    nothing is at `path`."""
+    """`digest` of a file or a folder's files (hidden and `cache-*` aside); "missing" when nothing is there."""
     path = Path(path)
     if not path.exists():
         return "missing"
@@ -178,16 +173,15 @@ def fingerprint(path: str | Path, name: str, content_limit: int | None = CONTENT
 
 
 def file_digest(path: str | Path) -> str:
-    """A digest of every byte: a file's sha256 in hex (as `sha256sum` prints), a folder's `fingerprint` with no file
-    taken by its time, independent of where the folder lies."""
+    """A digest of every byte: a file's sha256 hex (as `sha256sum`), a folder's independent of where it lies."""
     path = Path(path)
     return fingerprint(path, ".", content_limit=None) if path.is_dir() else _sha256(path)
 
 
 # writing a directory all at once --------------------------------------------------------------------------------
 def check_target(target: str | os.PathLike, overwrite: bool = True) -> Path:
-    """The folder `target` names, through a symlink; raises for a link to nothing, a file, or (without `overwrite`) a
-    non-empty folder."""
+    """The folder `target` names, through a symlink; refuses a broken link, a file, or (no `overwrite`) a full
+    folder."""
     path = Path(target)
     if path.is_symlink():
         if not path.exists():

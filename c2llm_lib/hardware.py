@@ -1,7 +1,5 @@
-"""The machine a run computes on: the CPU and its GEMM throughput, the device and dtype a parameter names (`dtype:
-auto`: bf16 on CUDA; on a CPU whichever of bf16 and fp32 a cached, re-confirmed probe measures faster), and peak
-memory (a training's window, and `PeakMemory` for the processes a pipeline starts; Linux only). See docs/encoder.md
-for the dtype probe and its cache.
+"""The machine a run computes on: the CPU and its GEMM speed, device and dtype (`dtype: auto`: bf16 on CUDA, on a CPU
+the faster of bf16 and fp32 by a cached probe: docs/encoder.md), and peak memory.
 """
 
 from __future__ import annotations
@@ -47,8 +45,7 @@ def cpu_info() -> dict[str, Any]:
 
 
 def gemm_gflops(dtype: torch.dtype, size: int = 1024, seconds: float = 0.5, device: str = "cpu") -> float:
-    """Measured GFLOP/s of a (size x size) matrix product in `dtype`, with a generator of its own so that probing never
-    moves torch's global random state."""
+    """Measured GFLOP/s of a (size x size) matmul in `dtype`; its generator leaves torch's global one alone."""
     generator = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(size, size, device=device, generator=generator).to(dtype)  # (n, n)
     b = torch.randn(size, size, device=device, generator=generator).to(dtype)  # (n, n)
@@ -188,7 +185,6 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """A dtype name as a torch dtype; "auto" as `auto_dtype` chooses."""
     if name == "auto":
         return auto_dtype(device)[0]
     return _DTYPES[name]
@@ -218,8 +214,7 @@ def reset_peak_memory() -> None:
 
 
 def peak_bytes(device: torch.device) -> int:
-    """Peak bytes since `reset_peak_memory` on `device` (CUDA allocated, or the CPU resident high-water mark; 0 off
-    Linux)."""
+    """Peak bytes on `device` since `reset_peak_memory` (CUDA allocated, else resident; 0 off Linux)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device)
@@ -264,7 +259,7 @@ MAX_INTERVAL = 60.0  # seconds: a peak reached in a process's last interval is m
 
 class PeakMemory:
     """`with PeakMemory() as peak: ...` then `peak.kib`: the largest peak resident memory of one process started below
-    this one during the block (sampled every `interval` s; 0 if none, None off Linux). One block at a time."""
+    this one during the block (0 if none, None off Linux). One block at a time."""
 
     def __init__(self, interval: float = 0.2) -> None:
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 < interval <= MAX_INTERVAL:

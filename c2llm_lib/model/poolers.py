@@ -1,7 +1,5 @@
-"""Baseline poolers the paper argues against (section 3): last real token (EOS) and mean over real tokens, with the
-PMA head's interface `pooler(hidden (B, T, d_LLM), mask (B, T)) -> (B, d)`, in float32 and independent of the
-padding side. A pooler's weights file records its head (`head_record`; the PMA head count and score scale are not
-in the tensors), and `load_pooler_weights` refuses a file for another head.
+"""Baseline poolers the paper argues against (section 3): last real token (EOS) and mean over real tokens, with the PMA
+head's interface, in float32. A weights file records its head (`head_record`), which `load_pooler_weights` checks.
 """
 
 from __future__ import annotations
@@ -67,8 +65,7 @@ HEAD_METADATA = "c2llm_head"  # the safetensors metadata key of a pooler's weigh
 
 
 def head_record(pooler: nn.Module) -> dict[str, Any]:
-    """What sets a pooler's computation besides its tensors: the pooling, and for PMA its widths, heads and score
-    scale."""
+    """What sets a pooler's computation besides its tensors (the PMA head count and score scale, for one)."""
     if isinstance(pooler, PMAHead):
         return {"pooling": "pma", "hidden_size": pooler.hidden_size, "embedding_dim": pooler.dim,
                 "pma_heads": pooler.num_heads, "pma_score_scale": pooler.score_scale}  # fmt: skip
@@ -82,9 +79,7 @@ def save_pooler(pooler: nn.Module, path: str | os.PathLike) -> None:
 
 
 def load_pooler_weights(pooler: nn.Module, path: str | os.PathLike, settings: str | os.PathLike) -> None:
-    """Loads `path` into `pooler`, built from the settings file `settings`; refuses, naming both, a different
-    recorded head, tensors that do not fit, and non-finite values. A file without the record is checked by its
-    tensors alone."""
+    """Loads `path` into `pooler`; refuses, naming both files, another recorded head, misfit or non-finite tensors."""
     path = Path(path)
     tensors = load_tensors(path, "pooler weights")
     expected = head_record(pooler)

@@ -1,8 +1,5 @@
-"""Reading the released codefuse-ai/C2LLM checkpoints (paper section 3) without their remote code (which needs
-deepspeed, breaks on transformers 5 and computes the LM head). `KEY_RULES` is the one table of released names; its
-`mha_pma.` and `plm_model.` prefixes come from the public CodeFuse-CGE code and a port of the released file, so
-fix it there if the real checkpoint differs. Safetensors only; `pma_ln` and `pma_norm_mode` must be the released
-values.
+"""Reading the released codefuse-ai/C2LLM checkpoints (paper section 3) without their remote code. `KEY_RULES` is the
+one table of released names (from CodeFuse-CGE and a port of the released file: fix it there if the release differs).
 """
 
 from __future__ import annotations
@@ -110,8 +107,7 @@ def read_released_weights(directory: Path) -> dict[str, torch.Tensor]:
 def map_released_state_dict(
     tensors: dict[str, torch.Tensor], expected: set[str], head: bool = True
 ) -> dict[str, torch.Tensor]:
-    """Released tensors under our names (without the PMA head's when `head` is False); raises listing every
-    unexpected or missing key."""
+    """Released tensors under our names (no head's when `head` is False); raises listing unexpected and missing keys."""
     mapped, unexpected = {}, []
     for key, value in tensors.items():
         try:

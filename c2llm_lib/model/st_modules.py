@@ -1,8 +1,5 @@
-"""The encoder as sentence-transformers modules (paper section 3): `Backbone` and `Pooler`, then
-sentence-transformers' `Normalize`. They run the encoder's own functions (`tokenize_left_padded`,
-`last_hidden_states`, the pooler class), so they embed as `C2LLMEncoder` does, and their loaders check what the
-folder holds as `from_pretrained` does. They cannot refuse a foreign class in `modules.json`: `export.load_export`
-checks that first.
+"""The encoder as sentence-transformers modules (paper section 3): `Backbone` and `Pooler` run the encoder's own
+functions and check what they load; `export.load_export` checks `modules.json` before they are imported.
 """
 
 from __future__ import annotations
@@ -29,8 +26,7 @@ def _integer(value: Any) -> bool:
 
 
 def check_settings(path: Path, settings: dict[str, Any], rules: dict[str, tuple[Any, str]]) -> None:
-    """Raises `CorruptFile` naming the file and key for a missing, unknown or invalid setting; `rules` maps each key
-    to (predicate, what the value must be)."""
+    """Raises `CorruptFile` naming the file and key for a missing, unknown or invalid setting."""
     unknown, missing = sorted(set(settings) - set(rules)), sorted(set(rules) - set(settings))
     if unknown or missing:
         raise CorruptFile(f"{path}: unknown keys {unknown}, missing keys {missing}; expected {sorted(rules)}")
