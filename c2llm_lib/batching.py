@@ -1,25 +1,5 @@
-"""Batches: which rows form each global batch (the grouped sampler), and how a batch's texts are cut into
-length-grouped forwards (micro-batches).
-
-Grouped batch sampling (paper section 4.1): every global batch comes from one (dataset, language) group.
-
-The plan of an epoch is a pure function of (seed, epoch), computed identically on every rank, so
-all ranks draw the same group at the same step and the gathered in-batch negatives never mix
-sources. Within a group, rows are shuffled and packed into global batches that contain no
-duplicate query and no duplicate positive (a duplicate would be a false negative). A row that
-would duplicate is deferred to a later batch. Groups are then interleaved by drawing, at each step,
-a group with probability proportional to its batches left. A group's remainder smaller than a
-global batch is dropped and counted, never padded by recycling rows (that too makes false
-negatives). Rank r takes the r-th slice of each global batch. `state_dict` and
-`load_state_dict` carry (epoch, step), so a resumed run continues with the very next batch.
-
-Length-grouped batches: the padding-free forwards of training (paper section 4.1) and of evaluation (section 5).
-
-A left-padded forward computes rows x longest token slots, so texts of similar token length go together. Training
-groups each step's queries and documents apart (`train.TrainStep.micro_batches`), within a token budget per
-micro-batch; the encoder (`C2LLMEncoder.encode`) and the shared baseline pass (`eval.encoding.shared_forward`) group
-by the same rule (`length_batches`), at most `batch_size` texts per forward: for the same list of distinct texts an
-encoder gets the same batches, and so exactly the same embeddings, on either path.
+"""Batches (paper section 4.1): the grouped sampler (each global batch from one (dataset, language) group, the same on
+every rank, no duplicate query or positive) and length-grouped micro-batches for padding-free forwards.
 """
 
 from __future__ import annotations
@@ -36,10 +16,8 @@ FORWARD_COST_SLOTS = 64  # one forward's fixed cost (per-layer calls, weight pac
 def micro_batches(
     lengths: list[int], budget: int, forward_cost: int = FORWARD_COST_SLOTS, max_rows: int | None = None
 ) -> list[list[int]]:
-    """Indices of texts of these token `lengths` in micro-batches of similar length, longest first: the grouping of
-    the length-sorted texts that computes the fewest token slots (rows x longest each, padding included) plus
-    `forward_cost` slots per forward, with at most `budget` slots (a longer text runs alone) and at most
-    `max_rows` texts per micro-batch. Ties keep the input order, so equal lengths give equal groupings."""
+    """Indices of texts of these token `lengths` in micro-batches, longest first, computing the fewest token slots (plus
+    `forward_cost` per forward) within `budget` slots and `max_rows` texts each."""
     if budget < 1:
         raise ValueError(f"a micro-batch needs a token budget of at least 1 slot, got {budget}")
     if max_rows is not None and max_rows < 1:
@@ -63,11 +41,7 @@ def micro_batches(
 
 
 def length_batches(lengths: list[int], batch_size: int, fill: bool = False) -> list[list[int]]:
-    """Inference batches of at most `batch_size` texts of similar token length, longest first: grouped for the
-    fewest computed slots (`micro_batches`, on a CPU, where a forward's fixed cost is small), or with `fill` cut
-    into full batches of `batch_size` (on an accelerator, where a forward's fixed cost is large: never more
-    forwards than fixed batches). Either way a forward holds at most `batch_size` texts no longer than the longest,
-    as fixed batches of the sorted texts would."""
+    """Inference batches of at most `batch_size` similar-length texts: fewest slots, or with `fill` full batches."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if fill:
@@ -106,8 +80,7 @@ def pack_group(
 
 
 def local_batch_size(global_batch_size: int, world_size: int) -> int:
-    """The rows of each global batch one rank takes: its equal slice. A global batch that the ranks cannot split
-    evenly is a ValueError, raised when the sampler is built at rank start (and by the preflight, before a run)."""
+    """One rank's equal slice of a global batch; a ValueError where the ranks cannot split it evenly."""
     if global_batch_size % world_size:
         raise ValueError(f"global_batch_size {global_batch_size} is not divisible by world_size {world_size}")
     return global_batch_size // world_size

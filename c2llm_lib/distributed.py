@@ -1,18 +1,5 @@
-"""Process-group helpers for the global-batch contrastive loss (paper section 4.1).
-
-The paper synchronises in-batch negatives across all processes. `gather_with_grad` uses torch's
-functional all-gather, whose backward reduce-scatters gradients with a sum, so each rank's passages
-get the gradient of every rank's queries (torch 2.13 deprecates torch.distributed.nn.functional's
-all_gather; an older torch, without the functional one, gets that one: the same gradients).
-`gather_without_grad` reproduces accelerate.gather as the F2LLM trainer uses it: values only, no autograd
-history. `init_distributed` starts the process group torchrun describes in the
-environment (NCCL on CUDA, gloo on CPU). `all_ranks_true` and `all_gather_json` let the ranks agree on a
-check (a finite update) and collect each rank's own small state (its RNG, for the checkpoint) without pickle.
-`die_with_parent` makes a process receive SIGTERM (or another signal) when its parent dies (Linux), so that training
-processes never outlive the runner that started them: the one body for every child the library or its tools start
-(torchrun through `train.launch.DIES_WITH_PARENT`, which runs this function's source before torch is imported; each
-rank; notebook 06's trainings; the preflight's probes). It imports nothing outside the standard library, so that its
-source runs on its own.
+"""Process groups for the global-batch contrastive loss (paper section 4.1): gathers with and without gradient,
+agreement across ranks without pickle, and `die_with_parent` (its source runs before torch is imported).
 """
 
 from __future__ import annotations
@@ -28,12 +15,8 @@ import torch.distributed as dist
 
 
 def die_with_parent(parent: int | None = None, sig: int = signal.SIGTERM) -> None:
-    """Asks Linux to send this process `sig` when its parent dies (prctl PR_SET_PDEATHSIG), and exits at once if the
-    parent `parent` (pid) is already gone. Run before torchrun becomes itself (`train.launch.DIES_WITH_PARENT`), by
-    every rank, and as a `Popen(preexec_fn=...)` for notebook 06's trainings and the preflight's probes (SIGKILL: a
-    measuring process holding a GPU), so that a runner killed by `kill -9`, a scheduler's SIGTERM or `timeout` takes
-    its processes with it instead of leaving orphans that write checkpoints into the run. A no-op where prctl is not
-    available."""
+    """Asks Linux to send this process `sig` when its parent dies (prctl), and exits at once if `parent` is already
+    gone."""
     import ctypes
     import sys
 
@@ -78,15 +61,13 @@ def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
 
 
 def functional_gather(x: torch.Tensor) -> torch.Tensor:
-    """torch's functional all-gather with autograd (torch 2.13 and later)."""
     from torch.distributed._functional_collectives import all_gather_single_autograd
 
     return all_gather_single_autograd(x, gather_dim=0, group=dist.group.WORLD)  # (W*b, d)
 
 
 def legacy_gather(x: torch.Tensor) -> torch.Tensor:
-    """torch.distributed.nn's all-gather with autograd (backward: a summed reduce-scatter, the same gradients), for
-    the torch releases before `all_gather_single_autograd` (a GPU image's torch 2.11 has none)."""
+    """torch.distributed.nn's all-gather with autograd (the same gradients), for torch before 2.13."""
     from torch.distributed.nn.functional import all_gather
 
     return torch.cat(all_gather(x, group=dist.group.WORLD))  # (W*b, d)
@@ -113,13 +94,11 @@ def gather_without_grad(x: torch.Tensor) -> torch.Tensor:
 
 
 def barrier() -> None:
-    """Waits for every rank (no-op in a single process)."""
     if world()[1] > 1:
         dist.barrier()
 
 
 def _collective_device() -> torch.device:
-    """Where a collective's tensors must live: the current GPU under NCCL, else the CPU."""
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 

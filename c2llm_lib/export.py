@@ -1,35 +1,5 @@
-"""Where users take the model: one folder that loads in sentence-transformers and in plain transformers.
-
-A merged encoder (merge.py: LoRA folded into dense float32 weights, the averaged PMA head; paper section 4.1) is
-written by notebook 03 as `outputs/<run>/export/` beside `merged/`:
-    modules.json, config_sentence_transformers.json    the sentence-transformers pipeline and its prompts
-    config.json, model.safetensors, tokenizer files    the backbone, merged: `transformers.AutoModel` loads it
-    c2llm_backbone.json                                max length, EOS, weight dtype (`st_modules.Backbone`)
-    1_Pooler/config.json, 1_Pooler/model.safetensors   the PMA head (`st_modules.Pooler`)
-    2_Normalize/                                       L2 normalisation
-    README.md                                          the model card (`model_card`), with both loaders
-The folder ships no code, and `load_export(path)` loads it so that none runs: it checks that `modules.json` names
-exactly this package's `Backbone` and `Pooler` and sentence-transformers' `Normalize`, that the folder holds their
-files and that the pooler fits the backbone, and only then calls `SentenceTransformer(path, trust_remote_code=True)`
-(sentence-transformers 6 asks for the flag for any module class outside its own package), which imports
-`c2llm_lib.model.st_modules` from the installed package. The plain `SentenceTransformer(path, trust_remote_code=True)`
-call checks nothing first: with the flag, sentence-transformers imports and runs whatever class `modules.json` names,
-a module file placed in the folder included, and a folder without `modules.json` loads as its default model (mean
-pooling over the backbone), not as this one. Without the package, `AutoModel` and the card's 25-line loader
-(`plain_loader`) give the same embeddings.
-
-Prompts follow mteb's registration of C2LLM, as sentence-transformers prompt names: `query` (no instruction) and
-`document` (the document prefix, "Retrieved Answer:"), and `<task>-query` / `<task>-document` for each
-MTEB(Code, v1) task (table 1's instruction and a newline), the names mteb looks up first for a
-sentence-transformers model. Each prompt is the prefix `C2LLMEncoder.format_texts` puts before a text, for the
-encoder's prompt style, so `encode(texts, prompt_name=...)` equals `C2LLMEncoder.encode` (tests/test_export.py).
-
-The exported length (`c2llm_backbone.json`'s `max_seq_length`) is the length the model is evaluated at: notebook 03
-exports at `eval_max_length`, the parameter it shares with notebook 04, and notebook 04 writes it again with the
-scores (`write_card`), so that the folder encodes as the scored model did. The card says which model the scores come
-from (`ScoredModel`): notebook 04 scores `merged/`, which after float32 training holds the export's own dense
-float32 weights, and after 16-bit training the same update as a LoRA adapter over the 16-bit base; then the card
-says so, with the two forms' agreement measured by notebook 03.
+"""Where users take the model: `outputs/<run>/export/`, one folder that loads in sentence-transformers (`load_export`)
+and in plain transformers, with a model card. See docs/encoder.md#the-export-sentence-transformers-and-transformers.
 """
 
 from __future__ import annotations
@@ -58,8 +28,7 @@ LICENCES = {  # the backbone's licence, which a fine-tuned model keeps
 
 
 def sentence_prompts(encoder) -> dict[str, str]:
-    """{prompt name: the prefix `encoder.format_texts` puts before a text}: `query`, `document`, and
-    `<task>-query`, `<task>-document` for every MTEB(Code, v1) task, in the encoder's prompt style."""
+    """{prompt name: prefix}: `query`, `document`, `<task>-query` and `<task>-document` per MTEB(Code, v1) task."""
     cfg = encoder.config
     named = {
         "query": encoder.format_texts([""], "query")[0],
@@ -73,9 +42,7 @@ def sentence_prompts(encoder) -> dict[str, str]:
 
 
 def sentence_transformer(encoder, max_seq_length: int | None = None):
-    """The encoder as a `SentenceTransformer` (Backbone, Pooler, Normalize), sharing its backbone and a float32 copy
-    of its pooler, encoding at most `max_seq_length` tokens (default: the encoder's `max_length`). The encoder must be
-    merged (no LoRA adapter): `merge.merge_checkpoints` gives one."""
+    """The merged encoder as a `SentenceTransformer` (Backbone, Pooler, Normalize), `max_seq_length` tokens at most."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Normalize
 
@@ -99,8 +66,7 @@ def sentence_transformer(encoder, max_seq_length: int | None = None):
 def save_export(
     encoder, directory: str | os.PathLike, card: str, overwrite: bool = False, max_seq_length: int | None = None
 ) -> Path:
-    """Writes the export folder (module docstring) with `card` as its README.md, atomically, encoding at most
-    `max_seq_length` tokens (the evaluation length; default: the encoder's `max_length`)."""
+    """Writes the export folder atomically with `card` as its README.md, encoding at most `max_seq_length` tokens."""
     target = check_target(directory, overwrite)
     model = sentence_transformer(encoder, max_seq_length)
     with atomic_directory(target) as staging:
@@ -126,9 +92,7 @@ def export_settings(directory: str | os.PathLike) -> dict[str, Any]:
 
 
 def write_card(directory: str | os.PathLike, card: str, max_seq_length: int | None = None) -> Path:
-    """Replaces the model card of an export folder (notebook 04 adds the held-out scores) and, with `max_seq_length`,
-    the length the folder encodes at (`c2llm_backbone.json`), so that it is the one the card's scores were taken at;
-    the length is written first, so that the card never states a length the folder does not have."""
+    """Replaces an export's model card and, with `max_seq_length`, first the length it encodes at."""
     folder = Path(directory)
     if not (folder / "modules.json").is_file():
         raise FileNotFoundError(f"{directory} is not an export folder (no modules.json): run notebook 03 first")
@@ -161,8 +125,7 @@ def _modules_problem(entries: Any) -> str:
 
 
 def check_export(directory: str | os.PathLike) -> Path:
-    """Raises, naming the file and what is wrong, unless `directory` is an export folder whose `modules.json` names
-    exactly `MODULES` and whose pooler fits its backbone; reads settings only, never weights or code."""
+    """Raises, naming the file, unless `directory` is an export of exactly `MODULES`; reads settings only."""
     from .model.st_modules import POOLER_RULES, check_settings
 
     folder = Path(directory)
@@ -193,9 +156,7 @@ def check_export(directory: str | os.PathLike) -> Path:
 
 
 def load_export(directory: str | os.PathLike, device: str | None = None, **kwargs: Any):
-    """The export folder as a `SentenceTransformer`, loaded so that nothing from the folder runs: `check_export` first,
-    then `SentenceTransformer(directory, trust_remote_code=True)`, whose flag then imports only this package's
-    modules (their loaders check the weights and tokenizer, `st_modules`). `kwargs` go to `SentenceTransformer`."""
+    """The export folder as a `SentenceTransformer` after `check_export`, so that nothing from the folder runs."""
     from sentence_transformers import SentenceTransformer
 
     folder = check_export(directory)
@@ -272,8 +233,7 @@ def plain_loader(pooling: str, path: str = ".") -> str:
 
 
 def run_records(root: str | os.PathLike) -> dict[str, dict | None]:
-    """{"data", "train", "merge"}: the records notebooks 01-03 wrote in a run directory (`metrics/*.json`), None for
-    a record the run lacks; the model card's facts."""
+    """{"data", "train", "merge"}: the `metrics/*.json` records of notebooks 01-03 (None where missing)."""
     metrics = Path(root) / "metrics"
     return {
         name: load_json(metrics / f"{name}.json", f"{name} record") if (metrics / f"{name}.json").is_file() else None
@@ -340,7 +300,6 @@ class ScoredModel:
 
 
 def scored_model(encoder, max_length: int, min_cosine: float | None = None) -> ScoredModel:
-    """The `ScoredModel` of an encoder evaluated at `max_length` tokens."""
     adapter = encoder.base_model is not encoder.backbone
     dtype = str(next(encoder.base_model.parameters()).dtype).removeprefix("torch.")
     return ScoredModel("adapter" if adapter else "dense", dtype, max_length, encoder.config.lora_r if adapter else None,
@@ -381,11 +340,7 @@ def model_card(
     scored: ScoredModel | None = None,
     path: str = ".",
 ) -> str:
-    """The export's README.md: base model and revision, the architecture (the embedding's width, the length
-    `max_seq_length` and weights `dtype` of the export), data and decontamination (notebook 01's
-    `metrics/data.json`), training and merge parameters (`metrics/train.json`, `metrics/merge.json`), held-out
-    scores (`metrics/results.md` of notebook 04, with `scored`: which model they come from; or "not evaluated yet"),
-    licence, and both loaders. Scores need `scored`, at the export's length."""
+    """The export's README.md; held-out scores need `scored` (else "not evaluated yet")."""
     if results and scored is None:
         raise ValueError("held-out results need `scored`: the card must say which model they come from")
     if scored is not None and scored.max_length != max_seq_length:
@@ -465,9 +420,7 @@ def export_card(encoder, run_root: str | os.PathLike, max_seq_length: int) -> st
 
 
 def evaluated_card(encoder, run_root: str | os.PathLike, results: str, max_length: int) -> str:
-    """Notebook 04's card for the run's export: `results` of `encoder` (what notebook 04 scored) at `max_length`,
-    said to come from that model, beside the export's own weights (`export_settings`); notebook 03's agreement of the
-    two forms (`metrics/merge.json`) when it was recorded."""
+    """Notebook 04's card: `results` of `encoder` at `max_length`, beside the export's own weights."""
     records = run_records(run_root)
     settings = export_settings(Path(run_root) / FOLDER)
     scored = scored_model(encoder, max_length, (records["merge"] or {}).get("forms_min_cosine"))

@@ -1,29 +1,5 @@
-"""Reading the files a run or a model directory holds, with errors that name the file and what is wrong; and writing a
-directory all at once.
-
-Weights are read from safetensors only: a safetensors file holds tensors and nothing that runs, while a
-PyTorch `.bin` or `.pt` file is a pickle that can execute code when it is loaded. Such a file is refused unread,
-named, also where it lies in place of the safetensors file a loader looks for (`adapter_model.bin` for
-`adapter_model.safetensors`), and `check_no_pickles` refuses a folder handed whole to another library that would
-read one. Weights must be finite: a NaN or infinite value is an error naming the file and the tensors, since it
-would only show later as NaN embeddings. JSON records (configs, trainer state) are read with a message naming the
-file when they are missing, truncated or not an object.
-
-`digest` is the one digest of files: names, sizes and bytes. `fingerprint` tells whether files changed (the runner's
-inputs, a search index's model) and reads the bytes of every file up to `CONTENT_LIMIT`, larger files by their
-modification time; `file_digest` reads every byte (a model folder an evaluation is keyed by, a user's data file).
-
-Writing a directory all at once: a model or checkpoint is either wholly there or not at all.
-`atomic_directory(target)` yields a staging folder beside `target`; when the block succeeds the staging folder
-replaces `target` in one rename (an old `target` is first renamed aside, then deleted), and when it fails the
-staging folder is removed and `target` is untouched. Killing a run mid-save therefore never leaves a half-written
-checkpoint. Permissions follow the umask, as for any folder a user makes: the staging folder is made by `os.mkdir`,
-not by `tempfile.mkdtemp` (whose folders are private, 0700), and every folder and file written inside it gets the
-mode a new one gets under the umask (safetensors writes its files 0600). An export meant for colleagues is then as
-readable as the folder it lies in.
-
-A `target` that is a symlink is written where it points: the link stays. A link to nothing, or a target that is a
-file, is an error naming it (`check_target`).
+"""Reading run and model files with errors that name the file (weights from safetensors only, finite; a pickle is
+refused unread); the one digest of files; `atomic_directory`, which writes a folder whole or not at all.
 """
 
 from __future__ import annotations
@@ -75,8 +51,7 @@ def check_no_pickles(folder: str | Path) -> None:
 
 
 def _stand_ins(path: Path) -> list[Path]:
-    """Pickle files beside a missing safetensors file that a loader could take in its place: the same stem with a
-    pickle suffix, and transformers' or peft's names (`model.safetensors` -> `pytorch_model.bin`)."""
+    """Pickle files a loader could take in place of the missing safetensors file `path`."""
     stems = {path.stem, "pytorch_" + path.stem}
     return sorted(p for p in path.parent.glob("*") if p.suffix in PICKLE_SUFFIXES and p.stem in stems)
 
@@ -92,8 +67,8 @@ def check_finite(tensors: dict[str, torch.Tensor], path: str | Path, what: str =
 
 
 def load_tensors(path: str | Path, what: str = "weights") -> dict[str, torch.Tensor]:
-    """All tensors of a safetensors file, checked finite; a missing, truncated, corrupt or non-finite file is named
-    with the reason, and a pickle file (or one lying where the safetensors file is missing) is refused unread."""
+    """All tensors of a safetensors file, checked finite; a missing, corrupt or non-finite file is named, and a pickle
+    file (or one lying where the safetensors file is missing) is refused unread."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -117,8 +92,7 @@ def load_tensors(path: str | Path, what: str = "weights") -> dict[str, torch.Ten
 
 
 def tensor_metadata(path: str | Path) -> dict[str, str]:
-    """The string metadata of a safetensors file's header (empty when it has none); the file must exist and parse
-    (read `load_tensors` first)."""
+    """The string metadata of a safetensors file's header (empty when none); read `load_tensors` first."""
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -146,8 +120,7 @@ CONTENT_LIMIT = 4 * 2**20  # files up to this size are fingerprinted by their by
 
 
 def every_file(folder: str | Path) -> list[Path]:
-    """Every file under `folder`, in path order, through symlinked subfolders too (a folder kept elsewhere and linked
-    in is part of what is read; `Path.rglob` skips it), each real folder walked once (a loop of links ends)."""
+    """Every file under `folder` in path order, through symlinked subfolders (which `Path.rglob` skips)."""
     found, seen, todo = [], set(), [Path(folder)]
     while todo:
         current = todo.pop()
@@ -163,7 +136,6 @@ def every_file(folder: str | Path) -> list[Path]:
 
 
 def _sha256(file: Path) -> str:
-    """The sha256 of a file's bytes, in hex, read in blocks."""
     content = hashlib.sha256()
     with file.open("rb") as handle:
         while block := handle.read(1 << 20):
@@ -172,11 +144,8 @@ def _sha256(file: Path) -> str:
 
 
 def digest(files: Iterable[tuple[str, Path]], content_limit: int | None = CONTENT_LIMIT) -> str:
-    """16 hex digits of sha256 over each (name, file): its name and size, and its bytes when it holds at most
-    `content_limit` (by default `CONTENT_LIMIT`: records, configs, trainer states, source code and data files of a
-    usual size; None: every file), else its modification time (weights and large tables, too large to read at every
-    --resume: a rewritten one has a new time; a large one copied in with its size and time kept, `cp -p`, goes
-    unseen)."""
+    """16 hex digits of sha256 over each (name, file): name, size, and the bytes of a file up to `content_limit` (None:
+    every file), a larger one by its modification time (so a `cp -p` copy of the same size goes unseen)."""
     total = hashlib.sha256()
     for name, file in files:
         stat = file.stat()
@@ -188,9 +157,7 @@ def digest(files: Iterable[tuple[str, Path]], content_limit: int | None = CONTEN
 
 
 def fingerprint(path: str | Path, name: str, content_limit: int | None = CONTENT_LIMIT) -> str:
-    """`digest` of a file (named `name`), or of every file under a folder (`every_file`, named `name/<path inside>`)
-    but for hidden entries (staging folders, a lock, a download's `.cache/`) and `cache-*` files (what `datasets` adds
-    beside a table it maps), which change without what is read changing; "missing" when nothing is at `path`."""
+    """`digest` of a file or a folder's files (hidden and `cache-*` aside); "missing" when nothing is there."""
     path = Path(path)
     if not path.exists():
         return "missing"
@@ -206,17 +173,15 @@ def fingerprint(path: str | Path, name: str, content_limit: int | None = CONTENT
 
 
 def file_digest(path: str | Path) -> str:
-    """A content digest that reads every byte: of a file, the sha256 of its bytes in hex (what `sha256sum` prints, so a
-    user can check a recorded one); of a folder, `fingerprint` with no file taken by its time, independent of where
-    the folder lies: a copy elsewhere has the same digest, a byte changed or moved across files another."""
+    """A digest of every byte: a file's sha256 hex (as `sha256sum`), a folder's independent of where it lies."""
     path = Path(path)
     return fingerprint(path, ".", content_limit=None) if path.is_dir() else _sha256(path)
 
 
 # writing a directory all at once --------------------------------------------------------------------------------
 def check_target(target: str | os.PathLike, overwrite: bool = True) -> Path:
-    """The folder `target` names, through a symlink if it is one; raises, naming it, for a link to nothing, a file,
-    or (without `overwrite`) a folder that holds anything."""
+    """The folder `target` names, through a symlink; refuses a broken link, a file, or (no `overwrite`) a full
+    folder."""
     path = Path(target)
     if path.is_symlink():
         if not path.exists():
@@ -231,7 +196,7 @@ def check_target(target: str | os.PathLike, overwrite: bool = True) -> Path:
 
 
 def _make_staging(parent: Path, name: str) -> Path:
-    """A new empty folder `.<name>.<random>` in `parent`, made as any folder is (mode 0777 less the umask)."""
+    """A new empty folder `.<name>.<random>` in `parent`, mode 0777 less the umask (not mkdtemp's 0700)."""
     for _ in range(100):
         path = parent / f".{name}.{secrets.token_hex(6)}"
         try:
@@ -243,8 +208,7 @@ def _make_staging(parent: Path, name: str) -> Path:
 
 
 def _follow_umask(staging: Path) -> None:
-    """Every folder and file under `staging` gets the mode of a new one under the umask: folders that of `staging`
-    (made by `os.mkdir`), files the same less the execute bits. Symlinks are left alone."""
+    """Gives every folder and file under `staging` the mode a new one gets under the umask (files lose execute bits)."""
     folder_mode = stat.S_IMODE(staging.stat().st_mode)
     file_mode = folder_mode & 0o666
     for root, folders, files in os.walk(staging):

@@ -1,38 +1,5 @@
-"""The machine a run computes on: the CPU's model and capabilities, GEMM throughput, the device and dtype a
-parameter names (`resolve_device`, `resolve_dtype`: the `dtype: auto` choice), and peak memory.
-
-Training and inference time on a CPU is matrix multiplication, and whether bf16 helps depends on the chip: with AMX
-or avx512_bf16 a bf16 GEMM runs several times faster than fp32, while on a CPU with AVX2 alone PyTorch emulates bf16
-and it runs about 9x *slower*. So `dtype: auto` gives bf16 on CUDA and, on a CPU, whichever of bf16 and fp32 a short
-probe measures faster on this machine. The probe (about a second) is cached per machine (CPU model, flags, thread
-count, torch version, limits on the instruction set) in `~/.cache/c2llm/cpu-dtype.json` (under `C2LLM_CACHE` when
-set), and its figures are the reason the manifest records. The file is a cache, never an authority: anyone who can
-write it could plant plausible figures. So an entry is used only when
-- it names exactly the two probed dtypes with finite positive GFLOP/s (`entry_problem`), and
-- a short measurement in this process (`CONFIRM_SIZE` GEMMs for `CONFIRM_SECONDS` per dtype, a fraction of a second;
-  a second one where the first contradicts, since one in ten or so lands far off on a loaded machine) does not
-  contradict its choice: an entry choosing bf16 is refuted where bf16 measures below `BF16_MARGIN /
-  CONFIRM_FACTOR` of fp32's speed, one choosing fp32 where bf16 measures above `BF16_MARGIN * CONFIRM_FACTOR`
-  (`contradiction`). Between the two the machine sits near the margin and either choice is close to the best.
-Otherwise the CPU is probed again in full and the fresh figures decide and replace the entry; a damaged file or entry,
-or one whose choice the fresh probe overturns, is named in a warning. A crafted entry can therefore neither crash a
-run nor choose a dtype that this CPU does not measure as the faster one.
-
-A machine can rehearse a lesser CPU: `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2`
-keeps oneDNN, ATen's vector kernels and MKL to AVX2, as on a CPU without avx512_bf16 or AMX (bf16 GEMMs then run at
-about 1 GFLOP/s). `cpu_info` reports such limits beside the flags, and the probe's cache keeps them apart.
-
-Peak memory is read one way: `reset_peak_memory` starts a window (Linux's resident high-water mark, VmHWM, and
-CUDA's allocator peak), `peak_bytes(device)` reads the window's peak on one device (the preflight's probe), and
-`peak_memory` a training's peaks (the trainer's summary). `PeakMemory` gives the peak resident memory of the
-processes a pipeline starts: each notebook's kernel, and whatever it starts. The default run must fit a small
-machine (its peak resident memory stays within 8 GB), and a run-wide peak such as GNU time's does not say which
-notebook reached it. `PeakMemory` watches the processes started below this one while a notebook runs and gives the
-largest peak of any single one, as GNU time counts it: each process's own high-water mark (`VmHWM` in
-/proc/<pid>/status), read every `interval` seconds while the process lives. The Linux kernel keeps that mark, so a
-peak between two samples is not missed; only a peak reached in a process's last `interval` seconds is. (The reaped
-children's `ru_maxrss` would cover those, but it is a maximum over every child the runner ever had, so it cannot say
-which notebook's kernel reached it.) Linux only: elsewhere the peak is None.
+"""The machine a run computes on: the CPU and its GEMM speed, device and dtype (`dtype: auto`: bf16 on CUDA, on a CPU
+the faster of bf16 and fp32 by a cached probe: docs/encoder.md), and peak memory.
 """
 
 from __future__ import annotations
@@ -60,8 +27,7 @@ CONFIRM_FACTOR = 1.5  # how far past the margin that measurement must land to re
 
 
 def cpu_info() -> dict[str, Any]:
-    """{"model", "capabilities" (the flags above that the CPU has), "threads", "isa_limit" (the environment's
-    limits on the instructions the kernels use, "" when none)}: what every benchmark prints."""
+    """{"model", "capabilities", "threads", "isa_limit" ("" when the environment sets no instruction-set limit)}."""
     model, flags = platform.processor() or platform.machine(), set()
     try:
         text = Path("/proc/cpuinfo").read_text()
@@ -79,9 +45,7 @@ def cpu_info() -> dict[str, Any]:
 
 
 def gemm_gflops(dtype: torch.dtype, size: int = 1024, seconds: float = 0.5, device: str = "cpu") -> float:
-    """Measured GFLOP/s of a (size x size) @ (size x size) matrix product in `dtype`, after a warm-up. Its operands come
-    from a generator of its own, never torch's global one: `dtype: auto` measures between a training's
-    `torch.manual_seed` and its weights' initialisation, and how often it measures depends on the machine's load."""
+    """Measured GFLOP/s of a (size x size) matmul in `dtype`; its generator leaves torch's global one alone."""
     generator = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(size, size, device=device, generator=generator).to(dtype)  # (n, n)
     b = torch.randn(size, size, device=device, generator=generator).to(dtype)  # (n, n)
@@ -107,8 +71,7 @@ PROBED = ("bfloat16", "float32")  # the dtypes a cache entry holds GFLOP/s for
 
 
 def entry_problem(entry: Any) -> str:
-    """Why a cached probe entry cannot be trusted ('' when it can): it must map exactly the probed dtypes to finite
-    positive GFLOP/s."""
+    """Why a cached probe entry cannot be trusted ('' when it can)."""
     if not isinstance(entry, dict):
         return f"the entry is a {type(entry).__name__}, not a mapping of dtype names to GFLOP/s"
     if sorted(entry) != sorted(PROBED):
@@ -124,9 +87,7 @@ def choice(figures: dict[str, float]) -> torch.dtype:
 
 
 def contradiction(entry: dict[str, float], quick: dict[str, float]) -> str:
-    """Why a short measurement in this process (`quick`) refutes a cached entry's choice ('' when it does not): bf16
-    chosen where it measures below BF16_MARGIN / CONFIRM_FACTOR of fp32's speed, or fp32 where bf16 measures above
-    BF16_MARGIN * CONFIRM_FACTOR."""
+    """Why a short measurement (`quick`) refutes a cached entry's choice ('' when it does not)."""
     ratio = quick["bfloat16"] / quick["float32"]
     chosen = choice(entry)
     refuted = ratio < BF16_MARGIN / CONFIRM_FACTOR if chosen == torch.bfloat16 else ratio > BF16_MARGIN * CONFIRM_FACTOR
@@ -139,9 +100,7 @@ def contradiction(entry: dict[str, float], quick: dict[str, float]) -> str:
 
 
 def confirm(entry: dict[str, float]) -> str:
-    """`contradiction` of a cached entry by short GEMM measurements of both dtypes made now: refuted only when
-    CONFIRM_TRIES of them in a row contradict it (on a loaded machine one short measurement in ten or so lands far
-    off)."""
+    """`contradiction` by short measurements made now; refuted only when CONFIRM_TRIES in a row contradict it."""
     why = ""
     for _ in range(CONFIRM_TRIES):
         quick = {name: gemm_gflops(getattr(torch, name), size=CONFIRM_SIZE, seconds=CONFIRM_SECONDS) for name in PROBED}
@@ -165,10 +124,8 @@ def read_cache(cache: Path | None) -> tuple[dict[str, Any], str]:
 
 
 def cpu_gemm_figures(cache: Path | None = CACHE) -> dict[str, float]:
-    """{"float32": GFLOP/s, "bfloat16": GFLOP/s} of this CPU's GEMM, probed once per machine and cached. A cache file or
-    entry that cannot be trusted (`read_cache`, `entry_problem`) is named in a warning and the CPU probed again; an
-    entry whose choice a short measurement now contradicts (`confirm`) is probed again too, and named in a warning
-    where the fresh figures choose otherwise than it did."""
+    """{"float32": GFLOP/s, "bfloat16": GFLOP/s} of this CPU, probed once per machine and cached; an untrusted or
+    contradicted entry is probed again and named in a warning."""
     key = _probe_key(cpu_info())
     cached, problem = read_cache(cache)
     entry = cached.get(key)
@@ -194,8 +151,7 @@ def cpu_gemm_figures(cache: Path | None = CACHE) -> dict[str, float]:
 
 
 def cpu_dtype(cache: Path | None = CACHE) -> tuple[torch.dtype, str]:
-    """(bf16 or fp32, why) for this CPU: whichever GEMM runs faster here, probed once per machine and cached (an entry
-    used only where a short measurement now does not contradict it: `cpu_gemm_figures`)."""
+    """(bf16 or fp32, why) for this CPU: whichever GEMM runs faster here."""
     info = cpu_info()
     figures = cpu_gemm_figures(cache)
     fp32, bf16 = figures["float32"], figures["bfloat16"]
@@ -229,8 +185,6 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """A dtype name as a torch dtype; "auto" is bf16 on CUDA and, on a CPU, whichever of bf16 and fp32 this machine
-    runs faster (`auto_dtype`)."""
     if name == "auto":
         return auto_dtype(device)[0]
     return _DTYPES[name]
@@ -241,8 +195,7 @@ PROC = Path("/proc")
 
 
 def high_water_kib(pid: int | str = "self") -> int | None:
-    """The peak resident memory (KiB) a process has reached so far, from the Linux kernel's VmHWM; None when the
-    process is gone or /proc has no such figure."""
+    """A process's peak resident memory so far (KiB, Linux VmHWM); None when gone or without /proc."""
     try:
         found = re.search(r"^VmHWM:\s+(\d+) kB", (PROC / str(pid) / "status").read_text(), re.MULTILINE)
     except OSError:  # exited between listing and reading, or no /proc
@@ -251,8 +204,7 @@ def high_water_kib(pid: int | str = "self") -> int | None:
 
 
 def reset_peak_memory() -> None:
-    """Starts a new peak-memory window (after the model is loaded, so that the peak is the training's): Linux's
-    resident peak (VmHWM, reset through /proc/self/clear_refs) and CUDA's allocator peak."""
+    """Starts a new peak-memory window: Linux's resident peak and CUDA's allocator peak."""
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:  # not Linux, or not allowed: only the whole-process peak is reported
@@ -262,8 +214,7 @@ def reset_peak_memory() -> None:
 
 
 def peak_bytes(device: torch.device) -> int:
-    """The peak bytes since `reset_peak_memory` on `device` (CUDA: allocated by PyTorch; CPU: the process's resident
-    high-water mark, 0 off Linux)."""
+    """Peak bytes on `device` since `reset_peak_memory` (CUDA allocated, else resident; 0 off Linux)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device)
@@ -271,8 +222,8 @@ def peak_bytes(device: torch.device) -> int:
 
 
 def peak_memory() -> dict[str, float]:
-    """Peak memory in GB: `peak_rss_gb` of the whole process (loading the weights included), `train_peak_rss_gb`
-    since `reset_peak_memory` (Linux), and `peak_cuda_gb` allocated since then when a GPU is in use."""
+    """Peak memory in GB: `peak_rss_gb` (whole process), `train_peak_rss_gb` since `reset_peak_memory` (Linux), and
+    `peak_cuda_gb` where a GPU is in use."""
     import resource  # Unix only
 
     out = {"peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # ru_maxrss is in KiB on Linux
@@ -308,9 +259,7 @@ MAX_INTERVAL = 60.0  # seconds: a peak reached in a process's last interval is m
 
 class PeakMemory:
     """`with PeakMemory() as peak: ...` then `peak.kib`: the largest peak resident memory of one process started below
-    this one during the block (0 when it started none that /proc showed), or None off Linux. Processes already below
-    this one when the block began (another test's child, say) are not counted. One object may measure several blocks
-    one after the other (each `with` starts afresh), not two at once."""
+    this one during the block (0 if none, None off Linux). One block at a time."""
 
     def __init__(self, interval: float = 0.2) -> None:
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 < interval <= MAX_INTERVAL:

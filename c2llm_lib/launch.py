@@ -1,6 +1,4 @@
-"""`python -m c2llm_lib.launch`, the former command for each machine of a multi-machine training: it names its
-replacement, `python -m tools.launch` (docs/training.md, several machines), and exits with status 2. Notebook 02's
-launcher is `c2llm_lib.train.launch`."""
+"""The former multi-machine command: `python -m c2llm_lib.launch` names `python -m tools.launch` and exits 2."""
 
 import sys
 

@@ -1,21 +1,5 @@
-"""Contrastive losses (paper section 4.1): in-batch InfoNCE over the global batch plus a hard-negative
-term over 1 + K candidates, both at temperature tau = 0.05, summed with weight 1.
-
-Pure tensor functions. Similarities are cosines divided by tau. With several processes, each rank
-scores its local queries against the positives of the *whole* global batch, gathered **with
-gradient** (`distributed.gather_with_grad`). Averaged by DDP, the resulting gradients equal those of
-one process on the concatenated batch. `gather_without_grad` reproduces the F2LLM trainer's accelerate.gather, whose
-output has no autograd history: there the in-batch term trains no passage at all. It is kept for
-comparison only.
-
-Options: `joint=True` puts the hard negatives into the in-batch softmax (one softmax over all
-global positives and the row's own hard negatives) instead of a second term; `weight` scales the
-whole loss, e.g. the per-dataset weight of a single-dataset batch (the paper weights CodeEditSearch
-differently).
-
-`matryoshka_loss` (jina-code-embeddings section 4, after Kusupati et al. 2022) applies the same loss to the first
-d coordinates for several d and sums the terms with weights, so that truncated embeddings stay useful; C2LLM's
-alternative is PMA's projection to a chosen d (notebook 06 compares the two).
+"""Contrastive losses (paper section 4.1): in-batch InfoNCE over the global batch plus a hard-negative term, tau = 0.05,
+and jina-code-embeddings' Matryoshka loss (section 4). See docs/training.md#the-loss.
 """
 
 from __future__ import annotations
@@ -41,16 +25,8 @@ def contrastive_loss(
     weight: float = 1.0,
     negative_mask: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """queries, positives (b, dim) local rows; negatives (b, K, dim) or None; `negative_mask` (b, K), True where a row
-    has a negative in that slot (None: every slot holds one).
-
-    Returns {"loss", "in_batch", "hard_negative"}: the in-batch InfoNCE over the global batch and the
-    hard-negative InfoNCE over [positive, the row's negatives], averaged over local queries, and their sum
-    times `weight` (with `joint`, "in_batch" is the joint softmax and "hard_negative" is 0). A masked slot takes no
-    part in its row's softmax, so a row with fewer than K negatives is scored over those it has, and a row with none
-    adds 0 to the hard-negative mean: every row is scored on its own, and the mean over a global batch is the same
-    however its rows are split over processes.
-    """
+    """queries, positives (b, dim); negatives (b, K, dim) or None; `negative_mask` (b, K), True where a slot holds one.
+    Returns {"loss", "in_batch", "hard_negative"}, means over local queries."""
     if queries.shape != positives.shape:
         raise ValueError(f"queries {tuple(queries.shape)} and positives {tuple(positives.shape)} differ")
     if not tau > 0:
@@ -89,10 +65,8 @@ def matryoshka_loss(
     weights: tuple[float, ...] | None = None,
     **kwargs,
 ) -> dict[str, torch.Tensor]:
-    """Matryoshka representation learning (Kusupati et al. 2022; jina-code-embeddings section 4): the
-    contrastive loss on the first d coordinates for each d in `dims`, summed with `weights` (1 each by default).
-    Each truncated prefix is re-normalised inside the cosine. Returns {"loss", "in_batch", "hard_negative" (the
-    weighted sums of the parts), "loss@d" for each d}."""
+    """The contrastive loss on the first d coordinates (re-normalised) for each d in `dims`, summed with `weights`;
+    returns the weighted {"loss", "in_batch", "hard_negative"} and "loss@d" for each d."""
     weights = weights or (1.0,) * len(dims)
     if len(weights) != len(dims):
         raise ValueError(f"{len(weights)} MRL weights for {len(dims)} dimensions")

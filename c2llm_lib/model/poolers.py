@@ -1,18 +1,5 @@
-"""Baseline poolers the paper argues against (section 3): last token (EOS) and mean over real tokens.
-
-They share the PMA head's interface, `pooler(hidden (B, T, d_LLM), mask (B, T)) -> (B, d)`, so the
-encoder, the trainer and the ablations choose one with a single parameter (`pooling`).
-
-Both are written to be independent of the padding side: the last token is the last *real* position
-of each row, wherever the padding sits. Like the PMA head they compute in float32. A row with no real
-token gives the zero vector (mean) or the zeroed hidden state at position 0 (last token): finite.
-The EOS token that last-token pooling needs is appended by the encoder's tokenisation, after
-truncation (Qwen tokenizers never add it themselves).
-
-A pooler's weights file records which head it holds (`head_record`, in the safetensors metadata under
-`c2llm_head`): the PMA head count and score scale cannot be read from its tensors, so a settings file that names
-another head (more heads, another pooling) would otherwise load the same tensors into a different model.
-`load_pooler_weights` refuses such a file, and tensors that do not fit the head, naming both files.
+"""Baseline poolers the paper argues against (section 3): last real token (EOS) and mean over real tokens, with the PMA
+head's interface, in float32. A weights file records its head (`head_record`), which `load_pooler_weights` checks.
 """
 
 from __future__ import annotations
@@ -78,8 +65,7 @@ HEAD_METADATA = "c2llm_head"  # the safetensors metadata key of a pooler's weigh
 
 
 def head_record(pooler: nn.Module) -> dict[str, Any]:
-    """What sets a pooler's computation besides its tensors: the pooling, and for PMA its widths, head count and
-    score scale."""
+    """What sets a pooler's computation besides its tensors (the PMA head count and score scale, for one)."""
     if isinstance(pooler, PMAHead):
         return {"pooling": "pma", "hidden_size": pooler.hidden_size, "embedding_dim": pooler.dim,
                 "pma_heads": pooler.num_heads, "pma_score_scale": pooler.score_scale}  # fmt: skip
@@ -93,10 +79,7 @@ def save_pooler(pooler: nn.Module, path: str | os.PathLike) -> None:
 
 
 def load_pooler_weights(pooler: nn.Module, path: str | os.PathLike, settings: str | os.PathLike) -> None:
-    """Loads the weights file `path` into `pooler`, built from the settings file `settings`. Refused, naming both
-    files: a file whose recorded head differs from `pooler` (`head_record`), tensors that do not fit it (a PMA head's
-    weights under mean or last-token pooling included), and non-finite values (`files.load_tensors`). A file without
-    the record (written before it was kept) is checked by its tensors alone."""
+    """Loads `path` into `pooler`; refuses, naming both files, another recorded head, misfit or non-finite tensors."""
     path = Path(path)
     tensors = load_tensors(path, "pooler weights")
     expected = head_record(pooler)

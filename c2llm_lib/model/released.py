@@ -1,19 +1,5 @@
-"""Reading the released codefuse-ai/C2LLM checkpoints (paper section 3) without their remote code.
-
-The release ships `C2LLMForEmbedding` as remote code that needs deepspeed, breaks on transformers 5,
-forces flash-attention and computes the LM head. Its weights are plain tensors, so we read them into
-our own modules through one small table. The table is the only place that knows the released names;
-the names marked [verify] in the reference (PMA under `mha_pma.`, the backbone under `plm_model.`)
-come from the public ancestor code (CodeFuse-CGE) and a port of the released file. If the real
-checkpoint differs, fix `KEY_RULES` and the tests that write a checkpoint in this layout.
-
-Released config fields used: `embedding_method` (must be "pma" here), `pma_num_heads`, `pma_ln`
-(must be true), `pma_norm_mode` (must be "post_normal"), `compressed_dim`; `pma_norm` only chose
-whether the remote code normalised, and `encode(normalize=...)` decides that for us.
-
-Weights are read from safetensors only (`files.load_tensors`); a `pytorch_model.bin` is a pickle and is
-refused. `is_released_checkpoint` tells a release from a plain backbone folder, so that the evaluation builds
-its baselines on a release's own backbone (`C2LLMEncoder.from_released(..., pooling="mean")`).
+"""Reading the released codefuse-ai/C2LLM checkpoints (paper section 3) without their remote code. `KEY_RULES` is the
+one table of released names (from CodeFuse-CGE and a port of the released file: fix it there if the release differs).
 """
 
 from __future__ import annotations
@@ -90,8 +76,7 @@ def read_released_config(directory: Path) -> tuple[dict, dict]:
 
 
 def is_released_checkpoint(directory: str | Path) -> bool:
-    """Whether `directory` is a released C2LLM checkpoint (its config.json says model_type c2llm or names an
-    embedding method), as opposed to a plain transformers backbone."""
+    """Whether `directory` is a released C2LLM checkpoint rather than a plain transformers backbone."""
     path = Path(directory) / "config.json"
     if not path.is_file():
         return False
@@ -100,8 +85,7 @@ def is_released_checkpoint(directory: str | Path) -> bool:
 
 
 def read_released_weights(directory: Path) -> dict[str, torch.Tensor]:
-    """All tensors of the checkpoint (single or sharded safetensors); a pickle-based `pytorch_model.bin` is
-    refused, since loading a pickle can run code."""
+    """All tensors of the checkpoint (single or sharded safetensors); a pickle `pytorch_model.bin` is refused."""
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         weight_map = load_json(index, "safetensors index").get("weight_map")
@@ -123,8 +107,7 @@ def read_released_weights(directory: Path) -> dict[str, torch.Tensor]:
 def map_released_state_dict(
     tensors: dict[str, torch.Tensor], expected: set[str], head: bool = True
 ) -> dict[str, torch.Tensor]:
-    """Released tensors under our names (without the PMA head's when `head` is False, for a baseline pooler on
-    the released backbone); raises listing every unexpected or missing key."""
+    """Released tensors under our names (no head's when `head` is False); raises listing unexpected and missing keys."""
     mapped, unexpected = {}, []
     for key, value in tensors.items():
         try:

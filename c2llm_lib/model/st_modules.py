@@ -1,28 +1,5 @@
-"""The encoder as sentence-transformers modules (paper section 3): `Backbone` (tokenizer and causal backbone) and
-`Pooler` (the PMA head, or a baseline pooler), then sentence-transformers' own `Normalize`.
-
-The modules run exactly what `C2LLMEncoder` runs, with the same functions: `Backbone` tokenises with
-`encoder.tokenize_left_padded` (no special tokens, cut on the right, EOS appended after the cut for last-token
-pooling, left padding) and computes `encoder.last_hidden_states` (position ids counting real tokens only);
-`Pooler` holds the encoder's pooler class itself, float32 whatever the backbone's dtype. Prompts are the
-sentence-transformers model's (`export.py` writes them): sentence-transformers prepends them to the text before
-`Backbone.preprocess`, as `C2LLMEncoder.format_texts` does.
-
-Saved layout (`SentenceTransformer.save`): `Backbone` in the root (`config.json`, `model.safetensors`, the tokenizer
-files, `c2llm_backbone.json` with the length and EOS settings), so that `transformers.AutoModel` also loads the
-root; `Pooler` in its own folder (`config.json`, `model.safetensors` with the head's tensors under the same names as
-`pooler.safetensors` of an encoder directory, and the head they belong to in its metadata).
-
-Loading checks what the folder holds, not only that it exists: `c2llm_backbone.json` must hold its three settings
-with sane values, the tokenizer files a vocabulary that fits the backbone's embedding
-(`backbone.load_saved_tokenizer`), `1_Pooler/config.json` its five settings, and the head's weights must be those of
-the head that file describes (`poolers.load_pooler_weights`). Weights are read with `files.load_tensors`
-(safetensors only, finite values only, a corrupt file named).
-
-Sentence-transformers 6 imports a module class from outside its own package only with `trust_remote_code=True`,
-even from an installed package, and with the flag it imports whatever class `modules.json` names, a module file in
-the folder included. These loaders run only once sentence-transformers has imported them, too late to refuse a
-foreign class: `export.load_export` checks `modules.json` and the folder first.
+"""The encoder as sentence-transformers modules (paper section 3): `Backbone` and `Pooler` run the encoder's own
+functions and check what they load; `export.load_export` checks `modules.json` before they are imported.
 """
 
 from __future__ import annotations
@@ -49,8 +26,7 @@ def _integer(value: Any) -> bool:
 
 
 def check_settings(path: Path, settings: dict[str, Any], rules: dict[str, tuple[Any, str]]) -> None:
-    """Raises `CorruptFile` naming the file and key for a missing, unknown or invalid setting; `rules` maps each key
-    to (a predicate on its value, what the value must be)."""
+    """Raises `CorruptFile` naming the file and key for a missing, unknown or invalid setting."""
     unknown, missing = sorted(set(settings) - set(rules)), sorted(set(rules) - set(settings))
     if unknown or missing:
         raise CorruptFile(f"{path}: unknown keys {unknown}, missing keys {missing}; expected {sorted(rules)}")

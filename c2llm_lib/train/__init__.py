@@ -1,17 +1,5 @@
-"""Contrastive LoRA training (paper section 4.1), on torchrun + DDP or a single process.
-
-The parts, each readable in one sitting:
-- `launch.py`: the one launcher: in this kernel (`train_stage`), through torchrun, or in a process of its own
-  (`train_in_subprocess`, notebook 06's studies);
-- `step.py`: `TrainStep`, one optimizer step (length-grouped micro-batches, GradCache, the loss over the global
-  batch, the ranks' agreements that the loss and the weights are finite);
-- `loop.py`: `Trainer`, which holds a `TrainStep`: the loop over the sampler's global batches, checkpoints, resuming;
-- `checkpoints.py`: checkpoint files and the training's identity (what must match to resume or to merge);
-- `state.py`: RNG and optimizer state, stored without pickle;
-- `schedule.py`: warmup and decay in optimizer steps, and which steps are checkpointed;
-- `cli.py`: `python -m c2llm_lib.train`, the entry point torchrun starts on every rank.
-
-The names below are this package's public API (`from c2llm_lib.train import Trainer`).
+"""Contrastive LoRA training (paper section 4.1): `launch`, `step` (`TrainStep`), `loop` (`Trainer`), `checkpoints`,
+`state`, `schedule`, `cli`. See docs/training.md#the-trainer.
 """
 
 from ..batching import micro_batches  # re-exported: tests and benchmarks import it from here

@@ -1,5 +1,4 @@
-"""`python -m c2llm_lib.train`: see `cli.main`. Under torchrun, a rank's exception (message and traceback) goes to its
-error file (`record`), where notebook 02's launcher reads it (`launch.diagnose`, in this package)."""
+"""`python -m c2llm_lib.train`: `cli.main`, with a rank's exception recorded to its torchrun error file."""
 
 from torch.distributed.elastic.multiprocessing.errors import record
 

@@ -1,12 +1,5 @@
-"""Training checkpoints on disk and what identifies a training (paper section 4.1: the checkpoints that are merged).
-
-A checkpoint is written atomically (a staging folder renamed into place): the LoRA adapter and PMA head in
-safetensors, the model config, and the trainer state with no pickle in it (`state.py`): optimizer tensors in
-`trainer_state.safetensors`, and in `trainer_state.json` the step, scheduler, sampler, metrics, every rank's own
-RNG state, and the training's identity (`training_identity`: model and training configs, a fingerprint of the rows,
-the world size). Resuming refuses a checkpoint of another training, naming what differs, and a corrupt file is
-named with what is wrong. `checkpoints_to_merge` is what notebook 03 merges: the checkpoints `metrics/train.json`
-lists, each refused unless the identity it records is the training that record describes.
+"""Training checkpoints (paper section 4.1: the checkpoints that are merged) and what identifies a training, which a
+resume or a merge must match. See docs/training.md#checkpoints.
 """
 
 from __future__ import annotations
@@ -52,10 +45,7 @@ def data_fingerprint(rows) -> str:
 def training_identity(
     model: ModelConfig, train: TrainConfig, fingerprint: str, world_size: int, dtype: str | None = None
 ) -> dict[str, Any]:
-    """Model and training configs (the device left out: where it runs does not change the training), the rows'
-    fingerprint and the world size, normalised as JSON holds them. `dtype`: the dtype the backbone really computes
-    in, recorded instead of the config's `dtype` (so `auto`, which a machine resolves by probing, is never stored
-    as "auto": a resume on a machine whose probe picks the other dtype is another training)."""
+    """Model and training configs (device aside), rows fingerprint and world size; `dtype` as computed, never "auto"."""
     model_config = {k: v for k, v in model.to_dict().items() if k != "device"}
     if dtype is not None:
         model_config["dtype"] = dtype
@@ -67,9 +57,7 @@ def training_identity(
 def config_differences(
     theirs: dict[str, Any], mine: dict[str, Any], defaults: dict[str, Any] | None = None
 ) -> list[str]:
-    """'key: value in the checkpoint, value here' for each differing key (the device aside). A key the checkpoint
-    lacks counts as its value in `defaults` (a setting added to the config later, at the value every older training
-    had), so a checkpoint written before the setting existed still resumes while the setting is left at its default."""
+    """'key: checkpoint's value, ours' per differing key; a key the checkpoint lacks counts as in `defaults`."""
     out = []
     defaults = defaults or {}
     for key in sorted(set(theirs) | set(mine)):
@@ -80,7 +68,6 @@ def config_differences(
 
 
 def identity_differences(saved: dict[str, Any], ours: dict[str, Any]) -> list[str]:
-    """What differs between a checkpoint's training identity and this run's, one phrase per key."""
     out = []
     defaults = {"model_config": ModelConfig().to_dict(), "train_config": TrainConfig().to_dict()}
     defaults = json.loads(json.dumps(defaults))  # as JSON holds them
@@ -98,8 +85,7 @@ def identity_differences(saved: dict[str, Any], ours: dict[str, Any]) -> list[st
 
 
 def save_checkpoint(directory: Path, encoder: C2LLMEncoder, trainer_state: TrainerState | None = None) -> Path:
-    """Adapter + PMA head (safetensors) + the model config [+ trainer state: JSON and safetensors], written
-    atomically. The weights must be finite: a checkpoint is a point to return to."""
+    """Adapter + PMA head + model config [+ trainer state], written atomically; the weights must be finite."""
     if encoder.base_model is encoder.backbone:
         raise ValueError("checkpoints hold a LoRA adapter; this encoder has none (use_lora=False)")
     bad = [n for n, p in encoder.named_parameters() if p.requires_grad and not torch.isfinite(p).all()]
@@ -119,8 +105,6 @@ def save_checkpoint(directory: Path, encoder: C2LLMEncoder, trainer_state: Train
 
 @dataclass
 class Checkpoint:
-    """A training checkpoint, every file read and checked (`read_checkpoint`)."""
-
     path: Path
     adapter: dict[str, torch.Tensor]
     pooler: dict[str, torch.Tensor]
@@ -130,8 +114,7 @@ class Checkpoint:
 
 
 def read_checkpoint(directory: str | Path, with_state: bool = True) -> Checkpoint:
-    """Reads every file of a checkpoint; a missing, truncated or corrupt file is an error naming it and what is
-    wrong, and a pickled trainer state (an older format, or a crafted file) is refused unread."""
+    """Reads and checks every file of a checkpoint; a pickled trainer state is refused unread."""
     directory = Path(directory)
     if not (directory / "adapter").is_dir():
         raise FileNotFoundError(f"{directory} is not a training checkpoint (no adapter/ folder)")
@@ -200,8 +183,7 @@ def move_aside(folder: Path, label: str) -> Path:
 
 
 def recorded_identity(record: dict[str, Any], source: str | Path) -> dict[str, Any]:
-    """The `training_identity` that notebook 02's record (`metrics/train.json`) describes: its model and training
-    configs, rows fingerprint and number of processes. A record lacking one of them is an error naming it."""
+    """The `training_identity` that notebook 02's `metrics/train.json` describes."""
     missing = [k for k in ("model_config", "train_config", "data_fingerprint", "processes") if k not in record]
     if missing:
         raise CorruptFile(f"{source}: the training record lacks {missing}; rerun 02_train_lora_contrastive")
@@ -211,8 +193,7 @@ def recorded_identity(record: dict[str, Any], source: str | Path) -> dict[str, A
 
 
 def check_written_by(checkpoint: Path, identity: dict[str, Any], source: str | Path) -> None:
-    """Refuses a checkpoint whose trainer state records another training than `identity` (or none), naming what
-    differs: a checkpoint copied in from another training keeps its name, size and times, never its identity."""
+    """Refuses a checkpoint recording another training than `identity` (or none), naming what differs."""
     saved = load_json(checkpoint / STATE_JSON, "trainer state").get("training")
     differ = identity_differences(saved, identity) if isinstance(saved, dict) else ["it records no training identity"]
     if differ:
@@ -224,10 +205,7 @@ def check_written_by(checkpoint: Path, identity: dict[str, Any], source: str | P
 
 
 def checkpoints_to_merge(train_record: str | Path, checkpoints_dir: str | Path, last: int) -> list[Path]:
-    """The last `last` checkpoints of the training that notebook 02's `metrics/train.json` describes (its
-    "checkpoints", in step order), found by name in `checkpoints_dir`. Only that training's checkpoints are
-    merged, whatever else the folder holds; too few, or a listed one missing, is an error naming them, and so is
-    one whose recorded identity is not the record's (`check_written_by`)."""
+    """The last `last` checkpoints that notebook 02's `metrics/train.json` lists, each checked by `check_written_by`."""
     record = load_json(train_record, "training record")
     listed = record.get("checkpoints")
     if not isinstance(listed, list) or not all(isinstance(c, str) for c in listed):

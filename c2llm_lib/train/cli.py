@@ -1,9 +1,5 @@
-"""`python -m c2llm_lib.train`: the entry point torchrun starts on every rank (notebook 02 with several processes,
-`launch.torchrun_command`; notebook 06's trainings, `launch.train_in_subprocess`), and what it reports: throughput
-and peak memory.
-
-A named error (a bad parameter, an unreadable or malformed params file, a missing rows folder) prints one line,
-`error: ...`, and exits with status 1 (`one_line_errors`); anything else is a real crash and keeps its traceback.
+"""`python -m c2llm_lib.train`: the entry point torchrun starts on every rank, and its report of throughput and peak
+memory. A named error prints one `error: ...` line and exits 1.
 """
 
 from __future__ import annotations
@@ -27,8 +23,7 @@ from .loop import Trainer
 
 
 def throughput(metrics: list[dict[str, Any]]) -> dict[str, float]:
-    """Steps, step seconds, real tokens embedded with a graph, tokens per second, and the padding efficiency (real
-    tokens / computed token slots, over the steps that record it), from the step metrics."""
+    """Steps, step seconds, real tokens, tokens per second and padding efficiency (real tokens / computed slots)."""
     seconds = sum(m["seconds"] for m in metrics)
     tokens = sum(m["tokens"] for m in metrics)
     out = {
@@ -45,9 +40,7 @@ def throughput(metrics: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def split_params(params: dict[str, Any], source: str) -> tuple[ModelConfig, TrainConfig]:
-    """A flat params mapping -> (ModelConfig, TrainConfig); a key of neither is an error naming it. The launch keys
-    of notebook 02 (`LaunchConfig`: nproc, nnodes, ...) are validated and set aside: they say how many processes
-    train, not what is trained."""
+    """A flat params mapping -> (ModelConfig, TrainConfig); notebook 02's launch keys are checked and set aside."""
     import dataclasses
 
     model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
@@ -63,8 +56,7 @@ def split_params(params: dict[str, Any], source: str) -> tuple[ModelConfig, Trai
 
 
 def agree_with_rank_0(identity: dict[str, Any]) -> None:
-    """Every rank's training identity equals rank 0's, or every rank raises one message naming the ranks and what
-    differs (e.g. the dtype that `dtype: auto` resolved by a probe on each machine)."""
+    """Raises on every rank, naming the ranks and what differs, unless all training identities equal rank 0's."""
     identities = all_gather_json(identity)
     differ = {r: identity_differences(identities[0], theirs) for r, theirs in enumerate(identities)}
     differ = {r: d for r, d in differ.items() if d}
@@ -77,8 +69,7 @@ def agree_with_rank_0(identity: dict[str, Any]) -> None:
 
 
 def read_params(path: str) -> dict[str, Any]:
-    """The flat YAML mapping of a params file; a missing, unreadable, non-UTF-8 or malformed file, or one that is not
-    a mapping, is a ConfigError naming it."""
+    """The flat YAML mapping of a params file; anything else is a ConfigError naming it."""
     import yaml
 
     try:
@@ -103,8 +94,7 @@ def read_params(path: str) -> dict[str, Any]:
 
 
 def read_rows(path: str):
-    """The prepared rows (a `datasets.save_to_disk` folder); a missing folder or one that holds no dataset is a
-    ConfigError naming it."""
+    """The prepared rows (a `datasets.save_to_disk` folder); a missing or empty folder is a ConfigError naming it."""
     from datasets import load_from_disk
 
     if not Path(path).is_dir():
@@ -116,8 +106,7 @@ def read_rows(path: str):
 
 
 def one_line_errors(main):
-    """`main` printing a named error as one line, `error: ...`, and exiting with status 1; any other exception keeps
-    its traceback."""
+    """`main`, printing a named error as one `error: ...` line and exiting 1; other exceptions keep their traceback."""
 
     @functools.wraps(main)
     def wrapped(argv: list[str] | None = None) -> None:
@@ -133,15 +122,8 @@ def one_line_errors(main):
 
 @one_line_errors
 def main(argv: list[str] | None = None) -> None:
-    """torchrun [--nproc_per_node N] -m c2llm_lib.train --params P --rows DATA --out CKPTS
-                [--resume CKPT | --resume-latest] [--record-dir DIR]
-
-    Writes the checkpoints into CKPTS, and rank 0 writes into DIR (default CKPTS): `steps.jsonl` while it trains
-    (a first line with the total steps, the step it starts from and what resuming did, then each step's metrics),
-    then `train_metrics.json` (one entry per step) and `train_summary.json` (throughput, rank 0's peak memory, the
-    checkpoints and what identifies the training). `--resume-latest` does what notebook 02 does in its kernel
-    (`Trainer.resume_latest`). Every rank must train the same thing (configs, rows): a rank that differs from rank
-    0 is an error naming it."""
+    """torchrun [--nproc_per_node N] -m c2llm_lib.train --params P --rows DATA --out CKPTS [--resume CKPT |
+    --resume-latest] [--record-dir DIR]; rank 0 writes its step log and summary into DIR (default CKPTS)."""
     import argparse
 
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun rank: it dies with torchrun, never orphaned

@@ -1,17 +1,6 @@
-"""The one launcher of a training (paper section 4.1: in-batch negatives over the global batch of all processes).
-
-In the order a reader meets them:
-- in this kernel: `train_stage(run_dir, model, train, launch)` is notebook 02's one call; with one process (a CPU, one
-  GPU, teaching) it trains here (`train_here`, a `Trainer`);
-- torchrun: with more (`nproc`, `nnodes`) it starts `python -m torch.distributed.run ... -m c2llm_lib.train` on the
-  run's rows (`train_processes`), shows rank 0's progress from the step log it appends, and when a rank dies raises
-  `RankFailed` naming the rank, with its error text. The other machines of a multi-machine training run
-  `python -m tools.launch` (docs/training.md, several machines);
-- a process of its own: `train_in_subprocess`, each training of notebook 06's studies.
-
-Checkpoints, resuming (`Trainer.resume_latest`; the world size is part of what must match) and the `TrainRecord`
-for `metrics/train.json` are the same in the kernel and under torchrun; the launcher's files lie under
-`logs/02_train/` of the run (docs/training.md).
+"""The one launcher of a training (paper section 4.1): `train_stage` (notebook 02) trains in this kernel with one
+process, through torchrun with more; `train_in_subprocess` (notebook 06).
+docs/training.md#several-gpus-and-several-machines.
 """
 
 from __future__ import annotations
@@ -67,8 +56,7 @@ class TrainRecord:
     dtype: str  # the dtype the backbone computed in (`dtype: auto` resolved on this machine)
 
     def summary(self, model: ModelConfig, train: TrainConfig, launch: LaunchConfig) -> dict[str, Any]:
-        """`metrics/train.json`: the numbers, the checkpoints notebook 03 merges, and the configs in effect (the model
-        config with the dtype the training resolved, as its checkpoints record it; `dtype_asked` is the params')."""
+        """`metrics/train.json`: the numbers, the checkpoints notebook 03 merges, and the configs in effect."""
         return {"steps": self.steps, "seconds": self.seconds, "checkpoints": self.checkpoints,
                 "final_checkpoint": self.final_checkpoint, "data_fingerprint": self.data_fingerprint,
                 "trainable_parameters": self.trainable_parameters, "processes": self.processes,
@@ -92,8 +80,7 @@ def train_stage(run_dir, model: ModelConfig, train: TrainConfig, launch: LaunchC
 
 
 def train_here(run_dir, model: ModelConfig, train: TrainConfig, log=print) -> TrainRecord:
-    """One process, in this kernel: the encoder, the run's rows, `Trainer.resume_latest`, the loop, a final
-    checkpoint."""
+    """One process, in this kernel: the encoder, the rows, `Trainer.resume_latest`, the loop, a final checkpoint."""
     import torch
 
     torch.manual_seed(train.seed)
@@ -113,8 +100,7 @@ def train_here(run_dir, model: ModelConfig, train: TrainConfig, log=print) -> Tr
 
 # torchrun: several processes, on this machine or several -------------------------------------------------
 def processes(launch: LaunchConfig, model: ModelConfig) -> int:
-    """Training processes on this machine: `nproc`, or for "auto" every visible CUDA GPU (1 without one, or when
-    `device` pins one device). A number the device cannot hold is an error naming the key."""
+    """Training processes here: `nproc`, or for "auto" every visible CUDA GPU (1 without one)."""
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() and model.device in ("auto", "cuda") else 0
@@ -132,10 +118,7 @@ def processes(launch: LaunchConfig, model: ModelConfig) -> int:
 
 def torchrun_command(launch: LaunchConfig, nproc: int, params: Path, rows: Path, out: Path, logs: Path,
                      node_rank: int | None = None) -> list[str]:  # fmt: skip
-    """`python -m torch.distributed.run ... -m c2llm_lib.train ...` for this machine: one machine rendezvouses on
-    its own (`--standalone`, a free port); several meet at `rdzv_endpoint` (static: node k holds ranks k * nproc
-    onwards). Each local rank's output goes to its own file under `logs/ranks`; the trainer resumes as notebook 02
-    does (`--resume-latest`) and rank 0 writes its step log and summary into `logs`."""
+    """`python -m torch.distributed.run ... -m c2llm_lib.train ...` for this machine."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
     if launch.nnodes == 1:
         cmd.append("--standalone")
@@ -150,7 +133,6 @@ def torchrun_command(launch: LaunchConfig, nproc: int, params: Path, rows: Path,
 
 
 def trainer_params(model: ModelConfig, train: TrainConfig) -> str:
-    """The flat YAML `c2llm_lib.train --params` reads: every model and training parameter in effect."""
     return yaml.safe_dump({**model.to_dict(), **train.to_dict()}, sort_keys=True)
 
 
@@ -172,8 +154,6 @@ def dies_with_this_process(cmd: list[str]) -> list[str]:
 
 
 def library_env() -> dict[str, str]:
-    """The environment for torchrun: this process's, with this copy of c2llm_lib first on the path (the processes
-    run the library the notebook imported, not another installed copy)."""
     env = dict(os.environ)
     root = str(REPO)
     env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
@@ -213,9 +193,7 @@ def _rank_log(failure: Failure, ranks_dir: Path) -> Path | None:
 
 
 def last_sign_of_life(failure: Failure, ranks_dir: Path) -> float:
-    """When a failed rank last wrote: its error file, else its own log (a rank that exits without an exception
-    prints last). torchrun's root cause goes by whole seconds, so when a rank dies and its peers fail a moment
-    later in a collective it may name a peer; this time tells them apart."""
+    """When a failed rank last wrote: tells the first to fail from peers failing in the same second."""
     path = Path(failure.error_file)
     if path.is_file():
         return path.stat().st_mtime
@@ -224,8 +202,7 @@ def last_sign_of_life(failure: Failure, ranks_dir: Path) -> float:
 
 
 def rank_error(failure: Failure, ranks_dir: Path) -> str:
-    """A failed rank's error text: the exception its error file records (message, then the traceback's end), else
-    the end of its own output (a rank killed or exiting without a Python exception), else ''."""
+    """A failed rank's error text: its error file's exception, else the end of its output, else ''."""
     path = Path(failure.error_file)
     if path.is_file():
         try:
@@ -240,8 +217,7 @@ def rank_error(failure: Failure, ranks_dir: Path) -> str:
 
 
 def diagnose(logs: Path, returncode: int, world_size: int) -> str:
-    """The message for a failed torchrun: the first rank to fail, its exit code and error text, the other failed
-    ranks, and where the logs are."""
+    """The message for a failed torchrun: the first rank to fail, its exit code and error, the others, the logs."""
     output = (logs / "torchrun.log").read_text(errors="replace") if (logs / "torchrun.log").is_file() else ""
     found = failures(output)
     where = f"logs: {logs / 'torchrun.log'} and each rank's under {logs / 'ranks'}"
@@ -265,8 +241,7 @@ class StepLog:
         self.path, self.offset, self.line = path, 0, 0
 
     def read(self) -> list[dict[str, Any]]:
-        """The entries of the lines completed since the last read; a line that is not a JSON object (two writers, a
-        damaged file) is a `CorruptFile` naming the file and line."""
+        """Entries of the lines completed since the last read; a line that is not a JSON object is a `CorruptFile`."""
         if not self.path.is_file():
             return []
         with self.path.open("rb") as fh:
@@ -290,8 +265,7 @@ class StepLog:
 
 
 def run_torchrun(cmd: list[str], logs: Path, world_size: int, log=print, poll_s: float = 0.5) -> None:
-    """Runs `cmd` (torchrun), its output into `logs/torchrun.log`, showing rank 0's progress from `logs/steps.jsonl`
-    as a bar; a failure raises `RankFailed` (`diagnose`). Interrupting stops every process."""
+    """Runs `cmd` (torchrun) into `logs/torchrun.log` with rank 0's progress; a failure raises `RankFailed`."""
     from tqdm.auto import tqdm
 
     steps, bar = StepLog(logs / "steps.jsonl"), None
@@ -327,8 +301,7 @@ def run_torchrun(cmd: list[str], logs: Path, world_size: int, log=print, poll_s:
 
 
 def earlier_torchrun(logs: Path) -> int | None:
-    """The pid of this run's earlier torchrun (recorded in `logs/torchrun.pid`) if that process still runs torchrun
-    with these logs (Linux's /proc), else None: a second training must not start beside it."""
+    """The pid of this run's earlier torchrun (`logs/torchrun.pid`) while it still runs with these logs, else None."""
     try:
         pid = int((logs / "torchrun.pid").read_text())
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -339,8 +312,7 @@ def earlier_torchrun(logs: Path) -> int | None:
 
 def train_processes(run_dir, model: ModelConfig, train: TrainConfig, launch: LaunchConfig, nproc: int,
                     log=print) -> TrainRecord:  # fmt: skip
-    """torchrun with `nproc` processes here (and as many on each other machine) on the run's rows and checkpoints;
-    the launcher's files go to `logs/02_train/`, emptied first."""
+    """torchrun with `nproc` processes here; its files go to `logs/02_train/`, emptied first."""
     logs = run_dir.root / LOGS
     alive = earlier_torchrun(logs)
     if alive is not None:
@@ -368,8 +340,7 @@ def train_processes(run_dir, model: ModelConfig, train: TrainConfig, launch: Lau
 
 
 def check_endpoint(endpoint: str, key: str = "rdzv_endpoint") -> None:
-    """Refuses, naming `key`, an endpoint whose host does not resolve: torchrun would otherwise wait for it for
-    minutes without a word."""
+    """Refuses, naming `key`, an endpoint whose host does not resolve (torchrun would wait silently)."""
     import socket
 
     host, port = endpoint.rsplit(":", 1)
@@ -381,10 +352,7 @@ def check_endpoint(endpoint: str, key: str = "rdzv_endpoint") -> None:
 
 # a training in a process of its own (notebook 06's studies) -------------------------------------------------------
 def train_in_subprocess(model: ModelConfig, train: TrainConfig, rows_dir: Path, folder: Path, log=print) -> None:
-    """Trains `model` with `train` on the rows saved in `rows_dir` in a process of its own (`python -m c2llm_lib.train`,
-    which dies with this process): its params in `folder/params.yaml`, its checkpoints and summary in
-    `folder/checkpoints/`, its output streamed to `folder/train.log` (a long training can be followed). A failed
-    training raises with its error, the command and where its full log is."""
+    """Trains in a process of its own that dies with this one, its files under `folder`; a failure raises its error."""
     params = folder / "params.yaml"
     params.write_text(trainer_params(model, train))
     command = [sys.executable, "-m", "c2llm_lib.train", "--params", str(params), "--rows", str(rows_dir),

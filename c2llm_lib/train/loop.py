@@ -1,14 +1,5 @@
-"""The training loop (paper section 4.1): `Trainer`, which holds a `TrainStep` and runs it over the sampler's global
-batches, with the step metrics, checkpoints and resuming.
-
-Checkpoints are written at `checkpoint_steps` and at `checkpoint_fractions` of the run's optimizer steps
-(`schedule.checkpoint_schedule`). A killed run resumed from its last checkpoint ends with the same weights as an
-uninterrupted one (tested). `Trainer.resume_latest` is what notebook 02 does (in its kernel, or on every rank
-through `--resume-latest`): it resumes the same training from its last complete checkpoint, and moves another
-training's checkpoints aside (never deleting them). A `loss_weights` key that names no dataset of the rows (a typo,
-or a source the data left out) is refused with a did-you-mean: it would weigh nothing. So is a `max_length` that
-leaves fewer than `MIN_TEXT_TOKENS` tokens of text after the longest prompt the rows train with (`longest_prompt`):
-every query would be cut inside or just after its instruction.
+"""The training loop (paper section 4.1): `Trainer` holds a `TrainStep` and runs it over the sampler's global batches,
+with step metrics, checkpoints and exact resuming. See docs/training.md#the-trainer.
 """
 
 from __future__ import annotations
@@ -58,8 +49,7 @@ from .step import TrainStep
 
 
 def most_negatives(rows) -> int:
-    """The most hard negatives any row holds, from the Arrow list lengths (no text is read, so a mix of millions of
-    rows costs seconds)."""
+    """The most hard negatives any row holds, from the Arrow list lengths (no text is read)."""
     import pyarrow.compute as pc
 
     most = 0
@@ -72,7 +62,7 @@ MIN_TEXT_TOKENS = 16  # the least room for text a training length must leave aft
 
 
 def unique_values(rows, column: str) -> list[str]:
-    """The distinct values of a string column, from Arrow batches (a mix of millions of rows costs seconds)."""
+    """The distinct values of a string column, from Arrow batches."""
     import pyarrow.compute as pc
 
     found: set[str] = set()
@@ -82,8 +72,7 @@ def unique_values(rows, column: str) -> list[str]:
 
 
 def longest_prompt(encoder: C2LLMEncoder, rows) -> tuple[int, str]:
-    """(tokens, prompt) of the longest query instruction or document prefix the rows train with, EOS included when
-    it is appended: every text of the run spends these tokens of `max_length` before its own text."""
+    """(tokens, prompt) of the longest query instruction or document prefix the rows train with, EOS included."""
     style = encoder.config.prompt_style
     if style == "c2llm":  # each row's own instruction, the encoder's document prefix
         prefixes = [*encoder.format_texts([""], "query", None), *encoder.format_texts([""], "document")]
@@ -110,9 +99,7 @@ class TrainResult:
 
 
 class Trainer:
-    """Trains `encoder` (with LoRA) on `rows` (a datasets.Dataset of unified records): the loop over the sampler's
-    global batches, each one optimizer step of its `train_step` (`TrainStep.take_step`), the step metrics,
-    checkpoints, and resuming. The step holds the optimizer, the step count and K; the loop sets its scheduler."""
+    """Trains `encoder` (with LoRA) on `rows` (unified records), one `TrainStep.take_step` per global batch."""
 
     def __init__(self, encoder: C2LLMEncoder, rows, cfg: TrainConfig, checkpoint_root: str | Path | None = None):
         self.train_step = TrainStep(encoder, cfg, last_good=self.last_good)
@@ -195,8 +182,8 @@ class Trainer:
 
     # the loop ------------------------------------------------------------------------------------
     def train(self, on_step: Callable[[dict[str, Any]], None] | None = None, progress: bool = True) -> TrainResult:
-        """Optimizer steps until `total_steps`, checkpointing at `checkpoint_steps`; `on_step(metrics)` after each
-        step (and its checkpoint), on every rank. `progress`: rank 0's progress bar."""
+        """Optimizer steps until `total_steps`, checkpointing as scheduled; `on_step(metrics)` after each, on every
+        rank."""
         start = time.perf_counter()
         self.encoder.train()
         bar = tqdm(total=self.total_steps, initial=self.step, disable=self.rank != 0 or not progress, desc="train")
@@ -251,8 +238,8 @@ class Trainer:
         return values, tensors
 
     def resume(self, checkpoint: str | Path) -> None:
-        """Continues from a checkpoint written by this trainer: the same model and training configs, rows and
-        world size (anything else is refused, naming what differs); each rank takes back its own RNG state."""
+        """Continues a checkpoint of this same training (else refused, naming what differs), each rank with its own
+        RNG."""
         self.restore(read_checkpoint(checkpoint))
 
     def restore(self, checkpoint: Checkpoint) -> None:
@@ -284,13 +271,9 @@ class Trainer:
         set_rng_state(rng)
 
     def resume_latest(self) -> str:
-        """What notebook 02 does before training, in its checkpoint folder; returns a sentence saying what it did.
-
-        - empty: trains from step 0;
-        - checkpoints of this same training (identity recorded in each): resumes from the last complete one; a
-          later incomplete or corrupt one is named and moved to `<folder>.corrupt-<time>/`;
-        - anything else (another model or training config, other rows, an older format): the whole folder is
-          moved to `<folder>.replaced-<time>/`, never deleted, and training starts from step 0."""
+        """What notebook 02 does before training; returns a sentence saying what it did. Empty folder: step 0.
+        Checkpoints of this training: resume from the last complete one (a later corrupt one moved to
+        `<folder>.corrupt-<time>/`). Anything else: the folder moved to `<folder>.replaced-<time>/`, then step 0."""
         root = self.checkpoint_root
         if root is None:
             raise ValueError("resume_latest needs the checkpoint_root this trainer writes to")

@@ -1,10 +1,4 @@
-"""The optimizer schedule (paper section 4.1): warmup then a cosine or linear decay, counted in optimizer steps, and
-the steps at which checkpoints are written (the paper merges "four checkpoints captured at different global steps").
-
-`lr_lambda` is stepped once per optimizer step on every rank (never once per process, the F2LLM trainer's warmup
-error). `checkpoint_schedule` joins `checkpoint_steps` and `checkpoint_fractions` of the run's steps, so that
-[0.7, 0.8, 0.9, 1.0] gives four late checkpoints at any run length.
-"""
+"""The optimizer schedule (paper section 4.1): warmup then cosine or linear decay, and the steps to checkpoint."""
 
 from __future__ import annotations
 
@@ -15,8 +9,7 @@ from ..config import TrainConfig
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float, schedule: str = "cosine"):
-    """Multiplier of the peak learning rate at optimizer step s (0-based): linear warmup, then a cosine or
-    linear decay to `min_ratio` at the last step."""
+    """Multiplier of the peak learning rate at optimizer step s (0-based): linear warmup, then decay to `min_ratio`."""
     if schedule not in ("cosine", "linear"):
         raise ValueError(f"unknown learning-rate schedule {schedule!r}; choose cosine or linear")
 
@@ -31,9 +24,8 @@ def lr_lambda(warmup: int, total: int, min_ratio: float, schedule: str = "cosine
 
 
 def checkpoint_schedule(cfg: TrainConfig, total_steps: int) -> list[int]:
-    """The optimizer steps to checkpoint: `checkpoint_steps`, and each of `checkpoint_fractions` of `total_steps`
-    rounded half up (at least step 1; 1.0 is the last step), sorted and deduplicated. A checkpoint step beyond
-    the training is an error naming it (it would silently never be written)."""
+    """`checkpoint_steps` and the `checkpoint_fractions` of `total_steps`, sorted and unique; one past the end is an
+    error."""
     beyond = sorted(s for s in cfg.checkpoint_steps if s > total_steps)
     if beyond:
         raise ConfigError(

@@ -1,10 +1,4 @@
-"""What a resumed training takes back (paper section 4.1's long runs, made resumable): every rank's RNG state and the
-optimizer's state, stored without pickle.
-
-RNG states and the optimizer's scalars go to JSON as plain lists and numbers; the optimizer's tensors go to
-safetensors (`checkpoints.save_checkpoint` writes both). Reading a malformed state is a `CorruptFile` naming the
-file.
-"""
+"""What a resumed training takes back (paper section 4.1): each rank's RNG state and the optimizer's, without pickle."""
 
 from __future__ import annotations
 

@@ -1,32 +1,5 @@
-"""One optimizer step of contrastive LoRA training (paper section 4.1): `TrainStep`.
-
-One optimizer step = one global batch from one (dataset, language) group (`batching.py`): each rank embeds its slice
-of queries (with the row's instruction, or the prompt set of the encoder's `prompt_style`), positives and K hard
-negatives (with the document prefix), and `losses.contrastive_loss` scores local queries against the whole global
-batch (with `mrl_dims`, `losses.matryoshka_loss`: the same loss also on the first d coordinates for each d). The
-LoRA adapters and the PMA head train (the head may have its own learning rate, and its attention logits another),
-with AdamW and gradient clipping.
-
-No compute goes to padding that sorting can avoid: queries and documents are embedded apart, each sorted by
-token length into micro-batches (`micro_batches`: at most `grad_cache_chunk` x `max_length` token slots each,
-grouped to compute the fewest slots), and the embeddings are put back in the rows' order. Rows are left-padded
-with position ids counting real tokens, so an embedding does not depend on its micro-batch, and the loss and
-gradients are those of one padded forward of every text (tested). Each step logs its real `tokens`, its
-`padding_efficiency` (real tokens / computed token slots) and its `forwards`.
-
-Several processes: the ranks' micro-batch counts differ from step to step (each rank groups its own texts), so no
-forward may hold a collective. DDP is built with `broadcast_buffers=False` (the backbone's only buffers, the
-rotary frequencies, are computed from the config and equal on every rank), which leaves one all-reduce per step,
-in the backward of each rank's last micro-batch, and the step's two agreements (finite loss, finite weights).
-
-GradCache (`grad_cache=True`): embed all texts micro-batch by micro-batch without a graph, compute the loss
-and its gradient with respect to the embeddings, then re-embed each micro-batch with a graph and backpropagate
-the cached gradients. Memory then depends on the micro-batch's token budget, not the global batch, at the cost
-of one more forward pass; the loss and gradients are those of the plain step (tested).
-
-A non-finite loss on any rank stops every rank (the ranks agree before the backward pass) with one message naming
-the step and dataset; a non-finite weight after an update stops the run before that step is checkpointed. The
-logged losses are means over all ranks.
+"""One optimizer step of contrastive LoRA training (paper section 4.1), in length-sorted micro-batches (GradCache
+optional); a non-finite loss or weight stops every rank. See docs/training.md#the-trainer.
 """
 
 from __future__ import annotations
@@ -61,9 +34,8 @@ class NonFiniteGradients(NonFiniteWeights):
 
 
 def head_groups(pooler: torch.nn.Module, lr: float, attention_lr: float) -> list[dict[str, Any]]:
-    """The pooler's optimizer groups: its trainable parameters at `lr`, except, when `attention_lr` differs, a PMA
-    head's attention parameters (`PMAHead.attention_parameters`) in a group of their own at `attention_lr`. Poolers
-    without parameters give an empty group."""
+    """The pooler's optimizer groups: parameters at `lr`, a PMA head's attention ones at `attention_lr` when it
+    differs."""
     attention = getattr(pooler, "attention_parameters", list)() if attention_lr != lr else []  # [] for other poolers
     split = {id(p) for p in attention}
     return [
@@ -73,9 +45,7 @@ def head_groups(pooler: torch.nn.Module, lr: float, attention_lr: float) -> list
 
 
 class TrainStep:
-    """One optimizer step on one global batch: embed its texts in length-sorted micro-batches (with GradCache, twice),
-    the loss over the global batch, the ranks' agreement that it is finite, backward, clipping, the AdamW update, the
-    check that the weights stayed finite, and the scheduler's step. A `Trainer` holds one and loops around it."""
+    """One optimizer step on one global batch; a `Trainer` holds one and loops around it."""
 
     def __init__(
         self, encoder: C2LLMEncoder, cfg: TrainConfig, last_good: Callable[[], str] = lambda: "none written yet"
@@ -93,7 +63,8 @@ class TrainStep:
         pma_lr = cfg.learning_rate if cfg.pma_learning_rate is None else cfg.pma_learning_rate
         if pma_lr == 0:  # a frozen head: no gradient, no optimizer state, no update (before DDP lists the params)
             encoder.pooler.requires_grad_(False)
-        # no collective in a forward: the ranks' micro-batch counts differ (module docstring)
+        # no collective in a forward: the ranks' micro-batch counts differ; the only buffers (rotary frequencies)
+        # are computed from the config, equal on every rank
         self.model = DistributedDataParallel(encoder, broadcast_buffers=False) if self.world_size > 1 else encoder
         self.k = cfg.num_negatives  # K, hard negatives per row; the loop lowers it to what the rows hold at most
         self.trained = [(n, p) for n, p in encoder.named_parameters() if p.requires_grad]
@@ -112,14 +83,11 @@ class TrainStep:
 
     @property
     def token_budget(self) -> int:
-        """Token slots (rows x longest) per micro-batch: `grad_cache_chunk` texts of `max_length`; shorter texts
-        pack more rows into the same slots, so the memory of one micro-batch's graph stays the same."""
+        """Token slots (rows x longest) per micro-batch: `grad_cache_chunk` texts of `max_length`."""
         return self.cfg.grad_cache_chunk * self.cfg.max_length
 
     def take_step(self, batch: dict[str, list]) -> dict[str, Any]:
-        """One optimizer step on `batch` (this rank's rows of a global batch); returns what it logs: the dataset and
-        language, the losses (means over ranks), the global batch's rows with fewer than K hard negatives
-        (`short_of_k`), learning rate, gradient norm, this rank's tokens, padding efficiency and forwards, seconds."""
+        """One optimizer step on this rank's rows of a global batch; returns its logged metrics."""
         dataset, tick = batch["dataset"][0], time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         self._tokens = self._slots = self._forwards = 0
@@ -143,12 +111,8 @@ class TrainStep:
         }  # fmt: skip
 
     def texts(self, batch: dict[str, list]) -> tuple[list[str], torch.Tensor]:
-        """Formatted [queries; positives; negatives (row-major, each row's first K at most)] and which of the K
-        negative slots of each row hold one, mask (b, K): a row with fewer than K negatives leaves slots empty, and
-        the loss masks them out (the K of the run, never the fewest negatives of a rank's slice).
-
-        The c2llm prompt style uses each row's own instruction (table 1) and the encoder's document prefix;
-        the peer styles take both from their prompt set by the batch's dataset (one dataset per batch)."""
+        """Formatted [queries; positives; negatives (row-major, first K)] and mask (b, K), True where a slot holds
+        one."""
         enc, k = self.encoder, self.k
         if enc.config.prompt_style == "c2llm":
             instructions, document = batch["instruction"], None
@@ -162,8 +126,8 @@ class TrainStep:
         return queries + documents, mask.reshape(len(negatives), k)
 
     def micro_batches(self, texts: list[str], b: int) -> list[tuple[list[int], dict[str, torch.Tensor]]]:
-        """[(indices into `texts`, their left-padded tokens (m, t))]: the queries (`texts[:b]`) and the documents
-        apart, each sorted by length into micro-batches of at most `token_budget` slots (rows x longest)."""
+        """[(indices into `texts`, tokens (m, t))]: queries (`texts[:b]`) and documents apart, `token_budget` slots
+        each."""
         tokens = self.encoder.tokenize_formatted(texts, self.cfg.max_length)  # (N, T), left-padded
         lengths = tokens["attention_mask"].sum(-1).tolist()  # (N,) real tokens
         width = tokens["input_ids"].shape[-1]
@@ -185,9 +149,7 @@ class TrainStep:
         return self.model(**tokens)  # (m, d)
 
     def loss_from(self, emb: torch.Tensor, b: int, mask: torch.Tensor, dataset: str) -> dict[str, torch.Tensor]:
-        """The losses of one rank's rows from the embeddings (N, d) of `texts`: queries, positives, then the real
-        negatives row by row, placed into K slots per row by `mask` (b, K); an empty slot is masked out of the
-        hard-negative softmax, so a row with fewer negatives is scored over the ones it has (none: its term is 0)."""
+        """The losses of one rank's rows from the embeddings (N, d) of `texts`, negatives placed by `mask` (b, K)."""
         q, p = emb[:b], emb[b : 2 * b]  # (b, d) each
         n = None
         if mask.shape[1]:
@@ -203,8 +165,7 @@ class TrainStep:
         return contrastive_loss(q, p, n, **kwargs)
 
     def forward_backward(self, batch: dict[str, list]) -> dict[str, torch.Tensor]:
-        """One step's forward and backward passes; returns the logged losses, each the mean over all ranks, and the
-        global batch's rows short of K. A non-finite loss on any rank raises on every rank before any backward."""
+        """One step's forward and backward; returns the losses (means over ranks) and `short_of_k`."""
         texts, mask = self.texts(batch)
         b, dataset = len(batch["query"]), batch["dataset"][0]
         short = torch.tensor(float((~mask).any(1).sum()) if mask.shape[1] else 0.0)  # this rank's rows short of K
@@ -243,9 +204,8 @@ class TrainStep:
     def agree_finite(
         self, out: dict[str, torch.Tensor], dataset: str, short: torch.Tensor | None = None
     ) -> dict[str, torch.Tensor]:
-        """Every rank's losses, gathered before the backward pass (whose all-reduce would wait forever for a rank
-        that stopped): any non-finite value stops every rank with the same message. Returns the means over ranks,
-        and `short_of_k`: the sum over ranks of `short` (rows with fewer than K negatives)."""
+        """Every rank's losses, gathered before the backward: a non-finite one stops every rank. Returns means over
+        ranks."""
         keys = ["loss", "in_batch", "hard_negative", *sorted(k for k in out if k.startswith("loss@"))]
         local = torch.stack([out[k].detach().float().reshape(()) for k in keys])  # (L,)
         short = torch.zeros(()) if short is None else short.float().reshape(())
@@ -263,8 +223,7 @@ class TrainStep:
         return {**{key: mean[i] for i, key in enumerate(keys)}, "short_of_k": every[:, -1].sum()}
 
     def refuse_gradients(self, dataset: str) -> None:
-        """Non-finite gradients of a finite loss: clipping would spread them to every weight (the norm is NaN), so the
-        run stops before the update, naming the tensors whose gradients the backward pass made non-finite."""
+        """Stops before the update on non-finite gradients of a finite loss, naming the tensors."""
         bad = [n for n, p in self.trained if p.grad is not None and not torch.isfinite(p.grad).all()]
         backbone = self.encoder.backbone_config
         raise NonFiniteGradients(
