@@ -38,10 +38,6 @@ def world() -> tuple[int, int]:
     return 0, 1
 
 
-def is_main() -> bool:
-    return world()[0] == 0
-
-
 def init_distributed(timeout_s: int = 1800) -> tuple[int, int]:
     """Initialises the process group from torchrun's RANK/WORLD_SIZE (no-op in a single process)."""
     if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1 or dist.is_initialized():
