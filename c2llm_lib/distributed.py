@@ -63,7 +63,8 @@ def functional_gather(x: torch.Tensor) -> torch.Tensor:
 
 
 def legacy_gather(x: torch.Tensor) -> torch.Tensor:
-    """torch.distributed.nn's all-gather with autograd (the same gradients), for torch before 2.13."""
+    """torch.distributed.nn's all-gather with autograd (the same gradients), for a torch without
+    `all_gather_single_autograd`."""
     from torch.distributed.nn.functional import all_gather
 
     return torch.cat(all_gather(x, group=dist.group.WORLD))  # (W*b, d)

@@ -26,7 +26,8 @@ def contrastive_loss(
     negative_mask: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """queries, positives (b, dim); negatives (b, K, dim) or None; `negative_mask` (b, K), True where a slot holds one.
-    Returns {"loss", "in_batch", "hard_negative"}, means over local queries."""
+    `negative_mask=None`: every slot holds a negative. Returns {"in_batch", "hard_negative"} (means over local queries;
+    with `joint`, "in_batch" is the joint softmax and "hard_negative" 0) and "loss" = their sum x `weight`."""
     if queries.shape != positives.shape:
         raise ValueError(f"queries {tuple(queries.shape)} and positives {tuple(positives.shape)} differ")
     if not tau > 0:

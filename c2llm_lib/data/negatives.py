@@ -114,7 +114,8 @@ def mine_negatives(
     near_duplicate: float = 0.9,
     oversample: int = 4,
 ) -> list[list[str]]:
-    """Hard negatives (texts) for each row of one group; a short row is ranked deeper until it has k."""
+    """Hard negatives (texts) for each row of one group; a short row is ranked deeper until it has k or its group is
+    exhausted."""
     if len(queries) != len(positives):
         raise ValueError(f"{len(queries)} queries but {len(positives)} positives")
     if not queries or k == 0:

@@ -139,7 +139,8 @@ def _parse_line(raw: bytes) -> tuple[dict | None, str, str]:
 
 
 class JsonlTable:
-    """A local jsonl file read line by line: a bad line is a counted skip; only byte offsets stay in memory."""
+    """A local jsonl file read line by line: a bad line is a counted skip; only byte offsets and line
+    numbers stay in memory."""
 
     def __init__(self, source: str, label: str, path: Path, what: str, shown: str, report: SkipReport) -> None:
         self.source, self.label, self.path, self.shown, self.report = source, label, path, shown, report

@@ -102,8 +102,8 @@ def model_meta(
 
 class MTEBEncoder(AbsEncoder):
     """mteb's encoder protocol around a C2LLMEncoder with its prompt style's prompts; `prompts` overrides named tasks'
-    query instructions (an unknown task gets its override or none). A shared `cache` (`EncodingCache`) encodes each text
-    once."""
+    query instructions (an unknown task gets its override, or in the c2llm style none). A shared `cache`
+    (`EncodingCache`) encodes each text once."""
 
     def __init__(
         self,
@@ -230,7 +230,8 @@ def _query_scores(result) -> dict[str, float] | None:
 
 
 def cached_query_scores(model: MTEBEncoder, tasks: Sequence[Any], cache_dir: str | Path) -> dict[str, dict[str, float]]:
-    """{task: {query id: nDCG@10}} from `run_mteb`'s cache, no encoding; a missing one is an error."""
+    """{task: {query id: nDCG@10}} from `run_mteb`'s cache, no encoding; a missing one raises LookupError (run
+    `evaluate_all` with the same arguments first)."""
     import mteb
 
     cache = mteb.ResultCache(cache_dir)
@@ -292,7 +293,8 @@ def query_scores(
     batch_size: int = 16,
     max_length: int = 2048,
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """{model: {task: {query id: nDCG@10}}} behind `evaluate_all`'s scores, read from its cache."""
+    """{model: {task: {query id: nDCG@10}}} behind `evaluate_all`'s scores, read from its cache (a missing one
+    raises LookupError: run `evaluate_all` with the same arguments first)."""
 
     def read(label: str, model: MTEBEncoder, offline: list[OfflineTask]) -> dict[str, dict[str, float]]:
         return cached_query_scores(model, offline, cache_dir)

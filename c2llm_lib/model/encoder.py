@@ -152,8 +152,8 @@ class C2LLMEncoder(nn.Module):
 
     # text -> tokens ----------------------------------------------------------------------------
     def format_texts(self, texts: Sequence[str], kind: str = "query", instruction: str | None = None) -> list[str]:
-        """Prompted texts: `instruction` and a newline before queries, the document prefix (or `instruction`) before
-        documents."""
+        """Prompted texts: `instruction` and a newline (none after one ending in a space or newline) before queries, the
+        document prefix (or `instruction`) before documents."""
         if kind not in KINDS:
             raise ValueError(f"kind must be 'query' or 'document', got {kind!r}")
         _check_instruction(instruction)

@@ -24,8 +24,8 @@ def lr_lambda(warmup: int, total: int, min_ratio: float, schedule: str = "cosine
 
 
 def checkpoint_schedule(cfg: TrainConfig, total_steps: int) -> list[int]:
-    """`checkpoint_steps` and the `checkpoint_fractions` of `total_steps`, sorted and unique; one past the end is an
-    error."""
+    """`checkpoint_steps` and the `checkpoint_fractions` of `total_steps` (rounded half up, at least 1; 1.0 is the
+    last step), sorted and unique; one past the end is an error."""
     beyond = sorted(s for s in cfg.checkpoint_steps if s > total_steps)
     if beyond:
         raise ConfigError(
