@@ -427,9 +427,3 @@ def evaluated_card(encoder, run_root: str | os.PathLike, results: str, max_lengt
     return model_card(encoder.config, run=Path(run_root).name, embedding_dim=encoder.embedding_dim,
                       max_seq_length=max_length, dtype=settings["torch_dtype"], results=results, scored=scored,
                       **records)  # fmt: skip
-
-
-def loader_from_card(card: str) -> str:
-    """The Python of the card's "transformers alone" section (tests run it, so it cannot rot)."""
-    section = card.split("## Use with transformers alone", 1)[-1]
-    return section.split("```python\n", 1)[1].split("```", 1)[0]

@@ -72,12 +72,6 @@ def lora_factors(checkpoint: Path) -> tuple[float, dict[str, tuple[torch.Tensor,
     return scale, factors
 
 
-def lora_deltas(checkpoint: Path) -> dict[str, torch.Tensor]:
-    """Dense float32 updates (alpha / r) * B @ A of one checkpoint, keyed by the base weight's name."""
-    scale, factors = lora_factors(checkpoint)
-    return {name: scale * (b @ a) for name, (a, b) in factors.items()}  # (out, r) @ (r, in) -> (out, in)
-
-
 def check_compatible(paths: Sequence[Path], configs: Sequence[dict]) -> None:
     """Raises unless every checkpoint is of the same model and was trained with the same prompts."""
     for path, cfg in zip(paths[1:], configs[1:], strict=True):

@@ -212,32 +212,6 @@ def versions() -> dict[str, str | None]:
     return found
 
 
-PREFLIGHT_SUFFIX = ".preflight.json"
-
-
-def save_preflight(outputs: str | Path, run: str, report: dict[str, Any]) -> Path:
-    """Writes the preflight's report atomically to `<outputs>/<run>.preflight.json`, beside the run directory; a file
-    of that name that is not a preflight report is refused, not overwritten."""
-    check_run_name(run, "run name")
-    outputs = Path(outputs)
-    outputs.mkdir(parents=True, exist_ok=True)
-    path = outputs / f"{run}{PREFLIGHT_SUFFIX}"
-    if path.is_symlink() or path.exists():
-        try:
-            earlier = json.loads(path.read_text()) if path.is_file() and not path.is_symlink() else None
-        except (OSError, ValueError):
-            earlier = None
-        if not isinstance(earlier, dict) or earlier.get("kind") != report.get("kind"):
-            raise FileExistsError(f"{path} exists and is not a preflight report: not overwritten; move it away")
-    tmp = outputs / f".{run}{PREFLIGHT_SUFFIX}.{os.getpid()}.tmp"
-    try:
-        tmp.write_text(json.dumps(report, indent=2, default=str) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
 @dataclass
 class RunDir:
     root: Path

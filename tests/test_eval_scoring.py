@@ -7,10 +7,29 @@ import pytest
 import torch
 
 from c2llm_lib.data.offline import load_snapshot
-from c2llm_lib.eval.scoring import chunked_topk, evaluate_bm25, evaluate_encoder, ndcg_at_k, recall_at_k
+from c2llm_lib.eval.scoring import (
+    chunked_topk,
+    embedding_rankings,
+    evaluate_bm25,
+    ndcg_at_k,
+    recall_at_k,
+    score_rankings,
+)
 from c2llm_lib.eval.tables import results_frame, results_markdown
 from c2llm_lib.eval.tasks import offline_tasks, task_sizes
-from c2llm_lib.retrieval import RetrievalTask
+from c2llm_lib.retrieval import RetrievalTask, corpus_text
+
+
+def score_embeddings(task, queries: np.ndarray, documents: np.ndarray, k: int = 10) -> dict[str, float]:
+    """Scores of a task from its normalised query (Q, d) and document (N, d) embeddings, in task order."""
+    return score_rankings(task, embedding_rankings(task, queries, documents, k), k)
+
+
+def evaluate_encoder(encode, task, k: int = 10, batch_size: int = 16) -> dict[str, float]:
+    """Scores an encoder's `encode` (C2LLMEncoder.encode or alike) on a task by cosine top-k."""
+    docs = encode([corpus_text(t) for t in task.corpus.values()], kind="document", batch_size=batch_size)
+    queries = encode(list(task.queries.values()), kind="query", instruction=task.instruction, batch_size=batch_size)
+    return score_embeddings(task, queries, docs, k)
 
 
 def test_chunked_topk_equals_the_full_matrix():

@@ -11,7 +11,6 @@ from sentence_transformers import SentenceTransformer
 from c2llm_lib.export import (
     ScoredModel,
     load_export,
-    loader_from_card,
     model_card,
     save_export,
     sentence_prompts,
@@ -42,6 +41,12 @@ POOLINGS = [
     {"pooling": "last_token"},  # EOS appended after the cut
     {"pooling": "mean", "append_eos": True},
 ]
+
+
+def loader_from_card(card: str) -> str:
+    """The Python of the card's "transformers alone" section (run here, so it cannot rot)."""
+    section = card.split("## Use with transformers alone", 1)[-1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

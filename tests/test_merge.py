@@ -6,12 +6,18 @@ import pytest
 import torch
 
 from c2llm_lib import C2LLMEncoder
-from c2llm_lib.merge import check_weights, checked_checkpoints, lora_deltas, merge_as_adapter, merge_checkpoints
+from c2llm_lib.merge import check_weights, checked_checkpoints, lora_factors, merge_as_adapter, merge_checkpoints
 from c2llm_lib.train import encoder_from_checkpoint, save_checkpoint
 
 from conftest import TINY_LORA, build_tiny, randomize_lora
 
 TEXTS = ["def add(a, b):\n    return a + b", "SELECT 1;"]
+
+
+def lora_deltas(checkpoint) -> dict[str, torch.Tensor]:
+    """Dense float32 updates (alpha / r) * B @ A of one checkpoint, keyed by the base weight's name."""
+    scale, factors = lora_factors(checkpoint)
+    return {name: scale * (b @ a) for name, (a, b) in factors.items()}  # (out, r) @ (r, in) -> (out, in)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,6 @@ import pytest
 import torch
 
 from c2llm_lib.pipeline import main
-from c2llm_lib.runs import save_preflight
 from tools.preflight import Limits, cli
 from tools.preflight import device as measure
 from tools.preflight.disk import Need, check_disk, remove_stale
@@ -28,6 +27,7 @@ from tools.preflight.environment import check_attention, check_versions
 from tools.preflight.inputs import check_schedule
 from tools.preflight.probe import ProbeSpec
 from tools.preflight.processes import check_processes
+from tools.preflight.report import save_preflight
 from tools.preflight.setup import load_setup, row_count, total_steps
 from tools.scale import QWEN25_CODER_05B
 

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_eval_scoring import score_embeddings
 
 from c2llm_lib.checks import ConfigError
 from c2llm_lib.config import ModelConfig, TrainConfig
-from c2llm_lib.eval.scoring import score_embeddings, truncation_scores
+from c2llm_lib.eval.scoring import truncation_scores
 from c2llm_lib.retrieval import RetrievalTask
 from c2llm_lib.study.plan import RECIPE_KEYS, load_recipe, plan, recipe_configs
 from c2llm_lib.study.recipes import comparison_frame, comparison_markdown, dimension_table, verdict

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -75,20 +75,6 @@ def embedding_rankings(task: RetrievalTask, queries: np.ndarray, documents: np.n
 def embedding_query_scores(task: RetrievalTask, queries: np.ndarray, documents: np.ndarray, k: int = 10):
     """{query id: nDCG@k} from normalised query (Q, d) and document (N, d) embeddings, in task order."""
     return query_ndcg(task, embedding_rankings(task, queries, documents, k), k)
-
-
-def score_embeddings(task: RetrievalTask, queries: np.ndarray, documents: np.ndarray, k: int = 10) -> dict[str, float]:
-    """Scores of a task from its normalised query (Q, d) and document (N, d) embeddings, in task order."""
-    return score_rankings(task, embedding_rankings(task, queries, documents, k), k)
-
-
-def evaluate_encoder(
-    encode: Callable[..., np.ndarray], task: RetrievalTask, k: int = 10, batch_size: int = 16
-) -> dict[str, float]:
-    """Scores an encoder's `encode` (C2LLMEncoder.encode or alike) on a task by cosine top-k."""
-    docs = encode([corpus_text(t) for t in task.corpus.values()], kind="document", batch_size=batch_size)
-    queries = encode(list(task.queries.values()), kind="query", instruction=task.instruction, batch_size=batch_size)
-    return score_embeddings(task, queries, docs, k)
 
 
 def task_embeddings(

@@ -192,7 +192,3 @@ def enable_gradient_checkpointing(model: PreTrainedModel) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
-def is_checkpointing(model: PreTrainedModel) -> bool:
-    return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())

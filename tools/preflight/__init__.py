@@ -24,7 +24,7 @@ them, one `Check` per line (pass, warn or fail, the figure behind it, and the se
 6. processes (`processes.py`): with nproc > 1, the ranks start, agree on the recipe and dtype, and time one gathered
    step; with several machines, the rendezvous endpoint resolves.
 
-The report (`report.py`) is printed as a table and saved as `<outputs>/<run>.preflight.json` (`runs.save_preflight`);
+The report (`report.py`) is printed as a table and saved as `<outputs>/<run>.preflight.json` (`report.save_preflight`);
 `run.py` puts the checks together. `Limits` caps what a check may use (a memory or disk budget, a quota), which is also
 how the tests break each check on purpose.
 """

@@ -30,7 +30,7 @@ from .inputs import (
     check_training_sources,
 )
 from .processes import check_processes
-from .report import GROUPS, Check, Limits, Report
+from .report import GROUPS, Check, Limits, Report, save_preflight
 from .setup import Setup, backbone_arch, load_setup, row_count, total_steps
 
 
@@ -185,8 +185,6 @@ def run_preflight(params_file: str | Path, sets: dict[str, Any] | None = None, o
 def main(params: str, only: list[str] | None, sets: dict[str, Any], overlay: str | None, outputs: str,
          limits: Limits) -> int:  # fmt: skip
     """The report printed and saved as `<outputs>/<run>.preflight.json`; 1 on a failure."""
-    from c2llm_lib.runs import save_preflight
-
     try:
         report = run_preflight(params, sets, overlay, outputs, only, limits)
     except (ConfigError, ValueError) as err:
