@@ -21,7 +21,7 @@ import numpy as np
 
 from c2llm_lib.eval.intervals import MEAN, cell, training_bootstrap, training_bootstrap_mean
 
-BASELINES = ("BM25", "untrained")  # notebook 04's baselines: BM25 and the untrained backbone's poolers
+BASELINES = ("BM25", "untrained", "released backbone")  # notebook 04's baselines: BM25, the backbone's poolers
 KINDS = {"text2code": "unseen-text2code-", "code2code": "unseen-code2code-", "all": "unseen-"}
 
 
@@ -30,10 +30,17 @@ def read_run(run: Path, kind: str) -> tuple[dict, dict]:
     path = run / "metrics" / "unseen_queries.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no unseen-library scores (run notebook 04 with unseen_packages)")
-    scores = json.loads(path.read_text())
+    try:
+        scores = json.loads(path.read_text())
+    except ValueError as err:
+        raise ValueError(f"{path}: not JSON ({err})") from None
+    if not isinstance(scores, dict) or not all(isinstance(s, dict) for s in scores.values()):
+        raise ValueError(f"{path}: expected {{model: {{task: {{query id: nDCG@10}}}}}}")
     trained = [m for m in scores if not m.startswith(BASELINES)]
     if len(trained) != 1 or "BM25" not in scores:
         raise ValueError(f"{path}: expected one trained model and BM25, found {sorted(scores)}")
+    if set(scores[trained[0]]) != set(scores["BM25"]):
+        raise ValueError(f"{path}: {trained[0]!r} and BM25 were scored on different tasks")
     pick = {t for t in scores["BM25"] if t.startswith(KINDS[kind])}
     if not pick:
         raise ValueError(f"{path}: no task of kind {kind!r} among {sorted(scores['BM25'])}")
@@ -48,6 +55,10 @@ def mean_of(run: dict) -> float:
 
 def compare(models: dict[str, list[Path]], kind: str) -> str:
     """The comparison as markdown: per-run and overall means, then the differences with their intervals."""
+    every = [Path(r).resolve() for paths in models.values() for r in paths]
+    twice = sorted({str(r) for r in every if every.count(r) > 1})
+    if twice:
+        raise ValueError(f"a run is given more than once (it would count as another seed): {twice}")
     runs = {label: [read_run(Path(r), kind) for r in paths] for label, paths in models.items()}
     bm25 = [bm for found in runs.values() for _, bm in found]
     if any(b != bm25[0] for b in bm25[1:]):
@@ -65,6 +76,9 @@ def compare(models: dict[str, list[Path]], kind: str) -> str:
             f"| {label} | {len(trained)} | {each} | {overall.value:.1f} [{overall.low:.1f}, {overall.high:.1f}] |"
         )
     lines.append(f"| BM25 | | {mean_of(bm25[0]):.1f} | |")
+    single = [label for label, found in runs.items() if len(found) < 2]
+    if single:
+        lines += ["", f"One run only for {', '.join(single)}: its intervals are over queries alone, not over runs."]
     lines += [
         "",
         "| A - B | difference of means, 95 % interval over runs and queries | within noise? |",

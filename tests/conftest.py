@@ -48,8 +48,6 @@ def pytest_collection_modifyitems(config, items):
         return LONGEST_FIRST.index(stem) if stem in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: each file's tests keep their order
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False  # xdist would put the scopes of many tests first instead
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: defined only where pytest-xdist is installed
@@ -60,6 +58,7 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return worker_scope(nodeid)
 
+    config.option.loadscopereorder = False  # the controller's: xdist would put the scopes of many tests first
     return ByFile(config, log)
 
 

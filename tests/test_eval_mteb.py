@@ -3,13 +3,14 @@
 import numpy as np
 import pytest
 import torch
-from test_eval_scoring import evaluate_encoder
 
 from c2llm_lib.eval.benchmarks import MTEB_CODE_TASKS, REFERENCE_SCORES, comparison_table
 from c2llm_lib.eval.mteb import MTEBEncoder, offline_task, run_mteb
 from c2llm_lib.eval.tasks import offline_tasks
 from c2llm_lib.files import file_digest
 from c2llm_lib.prompts import C2LLM_PROMPTS
+
+from test_eval_scoring import evaluate_encoder
 
 
 def test_prompts_are_mtebs_registration_of_c2llm():

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_eval_scoring import score_embeddings
 
 from c2llm_lib.checks import ConfigError
 from c2llm_lib.config import ModelConfig, TrainConfig
@@ -15,6 +14,8 @@ from c2llm_lib.retrieval import RetrievalTask
 from c2llm_lib.study.plan import RECIPE_KEYS, load_recipe, plan, recipe_configs
 from c2llm_lib.study.recipes import comparison_frame, comparison_markdown, dimension_table, verdict
 from c2llm_lib.study.trainings import train_recipe
+
+from test_eval_scoring import score_embeddings
 
 BASE_MODEL = ModelConfig(backbone="tiny-random-qwen2", dtype="float32", max_length=64, pma_heads=4, use_lora=True)
 BASE_TRAIN = TrainConfig(max_steps=3, global_batch_size=4, warmup_steps=1, max_length=64, seed=7, num_negatives=2,

@@ -70,3 +70,28 @@ def test_the_record_is_written_where_asked(tmp_path):
     out = tmp_path / "record.md"
     assert seeds.main(["--model", "A", str(run), "--kind", "code2code", "--out", str(out)]) == 0
     assert "| A - BM25 | -50.0 [-50.0, -50.0] | no |" in out.read_text()
+
+
+def test_the_mean_is_over_tasks_not_pooled_queries(tmp_path):
+    trained = {T2C: {"q1": 1.0, "q2": 0.0, "q3": 0.0}, C2C: {"q1": 1.0, "q2": 1.0}}  # tasks 1/3 and 1; pooled 3/5
+    text = seeds.compare({"A": [write_run(tmp_path / "a", trained)]}, "all")
+    assert "| A | 1 | 66.7 |" in text and "| BM25 | | 75.0 | |" in text
+    assert "| A - BM25 | -8.3 [" in text
+    assert "One run only for A: its intervals are over queries alone" in text
+
+
+def test_crafted_or_repeated_runs_are_refused_by_name(tmp_path):
+    bad = tmp_path / "bad"
+    (bad / "metrics").mkdir(parents=True)
+    (bad / "metrics" / "unseen_queries.json").write_text("{not json")
+    with pytest.raises(ValueError, match="bad/metrics/unseen_queries.json: not JSON"):
+        seeds.read_run(bad, "all")
+    (bad / "metrics" / "unseen_queries.json").write_text(json.dumps(["a", "list"]))
+    with pytest.raises(ValueError, match="expected {model: {task"):
+        seeds.read_run(bad, "all")
+    fewer = write_run(tmp_path / "fewer", {T2C: BM25[T2C]})  # the trained model lacks the code->code task
+    with pytest.raises(ValueError, match="were scored on different tasks"):
+        seeds.read_run(fewer, "code2code")
+    run = write_run(tmp_path / "a", constant(0.6))
+    with pytest.raises(ValueError, match="a run is given more than once"):
+        seeds.compare({"A": [run], "B": [tmp_path / "x" / ".." / "a"]}, "text2code")
