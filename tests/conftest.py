@@ -35,21 +35,6 @@ def worker_scope(nodeid: str) -> str:
     return nodeid if stem in SPREAD else SAME_WORKER.get(stem, stem)
 
 
-# The longest units go out first, so that the last ones to finish are short and no worker idles through a long tail:
-# the rehearsals (50 to 205 s each alone), the whole pipeline (about 4 min), then the files of several minutes. The
-# others keep their collection order; within a file the order never changes.
-LONGEST_FIRST = ("test_rehearsal", "test_pipeline", "test_gpu_check", "test_preflight", "test_runner_kill",
-                 "test_own_data_runs", "test_unseen", "test_launch")  # fmt: skip
-
-
-def pytest_collection_modifyitems(config, items):
-    def rank(item) -> int:
-        stem = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
-        return LONGEST_FIRST.index(stem) if stem in LONGEST_FIRST else len(LONGEST_FIRST)
-
-    items.sort(key=rank)  # stable: each file's tests keep their order
-
-
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: defined only where pytest-xdist is installed
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
@@ -58,7 +43,6 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return worker_scope(nodeid)
 
-    config.option.loadscopereorder = False  # the controller's: xdist would put the scopes of many tests first
     return ByFile(config, log)
 
 
