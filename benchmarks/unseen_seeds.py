@@ -99,13 +99,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", nargs="+", action="append", required=True, metavar=("LABEL", "RUN"),
                         help="a setting's label, then its run directories (one per seed)")  # fmt: skip
     parser.add_argument("--kind", choices=sorted(KINDS), default="text2code")
-    parser.add_argument("--out", help="also write the markdown here")
+    parser.add_argument("--out", help="also write the markdown to this new file (an existing one is not overwritten)")
     args = parser.parse_args(argv)
     models = {}
     for label, *paths in args.model:
         if not paths or label in models:
             parser.error(f"--model {label!r}: give a new label, then at least one run directory")
         models[label] = [Path(p) for p in paths]
+    if args.out and (Path(args.out).exists() or Path(args.out).is_symlink()):
+        print(f"error: {args.out} exists: not overwritten; name a new file", file=sys.stderr)
+        return 1
     try:
         text = compare(models, args.kind)
     except (OSError, ValueError) as err:
@@ -113,7 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(text)
     if args.out:
-        Path(args.out).write_text(text)
+        try:
+            with open(args.out, "x") as out:  # "x": a file made meanwhile is not overwritten either
+                out.write(text)
+        except OSError as err:
+            print(f"error: the record could not be written: {err}", file=sys.stderr)
+            return 1
     return 0
 
 

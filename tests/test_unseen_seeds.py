@@ -70,6 +70,10 @@ def test_the_record_is_written_where_asked(tmp_path):
     out = tmp_path / "record.md"
     assert seeds.main(["--model", "A", str(run), "--kind", "code2code", "--out", str(out)]) == 0
     assert "| A - BM25 | -50.0 [-50.0, -50.0] | no |" in out.read_text()
+    out.write_text("the user's own notes")
+    assert seeds.main(["--model", "A", str(run), "--out", str(out)]) == 1  # an existing file is never overwritten
+    assert out.read_text() == "the user's own notes"
+    assert seeds.main(["--model", "A", str(run), "--out", str(tmp_path / "no" / "such" / "dir.md")]) == 1
 
 
 def test_the_mean_is_over_tasks_not_pooled_queries(tmp_path):
