@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from c2llm_lib.eval.intervals import MEAN, cell, training_bootstrap, training_bootstrap_mean
+from c2llm_lib.eval.intervals import MEAN, cell, task_means, training_bootstrap, training_bootstrap_mean
 
 BASELINES = ("BM25", "untrained", "released backbone")  # notebook 04's baselines: BM25, the backbone's poolers
 KINDS = {"text2code": "unseen-text2code-", "code2code": "unseen-code2code-", "all": "unseen-"}
@@ -50,7 +50,7 @@ def read_run(run: Path, kind: str) -> tuple[dict, dict]:
 
 def mean_of(run: dict) -> float:
     """The mean over tasks of each task's mean per-query score, x 100."""
-    return 100 * float(np.mean([np.mean(list(q.values())) for q in run.values()]))
+    return 100 * float(np.mean(list(task_means(run).values())))
 
 
 def compare(models: dict[str, list[Path]], kind: str) -> str:
