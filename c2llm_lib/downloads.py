@@ -4,7 +4,6 @@ whole from a staging folder, and refused by name when the sha256 differs."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from .files import file_digest
+from .pins import canonical
 
 
 class FetchError(RuntimeError):
@@ -19,24 +19,15 @@ class FetchError(RuntimeError):
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("C2LLM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "c2llm")
-    return Path(root)
-
-
-def _normalized(name: str) -> str:
-    """A distribution name as a wheel's file name spells it, compared case-blind (PEP 427, PEP 503)."""
-    return re.sub(r"[-_.]+", "_", name).lower()
+    return Path(os.environ.get("C2LLM_CACHE") or Path.home() / ".cache" / "c2llm")
 
 
 def _cached(wheel_dir: Path, package: str, version: str) -> list[Path]:
-    if not wheel_dir.is_dir():
-        return []
-    found = []
-    for path in wheel_dir.glob("*.whl"):
-        name, _, rest = path.name.partition("-")
-        if _normalized(name) == _normalized(package) and rest.split("-", 1)[0] == version:
-            found.append(path)
-    return sorted(found)
+    """The wheels of `package==version` in `wheel_dir` (a wheel's file name: <name>-<version>-...)."""
+    parts = {path: path.name.split("-") for path in wheel_dir.glob("*.whl")}
+    return sorted(
+        p for p, (name, *rest) in parts.items() if canonical(name) == canonical(package) and rest[:1] == [version]
+    )
 
 
 def pip_wheel(
@@ -65,18 +56,14 @@ def pip_wheel(
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def check_sha256(path: Path, sha256: str, what: str, error: type[FetchError] = FetchError) -> Path:
-    """`path` when the sha256 of its bytes is `sha256` (hex); else `error` naming `what`, the file and both digests."""
-    found = file_digest(path)
-    if found != sha256:
-        raise error(
-            f"{what}: {path} has sha256 {found}, but sha256 {sha256} is pinned: the index's file changed or the cached "
-            f"copy is damaged or altered; refusing it (delete {path} to fetch it again)"
-        )
-    return path
-
-
 def pinned_wheel(package: str, version: str, sha256: str, wheel_dir: Path, needed_for: str) -> Path:
-    """The wheel of `package==version` (`pip_wheel`) once its sha256 is the pinned one (`check_sha256`)."""
+    """The wheel of `package==version` (`pip_wheel`) once the sha256 of its bytes is the pinned one."""
     wheel = pip_wheel(package, version, wheel_dir, needed_for)
-    return check_sha256(wheel, sha256, f"{package} {version} (needed for {needed_for})")
+    found = file_digest(wheel)
+    if found != sha256:
+        raise FetchError(
+            f"{package} {version} (needed for {needed_for}): {wheel} has sha256 {found}, but sha256 {sha256} is "
+            f"pinned: the index's file changed or the cached copy is damaged or altered; refusing it (delete {wheel} "
+            "to fetch it again)"
+        )
+    return wheel
