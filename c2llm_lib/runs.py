@@ -21,8 +21,7 @@ from typing import Any
 import yaml
 
 from .checks import ConfigError
-from .files import MissingInput, atomic_directory, load_json
-from .files import fingerprint as files_fingerprint
+from .files import MissingInput, atomic_directory, fingerprint, load_json
 from .hardware import auto_dtype, cpu_info, resolve_device
 
 PRODUCERS = {
@@ -137,11 +136,6 @@ def process_start(pid: int) -> str | None:
     return stat[stat.rfind(")") + 2 :].split()[19]
 
 
-def runner_record() -> dict[str, Any]:
-    """This process as the runner the manifest names."""
-    return {"pid": os.getpid(), "start": process_start(os.getpid()), "host": platform.node()}
-
-
 def runner_alive(runner: Any) -> bool:
     """Whether the runner a manifest names is another live process on this host (same pid and start time)."""
     if not isinstance(runner, dict) or runner.get("host") != platform.node():
@@ -172,11 +166,6 @@ def check_run_name(name: str, source: str = "run name") -> str:
 def upstream(notebook: str) -> dict[str, str]:
     """{input: the notebook that writes it} for each run file `notebook` reads (`INPUTS`, `PRODUCERS`)."""
     return {i: PRODUCERS[next(k for k in PRODUCERS if i == k or i.startswith(k + "/"))] for i in INPUTS[notebook]}
-
-
-def fingerprint(root: Path, relative: str) -> str:
-    """`files.fingerprint` of `root/relative`, its files named by their path in the run."""
-    return files_fingerprint(root / relative, relative)
 
 
 def git_state(repo: Path) -> dict[str, Any]:
@@ -332,7 +321,7 @@ class RunDir:
     def open(cls, run: str, outputs_dir: str | Path) -> RunDir:
         """The run directory a notebook works in (created if a notebook runs on its own in JupyterLab)."""
         root = Path(outputs_dir) / check_run_name(run, "parameter 'run'")
-        for sub in ("notebooks", "data", "checkpoints", "metrics", "figures"):
+        for sub in RUN_FOLDERS:
             (root / sub).mkdir(parents=True, exist_ok=True)
         return cls(root)
 
@@ -388,22 +377,19 @@ class RunDir:
 
     def write_manifest(self, repo: Path, drop: Iterable[str] = (), **extra: Any) -> dict[str, Any]:
         """Updates manifest.json atomically with `extra`, the git state, versions and device, less `drop`."""
-        path = self.root / "manifest.json"
         manifest = self.read_manifest()
         manifest.setdefault("started", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         manifest.update(git=git_state(repo), versions=versions(), device=device_description(), **extra)
         if self.lock is not None:  # the runner working in the run, should its lock file be deleted
-            manifest["runner"] = runner_record()
+            manifest["runner"] = {"pid": os.getpid(), "start": process_start(os.getpid()), "host": platform.node()}
         for key in drop:
             manifest.pop(key, None)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-        os.replace(tmp, path)
+        self.save_json("manifest.json", manifest, indent=2)
         return manifest
 
     def input_fingerprints(self, notebook: str) -> dict[str, str]:
         """{input: fingerprint} of what `notebook` reads from this run (`INPUTS`)."""
-        return {relative: fingerprint(self.root, relative) for relative in INPUTS[notebook]}
+        return {relative: fingerprint(self.root / relative, relative) for relative in INPUTS[notebook]}
 
     def remove_products(self, notebook: str) -> list[str]:
         """Deletes what `notebook` wrote earlier (`PRODUCTS` less `KEPT_ON_RERUN`); returns it, run-relative."""
@@ -415,11 +401,7 @@ class RunDir:
         return [p.relative_to(self.root).as_posix() for p in doomed]
 
     def save_metrics(self, name: str, values: Any) -> Path:
-        path = self.root / "metrics" / f"{name}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(values, indent=2, default=str) + "\n")
-        os.replace(tmp, path)
-        return path
+        return self.save_json(f"metrics/{name}.json", values, indent=2)
 
     def inside(self, relative: str | Path) -> Path:
         """`root/relative`, refused (ValueError) when it would lie outside the run directory."""
@@ -428,12 +410,12 @@ class RunDir:
             raise ValueError(f"{relative}: not a path inside the run directory {self.root}")
         return path
 
-    def save_json(self, relative: str | Path, values: Any) -> Path:
+    def save_json(self, relative: str | Path, values: Any, indent: int = 1) -> Path:
         """A JSON record at `relative` under the run, written atomically."""
         path = self.inside(relative)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(values, indent=1, default=str) + "\n")
+        tmp.write_text(json.dumps(values, indent=indent, default=str) + "\n")
         os.replace(tmp, path)
         return path
 
