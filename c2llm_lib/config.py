@@ -242,16 +242,17 @@ SOURCE_NAMES = [
 ]  # fmt: skip
 
 
+BEIR_LAYOUT = "(corpus.jsonl, queries.jsonl, qrels/test.tsv)"  # what each of `beir_sets` holds
 FILES_INSTRUCTION = "Given a query, retrieve relevant code or text that answers it:"
 # the params files: params/<run>.yaml, and the recipes notebook 06 compares (`compare_recipes`: params/<name>.yaml)
 PARAMS_DIR = Path(__file__).resolve().parent.parent / "params"
 
 
-def check_beir_sets(folders: list[str]) -> None:
-    """`beir_sets` (notebooks 01 and 04): distinct, non-empty folder paths."""
-    bad = [b for b in folders if not b.strip() or "\0" in b]
-    require(not bad, "beir_sets", f"must be folder paths (corpus.jsonl, queries.jsonl, qrels/test.tsv), got {bad}")
-    require(len(set(folders)) == len(folders), "beir_sets", f"repeats a folder: {folders}")
+def check_folders(folders: list[str], key: str, note: str) -> None:
+    """`key` (beir_sets, code_roots, search_roots): distinct, non-empty folder paths; `note` says more of them."""
+    bad = [f for f in folders if not f.strip() or "\0" in f]
+    require(not bad, key, f"must be folder paths {note}, got {bad}")
+    require(len(set(folders)) == len(folders), key, f"repeats a folder: {folders}")
 
 
 def check_unseen_packages(entries: list[str]) -> None:
@@ -287,7 +288,7 @@ class DataStage:
     def __post_init__(self) -> None:
         self.file_entries()  # names the entry and key of a bad data_files entry, before the generic type check
         check_types(self)
-        check_beir_sets(self.beir_sets)
+        check_folders(self.beir_sets, "beir_sets", BEIR_LAYOUT)
         check_unseen_packages(self.unseen_packages)
         require(bool(self.data_files) or self.data_source != "files", "data_files",
                 "must name at least one file or folder for data_source 'files', e.g. --set "
@@ -320,9 +321,7 @@ class DataStage:
         else:
             require(not self.code_roots, "code_roots",
                     f"is mined only with data_source 'code', not {self.data_source!r}")  # fmt: skip
-        bad = [r for r in self.code_roots if not r.strip() or "\0" in r]
-        require(not bad, "code_roots", f"must be folder paths, got {bad} {where}")
-        require(len(set(self.code_roots)) == len(self.code_roots), "code_roots", f"repeats a folder: {self.code_roots}")
+        check_folders(self.code_roots, "code_roots", where)
         require(1 <= self.code_test_percent <= 99, "code_test_percent",
                 f"must be from 1 to 99 (the held-out share of files, evaluated by notebook 04), got "
                 f"{self.code_test_percent}")  # fmt: skip
@@ -369,7 +368,7 @@ class EvalStage:
 
     def __post_init__(self) -> None:
         check_types(self)
-        check_beir_sets(self.beir_sets)
+        check_folders(self.beir_sets, "beir_sets", BEIR_LAYOUT)
         check_unseen_packages(self.unseen_packages)
         require(self.eval_limit is None or self.eval_limit > 0, "eval_limit", "must be positive")
         require(self.eval_max_documents is None or self.eval_max_documents >= 200, "eval_max_documents",
@@ -485,10 +484,7 @@ class SearchStage:
 
     def __post_init__(self) -> None:
         check_types(self)
-        bad = [r for r in self.search_roots if not r.strip() or "\0" in r]
-        require(not bad, "search_roots", f"must be folder paths, got {bad} (a relative path is from notebooks/)")
-        require(len(set(self.search_roots)) == len(self.search_roots), "search_roots",
-                f"repeats a folder: {self.search_roots}")  # fmt: skip
+        check_folders(self.search_roots, "search_roots", "(a relative path is from notebooks/)")
         require(all(q.strip() for q in self.search_queries), "search_queries", "holds an empty query")
         require(len(set(self.search_queries)) == len(self.search_queries), "search_queries", "repeats a query")
         require(1 <= self.search_query_count <= 1000, "search_query_count",
