@@ -185,29 +185,22 @@ def resolve(
         resolved[name] = values
     if across:
         check_pma_dims(resolved, blame(["compare_pma_dims"])[0], notebook_dir)
-        check_paths(resolved, source, notebook_dir, origins)
+        check_paths(resolved, source, notebook_dir, origins or {})
     return resolved
 
 
-def _looks_like_a_path(value: str) -> bool:
-    """A backbone that names a folder rather than a hub id ("owner/name")."""
-    return value.startswith((".", "/", "~")) or value.count("/") > 1
-
-
-def check_paths(
-    resolved: dict[str, dict[str, Any]],
-    source: str,
-    notebook_dir: Path = NOTEBOOK_DIR,
-    origins: dict[str, str] | None = None,
-) -> None:
+def check_paths(resolved: dict[str, dict[str, Any]], source: str, notebook_dir: Path, origins: dict[str, str]) -> None:
     """`hub_mirror` and a folder `backbone` must be folders as the notebooks see them (relative: from notebooks/)."""
     wanted = [(n, "hub_mirror", v["hub_mirror"]) for n, v in resolved.items() if v.get("hub_mirror") is not None]
     model = resolved.get("02_train_lora_contrastive", {})
     backbone = model.get("backbone")
-    if isinstance(backbone, str) and (_looks_like_a_path(backbone) or Path(backbone).is_dir()):
+    # a backbone naming a folder rather than a hub id ("owner/name")
+    if isinstance(backbone, str) and (
+        backbone.startswith((".", "/", "~")) or backbone.count("/") > 1 or Path(backbone).is_dir()
+    ):
         wanted.append(("02_train_lora_contrastive", "backbone", backbone))
     for name, key, value in wanted:
-        where = (origins or {}).get(key, source)
+        where = origins.get(key, source)
         path = Path(value)  # the notebooks do not expand '~' either
         seen = path if path.is_absolute() else notebook_dir / path
         if seen.is_dir():
@@ -215,9 +208,7 @@ def check_paths(
         if path.is_absolute():
             raise ConfigError(f"{where} (notebook {name}): {key} {value!r} is not a folder")
         here = (
-            ""
-            if not path.is_dir()
-            else f"; it exists from here ({Path.cwd()}): give its absolute path, {path.resolve()}"
+            f"; it exists from here ({Path.cwd()}): give its absolute path, {path.resolve()}" if path.is_dir() else ""
         )
         raise ConfigError(f"{where} (notebook {name}): {key} {value!r} is relative, and the notebooks run in "
                           f"notebooks/, where it names {seen}, which is not a folder{here}")  # fmt: skip
