@@ -35,10 +35,9 @@ def reason_to_rerun(
     executed: Path,
     parameters: dict[str, Any],
     inputs: dict[str, str],
-    ignore: tuple[str, ...] = (),
 ) -> str:
-    """Why `--resume` must rerun a notebook, or '' when it finished, complete, with these parameters (`ignore` aside)
-    and its inputs' recorded fingerprints."""
+    """Why `--resume` must rerun a notebook, or '' when it finished, complete, with these parameters (`LAUNCH_KEYS`
+    aside) and its inputs' recorded fingerprints."""
     if not executed.is_file():
         return "it has not run"
     try:
@@ -48,7 +47,9 @@ def reason_to_rerun(
     if record.get("status") not in ("finished", "stale") or not complete:  # stale: its inputs say why, below
         return f"it did not finish (status {record.get('status', 'unknown')!r})"
     used = used or {}
-    changed = sorted(k for k in set(parameters) | set(used) if used.get(k) != parameters.get(k) and k not in ignore)
+    changed = sorted(
+        k for k in set(parameters) | set(used) if used.get(k) != parameters.get(k) and k not in LAUNCH_KEYS
+    )
     if changed:
         return f"its parameters changed: {', '.join(changed)}"
     recorded = record.get("inputs")
@@ -135,10 +136,11 @@ def rerun_reason(
     run: RunDir, name: str, parameters: dict[str, Any], record: dict[str, Any], notebook_dir: Path
 ) -> tuple[str, dict[str, str]]:
     """(why notebook `name` must run again, '' when what it made earlier stands; its inputs' fingerprints now): the
-    one rule of `--resume`, `not_current` and `training_reason` (docs/runner.md#new-runs---overwrite-and---resume)."""
+    one rule of `--resume`, `not_current` and `tools.launch.training_reason`
+    (docs/runner.md#new-runs---overwrite-and---resume)."""
     inputs = input_fingerprints(run, name, parameters, notebook_dir)
     executed = run.root / "notebooks" / f"{name}.ipynb"
-    reason = reason_to_rerun(record, executed, parameters, inputs, ignore=LAUNCH_KEYS)
+    reason = reason_to_rerun(record, executed, parameters, inputs)
     gone = [] if reason else [relative for relative in record.get("made", ()) if not run.present(relative)]
     return reason or (f"what it made for later notebooks is gone: {', '.join(gone)}" if gone else ""), inputs
 
@@ -161,9 +163,8 @@ def not_current(
     """(why notebook `name`'s products do not stand for this run, the notebooks to rerun for them), or ('', []): it and
     every notebook upstream whose product it read pass `rerun_reason` and are not in `rerun`. `seen` memoises."""
     seen = {} if seen is None else seen
-    if name in seen:
-        return seen[name]
-    seen[name] = _not_current(run, name, resolved, records, notebook_dir, rerun, seen)
+    if name not in seen:
+        seen[name] = _not_current(run, name, resolved, records, notebook_dir, rerun, seen)
     return seen[name]
 
 
@@ -184,5 +185,5 @@ def _not_current(run, name, resolved, records, notebook_dir, rerun, seen) -> tup
 
 def records_of(run: RunDir) -> dict[str, Any]:
     """The manifest's per-notebook records ({} for a new run)."""
-    records = run.read_manifest().get("notebooks") if (run.root / "manifest.json").is_file() else None
+    records = run.read_manifest().get("notebooks")
     return dict(records) if isinstance(records, dict) else {}
