@@ -64,11 +64,8 @@ def unknown_keys(unknown: list[str], known: set[str]) -> str:
     """'key' (did you mean 'closest'?), ... for each unknown key; a key of `MOVED_KEYS` with its replacement."""
     hints = []
     for key in unknown:
-        close = difflib.get_close_matches(key, known, n=1)
-        if key in MOVED_KEYS:
-            hints.append(f"{key!r} (moved: {MOVED_KEYS[key]})")
-        else:
-            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        close = [f" (did you mean {c!r}?)" for c in difflib.get_close_matches(key, known, n=1)]
+        hints.append(f"{key!r}" + (f" (moved: {MOVED_KEYS[key]})" if key in MOVED_KEYS else "".join(close)))
     return ", ".join(hints)
 
 
