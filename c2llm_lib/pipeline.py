@@ -86,21 +86,16 @@ def kernel_config():
     return config
 
 
-def notebook_html(path: Path) -> str:
-    """An executed notebook as one HTML page (nbconvert's lab template, figures inline)."""
-    import nbformat
-    from nbconvert import HTMLExporter
-
-    body, _ = HTMLExporter().from_notebook_node(nbformat.read(path, as_version=4))
-    return body
-
-
 def _save_html(run: RunDir, name: str, executed: Path, log) -> None:
-    """Saves notebooks/<name>.html beside the executed notebook; a failed export is logged, never raised."""
+    """Saves notebooks/<name>.html beside the executed notebook (nbconvert's lab template, figures inline); a failed
+    export is logged, never raised."""
     if not executed.is_file():
         return
     try:
-        run.save_notebook_html(name, notebook_html(executed))
+        import nbformat
+        from nbconvert import HTMLExporter
+
+        run.save_notebook_html(name, HTMLExporter().from_notebook_node(nbformat.read(executed, as_version=4))[0])
     except Exception as err:  # an exporter or template problem must not hide the notebook's result
         log(f"[{name}] no HTML copy: {type(err).__name__}: {err}")
 
@@ -138,30 +133,12 @@ def check_outputs(outputs: Path) -> None:
         raise ConfigError(f"--outputs {outputs}: {where}, not a folder for run directories; choose a folder")
 
 
-def _run_root(outputs: str | Path, name: str, resolved: dict[str, dict[str, Any]]) -> Path:
+def run_root(outputs: str | Path, name: str, resolved: dict[str, dict[str, Any]]) -> Path:
     """The run directory `<outputs>/<name>`, its place given to every notebook (`RUN_KEYS`, in `resolved`)."""
     root = Path(outputs) / name
     for values in resolved.values():
         values.update(run=name, outputs_dir=str(root.parent.resolve()))
     return root
-
-
-TRAIN = "02_train_lora_contrastive"
-
-
-def training_reason(
-    params_file: str | Path,
-    sets: dict[str, Any],
-    overlay: str | Path | None,
-    outputs: str | Path,
-    notebook_dir: Path = NOTEBOOK_DIR,
-) -> str:
-    """Why node 0's `--resume --only 02` trains (the other machines must join), or '' when it keeps the finished
-    training: node 0's parameters through `check_upstream` and `rerun_reason`."""
-    name, _, resolved, selected = resolve_run(params_file, {**sets, "node_rank": 0}, overlay, ["02"], notebook_dir)
-    run = RunDir(_run_root(outputs, name, resolved))
-    check_upstream(run, selected, resolved, str(params_file), notebook_dir)
-    return rerun_reason(run, TRAIN, resolved[TRAIN], records_of(run).get(TRAIN, {}), notebook_dir)[0]
 
 
 def run_pipeline(
@@ -177,7 +154,7 @@ def run_pipeline(
     params_file = Path(params_file)
     check_outputs(Path(outputs))
     name, given, resolved, selected = resolve_run(params_file, sets, overlay, only, notebook_dir)
-    root = _run_root(outputs, name, resolved)
+    root = run_root(outputs, name, resolved)
     check_outside_paths(resolved, root, notebook_dir)
     if mode != "new":  # before --overwrite deletes anything
         check_upstream(RunDir(root), selected, resolved, str(params_file), notebook_dir)

@@ -275,7 +275,7 @@ def test_a_machine_started_again_after_the_training_finished_is_refused(one_proc
         "finished")  # fmt: skip
     code = main([str(SMOKE), "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "localhost:29511",
                  "--outputs", str(run.root.parent)])  # fmt: skip
-    err = capsys.readouterr().err  # node 0's --resume keeps the training too (`pipeline.training_reason`)
+    err = capsys.readouterr().err  # node 0's --resume keeps the training too (`tools.launch.training_reason`)
     assert code == 2 and "with these parameters already finished" in err and "nothing for this machine to join" in err
     code = main(
         [

@@ -33,8 +33,9 @@ from c2llm_lib.config import (
 )
 from c2llm_lib.notebook import NOTEBOOK_DIR, STAGES, parameters_cell
 from c2llm_lib.params import load_params, parse_sets
-from c2llm_lib.pipeline import PipelineError, main, run_pipeline, training_reason
+from c2llm_lib.pipeline import PipelineError, main, run_pipeline
 from c2llm_lib.runs import RunDir, RunInUse, check_run_name
+from tools.launch import training_reason
 
 REPO = Path(__file__).resolve().parent.parent
 QUIET = {"log": lambda *_: None}

@@ -6,7 +6,7 @@ the processes of several machines), e.g. under srun:
 
 Node 0 runs notebook 02 through the pipeline (the run must hold notebook 01's data); every other machine resolves
 the same params and starts its share of the same torchrun command (`c2llm_lib.train.launch.torchrun_command`), writing
-nothing in the run directory, after checking by node 0's rule (`pipeline.training_reason`) that there is a training
+nothing in the run directory, after checking by node 0's rule (`training_reason`) that there is a training
 to join. A tool beside the library (no notebook calls it): it imports c2llm_lib, which never imports it. It was
 `python -m c2llm_lib.launch`, which now names this command and exits with status 2.
 """
@@ -23,9 +23,11 @@ from typing import Any
 from c2llm_lib.checks import ConfigError
 from c2llm_lib.config import LaunchConfig, ModelConfig, TrainConfig, from_dict
 from c2llm_lib.files import CorruptFile
+from c2llm_lib.notebook import NOTEBOOK_DIR
 from c2llm_lib.params import parse_sets, resolve_run
-from c2llm_lib.pipeline import REPO, PipelineError, run_pipeline, training_reason
-from c2llm_lib.runs import RunInUse
+from c2llm_lib.pipeline import REPO, PipelineError, check_upstream, run_pipeline, run_root
+from c2llm_lib.runs import RunDir, RunInUse
+from c2llm_lib.stages import records_of, rerun_reason
 from c2llm_lib.train.launch import (
     RENDEZVOUS_TIMEOUT_S,
     RankFailed,
@@ -37,6 +39,22 @@ from c2llm_lib.train.launch import (
 )
 
 FLAGS = ("nnodes", "node_rank", "rdzv_endpoint", "nproc")  # notebook 02's keys the launcher takes as --nnodes ...
+TRAIN = "02_train_lora_contrastive"
+
+
+def training_reason(
+    params_file: str | Path,
+    sets: dict[str, Any],
+    overlay: str | Path | None,
+    outputs: str | Path,
+    notebook_dir: Path = NOTEBOOK_DIR,
+) -> str:
+    """Why node 0's `--resume --only 02` trains (the other machines must join), or '' when it keeps the finished
+    training: node 0's parameters through the runner's `check_upstream` and `rerun_reason`."""
+    name, _, resolved, selected = resolve_run(params_file, {**sets, "node_rank": 0}, overlay, ["02"], notebook_dir)
+    run = RunDir(run_root(outputs, name, resolved))
+    check_upstream(run, selected, resolved, str(params_file), notebook_dir)
+    return rerun_reason(run, TRAIN, resolved[TRAIN], records_of(run).get(TRAIN, {}), notebook_dir)[0]
 
 
 def notebook_configs(params: Path, overlay: str | None, sets: dict[str, Any]):
