@@ -47,9 +47,8 @@ def reason_to_rerun(
     if record.get("status") not in ("finished", "stale") or not complete:  # stale: its inputs say why, below
         return f"it did not finish (status {record.get('status', 'unknown')!r})"
     used = used or {}
-    changed = sorted(
-        k for k in set(parameters) | set(used) if used.get(k) != parameters.get(k) and k not in LAUNCH_KEYS
-    )
+    keys = (set(parameters) | set(used)) - set(LAUNCH_KEYS)
+    changed = sorted(k for k in keys if used.get(k) != parameters.get(k))
     if changed:
         return f"its parameters changed: {', '.join(changed)}"
     recorded = record.get("inputs")
@@ -136,8 +135,7 @@ def rerun_reason(
     run: RunDir, name: str, parameters: dict[str, Any], record: dict[str, Any], notebook_dir: Path
 ) -> tuple[str, dict[str, str]]:
     """(why notebook `name` must run again, '' when what it made earlier stands; its inputs' fingerprints now): the
-    one rule of `--resume`, `not_current` and `tools.launch.training_reason`
-    (docs/runner.md#new-runs---overwrite-and---resume)."""
+    one rule of `--resume`, `not_current` and `training_reason` (docs/runner.md#new-runs---overwrite-and---resume)."""
     inputs = input_fingerprints(run, name, parameters, notebook_dir)
     executed = run.root / "notebooks" / f"{name}.ipynb"
     reason = reason_to_rerun(record, executed, parameters, inputs)
