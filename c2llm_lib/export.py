@@ -83,12 +83,9 @@ def _replace_text(path: Path, text: str) -> None:
 
 def export_settings(directory: str | os.PathLike) -> dict[str, Any]:
     """The export's `c2llm_backbone.json` (max_seq_length, append_eos, torch_dtype), checked."""
-    from .model.st_modules import BACKBONE_RULES, Backbone, check_settings
+    from .model.st_modules import BACKBONE_RULES, Backbone, read_settings
 
-    path = Path(directory) / Backbone.config_file_name
-    settings = load_json(path, "backbone settings")
-    check_settings(path, settings, BACKBONE_RULES)
-    return settings
+    return read_settings(Path(directory) / Backbone.config_file_name, BACKBONE_RULES, "backbone settings")
 
 
 def write_card(directory: str | os.PathLike, card: str, max_seq_length: int | None = None) -> Path:
@@ -126,7 +123,7 @@ def _modules_problem(entries: Any) -> str:
 
 def check_export(directory: str | os.PathLike) -> Path:
     """Raises, naming the file, unless `directory` is an export of exactly `MODULES`; reads settings only."""
-    from .model.st_modules import POOLER_RULES, check_settings
+    from .model.st_modules import POOLER_RULES, read_settings
 
     folder = Path(directory)
     if not folder.is_dir():
@@ -146,8 +143,7 @@ def check_export(directory: str | os.PathLike) -> Path:
         raise CorruptFile(f"{modules}: {problem}; refusing to load {folder}")
     export_settings(folder)
     pooler_path = folder / "1_Pooler" / "config.json"
-    pooler = load_json(pooler_path, "pooler config")
-    check_settings(pooler_path, pooler, POOLER_RULES)
+    pooler = read_settings(pooler_path, POOLER_RULES, "pooler config")
     backbone = load_json(folder / "config.json", "backbone config")
     if pooler["hidden_size"] != backbone.get("hidden_size"):
         raise CorruptFile(f"{pooler_path}: hidden_size {pooler['hidden_size']} is not the backbone's "
