@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from .files import CorruptFile, atomic_directory, check_target, load_json
 from .model.backbone import REAL_GGUF_BACKBONE, TINY_BACKBONE
+from .model.encoder import KINDS
 from .prompts import C2LLM_PROMPTS, prompts
 
 FOLDER = "export"  # outputs/<run>/export, beside merged/
@@ -20,34 +21,30 @@ MODULES = (  # modules.json of an export: (path, class); sentence-transformers i
     ("1_Pooler", "c2llm_lib.model.st_modules.Pooler"),
     ("2_Normalize", "sentence_transformers.*.Normalize"),  # its own class, under its package's module path
 )
-LICENCES = {  # the backbone's licence, which a fine-tuned model keeps
-    "Qwen/Qwen2.5-Coder-0.5B": "apache-2.0", "Qwen/Qwen2.5-Coder-0.5B-Instruct": "apache-2.0",
-    "Qwen/Qwen2.5-Coder-1.5B": "apache-2.0", "Qwen/Qwen2.5-Coder-1.5B-Instruct": "apache-2.0",
-    "Qwen/Qwen2.5-Coder-7B": "apache-2.0", "Qwen/Qwen2.5-Coder-7B-Instruct": "apache-2.0",
-}  # fmt: skip
+LICENCE = "apache-2.0"  # the Qwen2.5-Coder backbones' licence (0.5B, 1.5B, 7B), which a fine-tuned model keeps
 
 
 def sentence_prompts(encoder) -> dict[str, str]:
     """{prompt name: prefix}: `query`, `document`, `<task>-query` and `<task>-document` per MTEB(Code, v1) task."""
     cfg = encoder.config
-    named = {
-        "query": encoder.format_texts([""], "query")[0],
-        "document": encoder.format_texts([""], "document")[0],
-    }
+    named = {kind: encoder.format_texts([""], kind)[0] for kind in KINDS}
     for task in sorted(C2LLM_PROMPTS):
-        query, document = prompts(cfg.prompt_style, task, cfg.document_prefix)
-        named[f"{task}-query"] = encoder.format_texts([""], "query", query)[0]
-        named[f"{task}-document"] = encoder.format_texts([""], "document", document)[0]
+        for kind, instruction in zip(KINDS, prompts(cfg.prompt_style, task, cfg.document_prefix), strict=True):
+            named[f"{task}-{kind}"] = encoder.format_texts([""], kind, instruction)[0]
     return named
 
 
-def sentence_transformer(encoder, max_seq_length: int | None = None):
-    """The merged encoder as a `SentenceTransformer` (Backbone, Pooler, Normalize), `max_seq_length` tokens at most."""
+def save_export(
+    encoder, directory: str | os.PathLike, card: str, overwrite: bool = False, max_seq_length: int | None = None
+) -> Path:
+    """Writes the merged encoder atomically as a `SentenceTransformer` (Backbone, Pooler, Normalize) encoding at most
+    `max_seq_length` tokens, with `card` as its README.md."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Normalize
 
     from .model.st_modules import Backbone, Pooler
 
+    target = check_target(directory, overwrite)
     if encoder.base_model is not encoder.backbone:
         raise ValueError("the encoder still has a LoRA adapter: export the merged encoder (merge.merge_checkpoints)")
     cfg = encoder.config
@@ -55,20 +52,12 @@ def sentence_transformer(encoder, max_seq_length: int | None = None):
     pooler = Pooler(cfg.pooling, encoder.backbone_config.hidden_size, cfg.embedding_dim, cfg.pma_heads,
                     cfg.pma_score_scale)  # fmt: skip
     pooler.pooler.load_state_dict({k: v.float() for k, v in encoder.pooler.state_dict().items()})
-    return SentenceTransformer(
+    model = SentenceTransformer(
         modules=[backbone, pooler, Normalize()],
         prompts=sentence_prompts(encoder),
         similarity_fn_name="cosine",
         device=str(encoder.device),
     )
-
-
-def save_export(
-    encoder, directory: str | os.PathLike, card: str, overwrite: bool = False, max_seq_length: int | None = None
-) -> Path:
-    """Writes the export folder atomically with `card` as its README.md, encoding at most `max_seq_length` tokens."""
-    target = check_target(directory, overwrite)
-    model = sentence_transformer(encoder, max_seq_length)
     with atomic_directory(target) as staging:
         model.save(str(staging), create_model_card=False)
         (staging / "README.md").write_text(card)
@@ -83,12 +72,9 @@ def _replace_text(path: Path, text: str) -> None:
 
 def export_settings(directory: str | os.PathLike) -> dict[str, Any]:
     """The export's `c2llm_backbone.json` (max_seq_length, append_eos, torch_dtype), checked."""
-    from .model.st_modules import BACKBONE_RULES, Backbone, check_settings
+    from .model.st_modules import BACKBONE_RULES, Backbone, read_settings
 
-    path = Path(directory) / Backbone.config_file_name
-    settings = load_json(path, "backbone settings")
-    check_settings(path, settings, BACKBONE_RULES)
-    return settings
+    return read_settings(Path(directory) / Backbone.config_file_name, BACKBONE_RULES, "backbone settings")
 
 
 def write_card(directory: str | os.PathLike, card: str, max_seq_length: int | None = None) -> Path:
@@ -126,7 +112,7 @@ def _modules_problem(entries: Any) -> str:
 
 def check_export(directory: str | os.PathLike) -> Path:
     """Raises, naming the file, unless `directory` is an export of exactly `MODULES`; reads settings only."""
-    from .model.st_modules import POOLER_RULES, check_settings
+    from .model.st_modules import POOLER_RULES, read_settings
 
     folder = Path(directory)
     if not folder.is_dir():
@@ -146,8 +132,7 @@ def check_export(directory: str | os.PathLike) -> Path:
         raise CorruptFile(f"{modules}: {problem}; refusing to load {folder}")
     export_settings(folder)
     pooler_path = folder / "1_Pooler" / "config.json"
-    pooler = load_json(pooler_path, "pooler config")
-    check_settings(pooler_path, pooler, POOLER_RULES)
+    pooler = read_settings(pooler_path, POOLER_RULES, "pooler config")
     backbone = load_json(folder / "config.json", "backbone config")
     if pooler["hidden_size"] != backbone.get("hidden_size"):
         raise CorruptFile(f"{pooler_path}: hidden_size {pooler['hidden_size']} is not the backbone's "
@@ -348,8 +333,7 @@ def model_card(
                          f"{max_seq_length}: export at the evaluated length")  # fmt: skip
     cfg = encoder_config
     base, revision = base_model(cfg)
-    licence = LICENCES.get(base, "apache-2.0")
-    front = ["---", f"license: {licence}", "library_name: sentence-transformers", "pipeline_tag: sentence-similarity",
+    front = ["---", f"license: {LICENCE}", "library_name: sentence-transformers", "pipeline_tag: sentence-similarity",
              "tags: [sentence-transformers, code, retrieval, c2llm]"]  # fmt: skip
     if "/" in base and not Path(base).exists():
         front.append(f"base_model: {base}")
@@ -360,6 +344,12 @@ def model_card(
                     "prompt style": cfg.prompt_style, "document prefix": cfg.document_prefix}  # fmt: skip
     training = (train or {}).get("train_config") or {}
     lora = {k: v for k, v in ((train or {}).get("model_config") or {}).items() if k.startswith("lora_")}
+    trained = training and {**training, **lora, "steps": (train or {}).get("steps")}
+    merged = merge and {
+        "checkpoints": len(merge.get("checkpoints", [])),
+        "weights": merge.get("weights"),
+        "note": merge.get("note") or "-",
+    }
     scores = "Not evaluated yet: notebook 04 writes the scores here.\n"
     if results:
         scores = results.strip() + "\n\n" + scores_source(scored, dtype, max_seq_length) + "\n"
@@ -372,26 +362,10 @@ def model_card(
         "## Base model\n\n" + _table({"backbone": base, "revision": revision}),
         "## Architecture\n\n" + _table(architecture),
         "## Training data and decontamination\n\n" + _data_section(data),
-        "## Training parameters\n\n"
-        + (
-            _table({**training, **lora, "steps": (train or {}).get("steps")})
-            if training
-            else "No training record (`metrics/train.json`).\n"
-        ),  # fmt: skip
-        "## Checkpoint merge\n\n"
-        + (
-            _table(
-                {
-                    "checkpoints": len(merge.get("checkpoints", [])),
-                    "weights": merge.get("weights"),
-                    "note": merge.get("note") or "-",
-                }
-            )
-            if merge
-            else "No merge record (`metrics/merge.json`).\n"
-        ),  # fmt: skip
+        "## Training parameters\n\n" + (_table(trained) if trained else "No training record (`metrics/train.json`).\n"),
+        "## Checkpoint merge\n\n" + (_table(merged) if merged else "No merge record (`metrics/merge.json`).\n"),
         "## Held-out scores\n\n" + scores,
-        f"## Licence\n\n`{licence}`, the licence of the base model, which a fine-tuned model keeps.",
+        f"## Licence\n\n`{LICENCE}`, the licence of the base model, which a fine-tuned model keeps.",
         "## Use with sentence-transformers\n\n"
         "```python\nfrom c2llm_lib.export import load_export  # pip install c2llm_lib; the folder ships no code\n\n"
         f'model = load_export("{path}")  # checks modules.json and the files, then loads with sentence-transformers\n'

