@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.models.abs_encoder import AbsEncoder
+from mteb.models.model_meta import ModelMeta, ScoringFunction
 
 from ..files import file_digest
 from ..prompts import C2LLM_PROMPTS, OFFLINE_TASKS, prompts
@@ -75,35 +76,10 @@ def task_fingerprint(task: RetrievalTask) -> str:
     return hashlib.blake2b(json.dumps(content, ensure_ascii=False).encode(), digest_size=8).hexdigest()
 
 
-def model_meta(
-    encoder,
-    name: str = "local/c2llm-reproduction",
-    revision: str | None = None,
-    max_length: int | None = None,
-    overrides: dict[str, str] | None = None,
-    batch_size: int | None = None,
-):
-    """mteb's ModelMeta for our encoder; its revision is the `fingerprint` unless given."""
-    from mteb.models.model_meta import ModelMeta, ScoringFunction
-
-    return ModelMeta.create_empty(
-        overwrites={
-            "name": name,
-            "revision": revision or fingerprint(encoder, max_length, overrides, batch_size),
-            "embed_dim": encoder.embedding_dim,
-            "max_tokens": max_length or encoder.config.max_length,
-            "similarity_fn_name": ScoringFunction.COSINE,
-            "use_instructions": True,
-            "framework": ["PyTorch", "Transformers"],
-            "open_weights": True,
-        }
-    )
-
-
 class MTEBEncoder(AbsEncoder):
     """mteb's encoder protocol around a C2LLMEncoder with its prompt style's prompts; `prompts` overrides named tasks'
     query instructions (an unknown task gets its override, or in the c2llm style none). A shared `cache`
-    (`EncodingCache`) encodes each text once."""
+    (`EncodingCache`) encodes each text once. Its ModelMeta's revision is the `fingerprint`."""
 
     def __init__(
         self,
@@ -118,8 +94,18 @@ class MTEBEncoder(AbsEncoder):
         self.overrides = dict(prompts or {})
         self.batch_size, self.max_length = batch_size, max_length
         self.cache = cache
-        self.mteb_model_meta = model_meta(encoder, name, max_length=max_length, overrides=self.overrides,
-                                          batch_size=batch_size)  # fmt: skip
+        self.mteb_model_meta = ModelMeta.create_empty(
+            overwrites={
+                "name": name,
+                "revision": fingerprint(encoder, max_length, self.overrides, batch_size),
+                "embed_dim": encoder.embedding_dim,
+                "max_tokens": max_length or encoder.config.max_length,
+                "similarity_fn_name": ScoringFunction.COSINE,
+                "use_instructions": True,
+                "framework": ["PyTorch", "Transformers"],
+                "open_weights": True,
+            }
+        )
 
     def task_prompts(self, task: str) -> tuple[str, str]:
         """(query instruction, document prefix) for a task name."""
