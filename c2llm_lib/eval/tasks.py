@@ -20,6 +20,8 @@ from ..data.unseen import mine_packages, package_pins
 from ..prompts import HELDOUT_RECIPES, prompts, recipe_task
 from ..retrieval import RetrievalTask, corpus_text, file_safe
 
+RECIPE_NAMES = {recipe: short for short, recipe in HELDOUT_RECIPES.items()}  # CodeSearchNetRetrieval -> text2code
+
 
 def limit_task(
     task: RetrievalTask, limit: int | None = None, max_documents: int | None = None, seed: int = 0
@@ -93,8 +95,7 @@ def offline_tasks(
             groups.setdefault((row["dataset"], row["language"]), []).append(row)
     tasks = []
     for (dataset, language), rows in sorted(groups.items()):
-        short = {"CodeSearchNetRetrieval": "text2code", "CodeSearchNetCCRetrieval": "code2code"}[dataset]
-        name = f"offline-{short}-{language}"
+        name = f"offline-{RECIPE_NAMES[dataset]}-{language}"
         tasks.append(task_from_rows(name, rows, TABLE_1[dataset], limit, max_documents, seed))
     if include_humaneval:
         tasks.append(
@@ -109,11 +110,10 @@ HELDOUT_COLUMNS = ("dataset", "language", "query", "positive", "instruction")
 def heldout_task_names(groups: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
     """{(dataset, language): task name}: `heldout-text2code-<language>`, `heldout-code2code-<language>`, or
     `heldout-<group>-<language>` for a user's group (file-safe, unique, never read as a code recipe's)."""
-    short = {recipe: name for name, recipe in HELDOUT_RECIPES.items()}
     names: dict[tuple[str, str], str] = {}
     for dataset, language in sorted(set(groups)):
-        if dataset in short:
-            name = f"heldout-{short[dataset]}-{language}"
+        if dataset in RECIPE_NAMES:
+            name = f"heldout-{RECIPE_NAMES[dataset]}-{language}"
         else:
             name = f"heldout-{file_safe(dataset)}-{file_safe(language)}"
             if recipe_task(name) != name:
