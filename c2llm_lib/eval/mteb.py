@@ -4,6 +4,7 @@ every query's nDCG@10. Importing it imports mteb (about 240 MB): the rest of the
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import weakref
@@ -117,15 +118,8 @@ class MTEBEncoder(AbsEncoder):
         texts = [text for batch in inputs for text in batch["text"]]
         query, document = self.task_prompts(task_metadata.name)
         kind, instruction = ("query", query) if prompt_type == PromptType.query else ("document", document)
-        settings = {
-            "kind": kind,
-            "instruction": instruction,
-            "batch_size": self.batch_size,
-            "max_length": self.max_length,
-        }
-        if self.cache is not None:
-            return self.cache.encode(self.model, texts, **settings)
-        return self.model.encode(texts, **settings)
+        encode = self.model.encode if self.cache is None else functools.partial(self.cache.encode, self.model)
+        return encode(texts, kind=kind, instruction=instruction, batch_size=self.batch_size, max_length=self.max_length)
 
 
 class OfflineTask(AbsTaskRetrieval):
