@@ -5,7 +5,7 @@ resamples every task at once. What an interval can say: docs/evaluation.md#how-s
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -42,8 +42,7 @@ class Interval:
 
     def scaled(self, factor: float) -> Interval:
         """The same interval in other units (x 100 for the tables)."""
-        return Interval(self.value * factor, self.low * factor, self.high * factor, self.queries, self.resamples,
-                        self.level, self.trainings)  # fmt: skip
+        return replace(self, value=self.value * factor, low=self.low * factor, high=self.high * factor)
 
     def to_dict(self) -> dict[str, float | int | bool | list[int]]:
         return {**asdict(self), "trainings": list(self.trainings), "within_noise": self.within_noise}
@@ -228,10 +227,8 @@ def sentence(a: str, b: str, where: str, interval: Interval) -> str:
     """One comparison in words: which side is ahead, by how much, or "within noise" when the 95 % interval holds 0."""
     i = interval.scaled(100)
     span = f"95 % interval [{i.low:+.1f}, {i.high:+.1f}] over {i.over}"
-    if interval.within_noise:
-        return f"{where}: {a} - {b} = {i.value:+.1f} ({span}): within noise."
-    ahead = a if i.value > 0 else b
-    return f"{where}: {a} - {b} = {i.value:+.1f} ({span}): {ahead} is ahead."
+    verdict = "within noise" if interval.within_noise else f"{a if i.value > 0 else b} is ahead"
+    return f"{where}: {a} - {b} = {i.value:+.1f} ({span}): {verdict}."
 
 
 Differences = Mapping[tuple[str, str], Mapping[str, Interval]]  # {(A, B): {task: Interval, MEAN: Interval}}
