@@ -3,6 +3,7 @@ mean without CodeEditSearch (evaluated on its train split), and newer benchmarks
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
@@ -50,10 +51,8 @@ def available_benchmarks() -> list[str]:
     return sorted(b.name for b in mteb.get_benchmarks())
 
 
-def check_benchmarks(names: Sequence[str], key: str = "benchmarks") -> None:
-    """Raises, naming `key`, unless every name is a benchmark of the installed mteb (listing those it has)."""
-    import difflib
-
+def check_benchmarks(names: Sequence[str]) -> None:
+    """Raises, naming `benchmarks`, unless every name is a benchmark of the installed mteb (listing those it has)."""
     available = available_benchmarks()
     for name in names:
         if name in available:
@@ -63,7 +62,7 @@ def check_benchmarks(names: Sequence[str], key: str = "benchmarks") -> None:
         if name.count("(") != name.count(")"):
             hint += "; a name with a comma must be quoted in YAML: --set 'benchmarks=[\"MTEB(Code, v1)\"]'"
         raise ValueError(
-            f"{key}: {name!r} is not a benchmark of the installed mteb {version('mteb')}{hint}. "
+            f"benchmarks: {name!r} is not a benchmark of the installed mteb {version('mteb')}{hint}. "
             f"Available: {', '.join(available)}"
         )
 
