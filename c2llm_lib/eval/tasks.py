@@ -10,7 +10,6 @@ import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..data.beir import read_beir_sets
 from ..data.offline import TEXT_TO_CODE, humaneval_records, load_snapshot
@@ -167,12 +166,11 @@ def unseen_tasks(
     limit: int | None = None,
     max_documents: int | None = None,
     seed: int = 0,
-    cache_dir: str | Path | None = None,
 ) -> list[RetrievalTask]:
     """`unseen-text2code-<package>` and `unseen-code2code-<package>` per pinned, hash-checked library
     (`data.unseen.mine_packages`), against its whole corpus; `limit` and `max_documents` as in `limit_task`."""
     tasks = []
-    for mined in mine_packages(entries, cache_dir) if entries else []:
+    for mined in mine_packages(entries) if entries else []:
         for short, recipe in HELDOUT_RECIPES.items():
             tasks.append(task_from_rows(f"unseen-{short}-{file_safe(mined.pin.name)}", mined.rows[recipe],
                                         TABLE_1[recipe], limit, max_documents, seed, distinct_queries=True,
