@@ -136,11 +136,6 @@ def _documents(source: SourceFile, functions) -> list[Document]:
             for f in functions if f.code.strip()]  # fmt: skip
 
 
-def _fingerprint(source: SourceFile, documents: int) -> FileState:
-    stat = os.stat(source.path, follow_symlinks=False)
-    return FileState(stat.st_size, stat.st_mtime_ns, hashlib.sha256(source.data).hexdigest(), documents)
-
-
 def _previous_parts(previous: SearchIndex) -> dict[str, _Part]:
     parts: dict[str, _Part] = {}
     start = 0
@@ -166,7 +161,8 @@ def _scan(encoder, sources: Sources, earlier: dict[str, _Part], settings: dict[s
         if functions is None:
             continue
         documents = _documents(source, functions)
-        state = _fingerprint(source, len(documents))
+        stat = os.stat(source.path, follow_symlinks=False)
+        state = FileState(stat.st_size, stat.st_mtime_ns, hashlib.sha256(source.data).hexdigest(), len(documents))
         if old is not None and old.state.sha256 == state.sha256:
             problem = _mismatch(old.documents, documents) or _vector_mismatch(encoder, old, settings)
             if problem is None:
