@@ -8,9 +8,9 @@ import torch
 
 from c2llm_lib.data.offline import load_snapshot
 from c2llm_lib.eval.scoring import (
+    bm25_rankings,
     chunked_topk,
     embedding_rankings,
-    evaluate_bm25,
     ndcg_at_k,
     recall_at_k,
     score_rankings,
@@ -23,6 +23,11 @@ from c2llm_lib.retrieval import RetrievalTask, corpus_text
 def score_embeddings(task, queries: np.ndarray, documents: np.ndarray, k: int = 10) -> dict[str, float]:
     """Scores of a task from its normalised query (Q, d) and document (N, d) embeddings, in task order."""
     return score_rankings(task, embedding_rankings(task, queries, documents, k), k)
+
+
+def evaluate_bm25(task, k: int = 10) -> dict[str, float]:
+    """The BM25 baseline (bm25s, default parameters, no stopwords) on a task."""
+    return score_rankings(task, bm25_rankings(task, k), k)
 
 
 def evaluate_encoder(encode, task, k: int = 10, batch_size: int = 16) -> dict[str, float]:

@@ -9,7 +9,7 @@ import pytest
 
 from c2llm_lib.checks import ConfigError
 from c2llm_lib.config import ModelConfig, TrainConfig
-from c2llm_lib.eval.scoring import truncation_scores
+from c2llm_lib.eval.scoring import truncation_query_scores
 from c2llm_lib.retrieval import RetrievalTask
 from c2llm_lib.study.plan import RECIPE_KEYS, load_recipe, plan, recipe_configs
 from c2llm_lib.study.recipes import comparison_frame, comparison_markdown, dimension_table, verdict
@@ -47,6 +47,14 @@ def test_the_plan_adds_pma_projections_only_for_pma_recipes():
     projected = entries[1]
     assert projected.projected and projected.model.embedding_dim == 16 and projected.recipe == "c2llm-0.5b"
     assert dataclasses.replace(projected.model, embedding_dim=None) == entries[0].model
+
+
+def truncation_scores(task, queries: np.ndarray, documents: np.ndarray, dims, k: int = 10) -> dict[int, float]:
+    """{d: nDCG@k} with every embedding cut to its first d coordinates and re-normalised (`truncate`)."""
+    return {
+        d: float(np.mean(list(s.values())))
+        for d, s in truncation_query_scores(task, queries, documents, dims, k).items()
+    }
 
 
 def test_truncation_scores_known_answer():

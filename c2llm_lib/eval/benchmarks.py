@@ -3,14 +3,16 @@ mean without CodeEditSearch (evaluated on its train split), and newer benchmarks
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 from ..data.decontamination import MTEB_CODE_TASKS
 from ..data.sources import mirrored_task, mteb_tasks
 from .mteb import MTEBEncoder, run_mteb
-from .tables import results_markdown
+from .tables import results_frame, results_markdown
 
 CONTAMINATED = ("CodeEditSearchRetrieval",)  # evaluated on its train split
 # nDCG@10 x 100 from the public MTEB results (reference section 5); C2LLM rows equal the paper's table 2.
@@ -49,10 +51,8 @@ def available_benchmarks() -> list[str]:
     return sorted(b.name for b in mteb.get_benchmarks())
 
 
-def check_benchmarks(names: Sequence[str], key: str = "benchmarks") -> None:
-    """Raises, naming `key`, unless every name is a benchmark of the installed mteb (listing those it has)."""
-    import difflib
-
+def check_benchmarks(names: Sequence[str]) -> None:
+    """Raises, naming `benchmarks`, unless every name is a benchmark of the installed mteb (listing those it has)."""
     available = available_benchmarks()
     for name in names:
         if name in available:
@@ -62,15 +62,9 @@ def check_benchmarks(names: Sequence[str], key: str = "benchmarks") -> None:
         if name.count("(") != name.count(")"):
             hint += "; a name with a comma must be quoted in YAML: --set 'benchmarks=[\"MTEB(Code, v1)\"]'"
         raise ValueError(
-            f"{key}: {name!r} is not a benchmark of the installed mteb {_mteb_version()}{hint}. "
+            f"benchmarks: {name!r} is not a benchmark of the installed mteb {version('mteb')}{hint}. "
             f"Available: {', '.join(available)}"
         )
-
-
-def _mteb_version() -> str:
-    from importlib.metadata import version
-
-    return version("mteb")
 
 
 def benchmark_tasks(name: str, tasks: Sequence[str] = ("all",), mirror: str | Path | None = None) -> list:
@@ -106,8 +100,7 @@ def benchmark_table(benchmark: str, ours: dict[str, float], label: str = "this r
 
     if benchmark == "MTEB(Code, v1)":
         return comparison_table(ours, label)
-    frame = pd.DataFrame({label: {t: 100 * v for t, v in ours.items()}}).T
-    frame["mean"] = frame.mean(axis=1)
+    frame = results_frame({label: ours})
     public = PUBLIC_MEANS.get(benchmark, {}).get("scores", {})
     rows = [pd.DataFrame({"mean": [score]}, index=[f"{model} (public)"]) for model, score in public.items()]
     return pd.concat([*rows, frame]).round(2)

@@ -5,7 +5,7 @@ resamples every task at once. What an interval can say: docs/evaluation.md#how-s
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -42,8 +42,7 @@ class Interval:
 
     def scaled(self, factor: float) -> Interval:
         """The same interval in other units (x 100 for the tables)."""
-        return Interval(self.value * factor, self.low * factor, self.high * factor, self.queries, self.resamples,
-                        self.level, self.trainings)  # fmt: skip
+        return replace(self, value=self.value * factor, low=self.low * factor, high=self.high * factor)
 
     def to_dict(self) -> dict[str, float | int | bool | list[int]]:
         return {**asdict(self), "trainings": list(self.trainings), "within_noise": self.within_noise}
@@ -69,18 +68,6 @@ def aligned(a: QueryScores, b: QueryScores, names: tuple[str, str] = ("A", "B"))
     return out
 
 
-def _resampled_means(values: Mapping[str, np.ndarray], resamples: int, seed: int) -> dict[str, np.ndarray]:
-    """{task: (B,) resampled means} and MEAN: their mean over tasks; one generator, tasks sorted."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for task in sorted(values):
-        v = values[task]  # (n,)
-        idx = rng.integers(0, len(v), size=(resamples, len(v)))  # (B, n)
-        out[task] = v[idx].mean(axis=1)  # (B,)
-    out[MEAN] = np.mean([out[t] for t in sorted(values)], axis=0)  # (B,)
-    return out
-
-
 def _check(values: Mapping[str, object], resamples: int, level: float) -> None:
     if resamples < 1:
         raise ValueError(f"resamples must be at least 1, got {resamples}")
@@ -91,23 +78,31 @@ def _check(values: Mapping[str, object], resamples: int, level: float) -> None:
 
 
 def _percentiles(boot, observed, sizes, resamples: int, level: float, trainings=()) -> dict[str, Interval]:
-    """{task: Interval, MEAN: Interval} from each key's (B,) resampled statistics and its observed value and size."""
+    """{task: Interval, MEAN: Interval} from each task's (B,) resampled statistics and its observed value and size; the
+    mean over tasks resamples every task at once (each resample's task statistics averaged)."""
+    tasks = sorted(boot)
+    boot[MEAN] = np.mean([boot[t] for t in tasks], axis=0)  # (B,)
+    observed[MEAN] = float(np.mean([observed[t] for t in tasks]))
+    sizes[MEAN] = sum(sizes[t] for t in tasks)
     tail = 100 * (1 - level) / 2
     out = {}
-    for key in [*sorted(k for k in boot if k != MEAN), MEAN]:
+    for key in [*tasks, MEAN]:
         low, high = np.percentile(boot[key], [tail, 100 - tail])
         out[key] = Interval(observed[key], float(low), float(high), sizes[key], resamples, level, trainings)
     return out
 
 
 def _intervals(values: Mapping[str, np.ndarray], resamples: int, seed: int, level: float) -> dict[str, Interval]:
+    """The bootstrap over queries of each task's mean of `values`; one generator, tasks sorted."""
     _check(values, resamples, level)
-    boot = _resampled_means(values, resamples, seed)
+    rng = np.random.default_rng(seed)
+    boot = {}
+    for task in sorted(values):
+        v = values[task]  # (n,)
+        idx = rng.integers(0, len(v), size=(resamples, len(v)))  # (B, n)
+        boot[task] = v[idx].mean(axis=1)  # (B,)
     observed = {t: float(v.mean()) for t, v in values.items()}
-    observed[MEAN] = float(np.mean([observed[t] for t in sorted(values)]))
-    sizes = {t: len(v) for t, v in values.items()}
-    sizes[MEAN] = sum(sizes.values())
-    return _percentiles(boot, observed, sizes, resamples, level)
+    return _percentiles(boot, observed, {t: len(v) for t, v in values.items()}, resamples, level)
 
 
 def paired_bootstrap(
@@ -165,11 +160,7 @@ def _training_intervals(
         if b is not None:
             boot[task] = boot[task] - _resampled(b[task], drawn[1], queries)
             observed[task] -= float(b[task].mean())
-    boot[MEAN] = np.mean([boot[t] for t in tasks], axis=0)  # (R,)
-    observed[MEAN] = float(np.mean([observed[t] for t in tasks]))
-    sizes = {t: a[t].shape[1] for t in tasks}
-    sizes[MEAN] = sum(sizes.values())
-    return _percentiles(boot, observed, sizes, resamples, level, counts)
+    return _percentiles(boot, observed, {t: a[t].shape[1] for t in tasks}, resamples, level, counts)
 
 
 def training_bootstrap(
@@ -193,10 +184,12 @@ def training_bootstrap_mean(
     return _training_intervals(_by_training(seeds, "the model"), None, resamples, seed, level)
 
 
-def _check_pairs(rows: Mapping[str, object], pairs: Sequence[tuple[str, str]], what: str) -> None:
+def _pairwise(bootstrap, rows: Mapping, pairs: Sequence[tuple[str, str]], what: str, resamples: int, seed: int) -> dict:
+    """{(A, B): `bootstrap` of A - B} per pair of `rows`; a model without `what` scores is refused."""
     missing = sorted({m for pair in pairs for m in pair} - set(rows))
     if missing:
         raise KeyError(f"no {what} scores for {missing}; known: {sorted(rows)}")
+    return {(a, b): bootstrap(rows[a], rows[b], resamples, seed, names=(a, b)) for a, b in pairs}
 
 
 def training_differences(
@@ -206,8 +199,7 @@ def training_differences(
     seed: int = SEED,
 ) -> dict[tuple[str, str], dict[str, Interval]]:
     """`differences` over trainings and queries: `rows` maps a model to its trainings' per-query scores."""
-    _check_pairs(rows, pairs, "per-training")
-    return {(a, b): training_bootstrap(rows[a], rows[b], resamples, seed, names=(a, b)) for a, b in pairs}
+    return _pairwise(training_bootstrap, rows, pairs, "per-training", resamples, seed)
 
 
 def seed_mean(runs: Sequence[QueryScores]) -> dict[str, dict[str, float]]:
@@ -235,10 +227,8 @@ def sentence(a: str, b: str, where: str, interval: Interval) -> str:
     """One comparison in words: which side is ahead, by how much, or "within noise" when the 95 % interval holds 0."""
     i = interval.scaled(100)
     span = f"95 % interval [{i.low:+.1f}, {i.high:+.1f}] over {i.over}"
-    if interval.within_noise:
-        return f"{where}: {a} - {b} = {i.value:+.1f} ({span}): within noise."
-    ahead = a if i.value > 0 else b
-    return f"{where}: {a} - {b} = {i.value:+.1f} ({span}): {ahead} is ahead."
+    verdict = "within noise" if interval.within_noise else f"{a if i.value > 0 else b} is ahead"
+    return f"{where}: {a} - {b} = {i.value:+.1f} ({span}): {verdict}."
 
 
 Differences = Mapping[tuple[str, str], Mapping[str, Interval]]  # {(A, B): {task: Interval, MEAN: Interval}}
@@ -248,8 +238,7 @@ def differences(
     rows: Mapping[str, QueryScores], pairs: Sequence[tuple[str, str]], resamples: int = RESAMPLES, seed: int = SEED
 ) -> dict[tuple[str, str], dict[str, Interval]]:
     """{(A, B): {task: Interval, MEAN: Interval}} of A - B per pair of `rows`; unknown models are refused."""
-    _check_pairs(rows, pairs, "per-query")
-    return {(a, b): paired_bootstrap(rows[a], rows[b], resamples, seed, names=(a, b)) for a, b in pairs}
+    return _pairwise(paired_bootstrap, rows, pairs, "per-query", resamples, seed)
 
 
 def differences_markdown(diffs: Differences, title: str) -> str:

@@ -4,6 +4,7 @@ every query's nDCG@10. Importing it imports mteb (about 240 MB): the rest of the
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import weakref
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 from mteb.abstasks.retrieval import AbsTaskRetrieval
 from mteb.models.abs_encoder import AbsEncoder
+from mteb.models.model_meta import ModelMeta, ScoringFunction
 
 from ..files import file_digest
 from ..prompts import C2LLM_PROMPTS, OFFLINE_TASKS, prompts
@@ -75,35 +77,10 @@ def task_fingerprint(task: RetrievalTask) -> str:
     return hashlib.blake2b(json.dumps(content, ensure_ascii=False).encode(), digest_size=8).hexdigest()
 
 
-def model_meta(
-    encoder,
-    name: str = "local/c2llm-reproduction",
-    revision: str | None = None,
-    max_length: int | None = None,
-    overrides: dict[str, str] | None = None,
-    batch_size: int | None = None,
-):
-    """mteb's ModelMeta for our encoder; its revision is the `fingerprint` unless given."""
-    from mteb.models.model_meta import ModelMeta, ScoringFunction
-
-    return ModelMeta.create_empty(
-        overwrites={
-            "name": name,
-            "revision": revision or fingerprint(encoder, max_length, overrides, batch_size),
-            "embed_dim": encoder.embedding_dim,
-            "max_tokens": max_length or encoder.config.max_length,
-            "similarity_fn_name": ScoringFunction.COSINE,
-            "use_instructions": True,
-            "framework": ["PyTorch", "Transformers"],
-            "open_weights": True,
-        }
-    )
-
-
 class MTEBEncoder(AbsEncoder):
     """mteb's encoder protocol around a C2LLMEncoder with its prompt style's prompts; `prompts` overrides named tasks'
     query instructions (an unknown task gets its override, or in the c2llm style none). A shared `cache`
-    (`EncodingCache`) encodes each text once."""
+    (`EncodingCache`) encodes each text once. Its ModelMeta's revision is the `fingerprint`."""
 
     def __init__(
         self,
@@ -118,8 +95,18 @@ class MTEBEncoder(AbsEncoder):
         self.overrides = dict(prompts or {})
         self.batch_size, self.max_length = batch_size, max_length
         self.cache = cache
-        self.mteb_model_meta = model_meta(encoder, name, max_length=max_length, overrides=self.overrides,
-                                          batch_size=batch_size)  # fmt: skip
+        self.mteb_model_meta = ModelMeta.create_empty(
+            overwrites={
+                "name": name,
+                "revision": fingerprint(encoder, max_length, self.overrides, batch_size),
+                "embed_dim": encoder.embedding_dim,
+                "max_tokens": max_length or encoder.config.max_length,
+                "similarity_fn_name": ScoringFunction.COSINE,
+                "use_instructions": True,
+                "framework": ["PyTorch", "Transformers"],
+                "open_weights": True,
+            }
+        )
 
     def task_prompts(self, task: str) -> tuple[str, str]:
         """(query instruction, document prefix) for a task name."""
@@ -131,15 +118,8 @@ class MTEBEncoder(AbsEncoder):
         texts = [text for batch in inputs for text in batch["text"]]
         query, document = self.task_prompts(task_metadata.name)
         kind, instruction = ("query", query) if prompt_type == PromptType.query else ("document", document)
-        settings = {
-            "kind": kind,
-            "instruction": instruction,
-            "batch_size": self.batch_size,
-            "max_length": self.max_length,
-        }
-        if self.cache is not None:
-            return self.cache.encode(self.model, texts, **settings)
-        return self.model.encode(texts, **settings)
+        encode = self.model.encode if self.cache is None else functools.partial(self.cache.encode, self.model)
+        return encode(texts, kind=kind, instruction=instruction, batch_size=self.batch_size, max_length=self.max_length)
 
 
 class OfflineTask(AbsTaskRetrieval):

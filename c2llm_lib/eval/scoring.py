@@ -16,6 +16,7 @@ from ..data.negatives import bm25_scores_topk
 from ..model import C2LLMEncoder
 from ..model.released import is_released_checkpoint, released_directory
 from ..retrieval import RetrievalTask, corpus_text, truncate
+from .intervals import task_means
 from .tasks import instruction_overrides, task_prompts
 
 
@@ -72,11 +73,6 @@ def embedding_rankings(task: RetrievalTask, queries: np.ndarray, documents: np.n
     return {q: [doc_ids[j] for j in row] for q, row in zip(task.queries, top, strict=True)}
 
 
-def embedding_query_scores(task: RetrievalTask, queries: np.ndarray, documents: np.ndarray, k: int = 10):
-    """{query id: nDCG@k} from normalised query (Q, d) and document (N, d) embeddings, in task order."""
-    return query_ndcg(task, embedding_rankings(task, queries, documents, k), k)
-
-
 def task_embeddings(
     encoder, task: RetrievalTask, batch_size: int = 16, max_length: int | None = None, prompt: tuple | None = None
 ):
@@ -88,30 +84,22 @@ def task_embeddings(
     return encoder.encode(list(task.queries.values()), kind="query", instruction=query, **kwargs), docs
 
 
-def truncation_scores(
-    task: RetrievalTask, queries: np.ndarray, documents: np.ndarray, dims: Sequence[int], k: int = 10
-) -> dict[int, float]:
-    """{d: nDCG@k} with every embedding cut to its first d coordinates and re-normalised (`truncate`)."""
-    return {
-        d: float(np.mean(list(s.values())))
-        for d, s in truncation_query_scores(task, queries, documents, dims, k).items()
-    }
-
-
 def truncation_query_scores(
     task: RetrievalTask, queries: np.ndarray, documents: np.ndarray, dims: Sequence[int], k: int = 10
 ) -> dict[int, dict[str, float]]:
-    """{d: {query id: nDCG@k}}: `truncation_scores` query by query (its scores are these values' means)."""
+    """{d: {query id: nDCG@k}} with every embedding cut to its first d coordinates and re-normalised (`truncate`)."""
     width = queries.shape[1]
     bad = [d for d in dims if not 0 < d <= width]
     if bad:
         raise ValueError(f"cannot truncate {width}-dimensional embeddings to {bad}")
-    return {d: embedding_query_scores(task, truncate(queries, d), truncate(documents, d), k) for d in dims}
+    return {
+        d: query_ndcg(task, embedding_rankings(task, truncate(queries, d), truncate(documents, d), k), k) for d in dims
+    }
 
 
 def bm25_scores(tasks: Sequence[RetrievalTask]) -> dict[str, float]:
-    """{task: nDCG@10} of the BM25 baseline."""
-    return {t.name: evaluate_bm25(t)["ndcg_at_10"] for t in tasks}
+    """{task: nDCG@10} of the BM25 baseline: the means of `bm25_query_scores`."""
+    return task_means(bm25_query_scores(tasks))
 
 
 def bm25_query_scores(tasks: Sequence[RetrievalTask], k: int = 10) -> dict[str, dict[str, float]]:
@@ -120,15 +108,10 @@ def bm25_query_scores(tasks: Sequence[RetrievalTask], k: int = 10) -> dict[str, 
 
 
 def bm25_rankings(task: RetrievalTask, k: int = 10) -> dict[str, list[str]]:
-    """{query id: the ids of BM25's top k documents, best first}."""
+    """{query id: the ids of BM25's top k documents, best first} (bm25s, default parameters, no stopwords)."""
     doc_ids = list(task.corpus)
     top = bm25_scores_topk(list(task.queries.values()), [corpus_text(task.corpus[d]) for d in doc_ids], k)
     return {q: [doc_ids[j] for j in row] for q, row in zip(task.queries, top, strict=True)}
-
-
-def evaluate_bm25(task: RetrievalTask, k: int = 10) -> dict[str, float]:
-    """The BM25 baseline (bm25s, default parameters, no stopwords) on a task."""
-    return score_rankings(task, bm25_rankings(task, k), k)
 
 
 def baseline_encoder(trained, pooling: str):

@@ -10,7 +10,6 @@ import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..data.beir import read_beir_sets
 from ..data.offline import TEXT_TO_CODE, humaneval_records, load_snapshot
@@ -19,6 +18,8 @@ from ..data.sources import TABLE_1
 from ..data.unseen import mine_packages, package_pins
 from ..prompts import HELDOUT_RECIPES, prompts, recipe_task
 from ..retrieval import RetrievalTask, corpus_text, file_safe
+
+RECIPE_NAMES = {recipe: short for short, recipe in HELDOUT_RECIPES.items()}  # CodeSearchNetRetrieval -> text2code
 
 
 def limit_task(
@@ -93,8 +94,7 @@ def offline_tasks(
             groups.setdefault((row["dataset"], row["language"]), []).append(row)
     tasks = []
     for (dataset, language), rows in sorted(groups.items()):
-        short = {"CodeSearchNetRetrieval": "text2code", "CodeSearchNetCCRetrieval": "code2code"}[dataset]
-        name = f"offline-{short}-{language}"
+        name = f"offline-{RECIPE_NAMES[dataset]}-{language}"
         tasks.append(task_from_rows(name, rows, TABLE_1[dataset], limit, max_documents, seed))
     if include_humaneval:
         tasks.append(
@@ -109,11 +109,10 @@ HELDOUT_COLUMNS = ("dataset", "language", "query", "positive", "instruction")
 def heldout_task_names(groups: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
     """{(dataset, language): task name}: `heldout-text2code-<language>`, `heldout-code2code-<language>`, or
     `heldout-<group>-<language>` for a user's group (file-safe, unique, never read as a code recipe's)."""
-    short = {recipe: name for name, recipe in HELDOUT_RECIPES.items()}
     names: dict[tuple[str, str], str] = {}
     for dataset, language in sorted(set(groups)):
-        if dataset in short:
-            name = f"heldout-{short[dataset]}-{language}"
+        if dataset in RECIPE_NAMES:
+            name = f"heldout-{RECIPE_NAMES[dataset]}-{language}"
         else:
             name = f"heldout-{file_safe(dataset)}-{file_safe(language)}"
             if recipe_task(name) != name:
@@ -167,12 +166,11 @@ def unseen_tasks(
     limit: int | None = None,
     max_documents: int | None = None,
     seed: int = 0,
-    cache_dir: str | Path | None = None,
 ) -> list[RetrievalTask]:
     """`unseen-text2code-<package>` and `unseen-code2code-<package>` per pinned, hash-checked library
     (`data.unseen.mine_packages`), against its whole corpus; `limit` and `max_documents` as in `limit_task`."""
     tasks = []
-    for mined in mine_packages(entries, cache_dir) if entries else []:
+    for mined in mine_packages(entries) if entries else []:
         for short, recipe in HELDOUT_RECIPES.items():
             tasks.append(task_from_rows(f"unseen-{short}-{file_safe(mined.pin.name)}", mined.rows[recipe],
                                         TABLE_1[recipe], limit, max_documents, seed, distinct_queries=True,

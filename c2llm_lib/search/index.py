@@ -3,7 +3,6 @@ pickle, updated for changed files, and checked against its files (docs/search.md
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -137,14 +136,7 @@ def _documents(source: SourceFile, functions) -> list[Document]:
             for f in functions if f.code.strip()]  # fmt: skip
 
 
-def _fingerprint(source: SourceFile, documents: int) -> FileState:
-    stat = os.stat(source.path, follow_symlinks=False)
-    return FileState(stat.st_size, stat.st_mtime_ns, hashlib.sha256(source.data).hexdigest(), documents)
-
-
-def _previous_parts(previous: SearchIndex | None) -> dict[str, _Part]:
-    if previous is None:
-        return {}
+def _previous_parts(previous: SearchIndex) -> dict[str, _Part]:
     parts: dict[str, _Part] = {}
     start = 0
     for file, state in previous.files.items():
@@ -169,7 +161,8 @@ def _scan(encoder, sources: Sources, earlier: dict[str, _Part], settings: dict[s
         if functions is None:
             continue
         documents = _documents(source, functions)
-        state = _fingerprint(source, len(documents))
+        stat = os.stat(source.path, follow_symlinks=False)
+        state = FileState(stat.st_size, stat.st_mtime_ns, hashlib.sha256(source.data).hexdigest(), len(documents))
         if old is not None and old.state.sha256 == state.sha256:
             problem = _mismatch(old.documents, documents) or _vector_mismatch(encoder, old, settings)
             if problem is None:
@@ -274,7 +267,7 @@ def update_index(
         changed = sorted(k for k in {*settings, *previous.settings} if settings.get(k) != previous.settings.get(k))
         report.notes.append(f"the index was built with other settings ({', '.join(changed)}): every file is encoded "
                             "again")  # fmt: skip
-    parts = _scan(encoder, sources, _previous_parts(previous if reusable else None), settings, max_files, report)
+    parts = _scan(encoder, sources, _previous_parts(previous) if reusable else {}, settings, max_files, report)
     if not any(p.documents for p in parts):
         where = ", ".join(str(root) for _, root in sources.roots)
         raise DataError(f"no function to index in {len(parts)} files under {where}; skipped: "
@@ -283,7 +276,7 @@ def update_index(
     pending = [(p, j) for p in parts if p.embeddings is None for j in range(len(p.documents))]
     start = time.perf_counter()
     if pending:
-        checkpoint = None if save is None else functools.partial(_save_partial, save, settings, parts, dim, pma)
+        checkpoint = None if save is None else lambda: save(index_payload(_assemble(settings, parts, dim, pma)))
         _encode_pending(encoder, pending, settings, batch_size, report, log, checkpoint, save_every)
     else:
         log(f"nothing to encode: {len(parts)} files unchanged since the index was built")
@@ -292,10 +285,6 @@ def update_index(
     if save is not None:
         save(index_payload(index))
     return index, report
-
-
-def _save_partial(save, settings, parts, dim, pma) -> None:
-    save(index_payload(_assemble(settings, parts, dim, pma)))
 
 
 def _encode_pending(encoder, pending, settings, batch_size, report, log, checkpoint, save_every) -> None:
