@@ -151,10 +151,8 @@ def prepare_code(
     mining = MiningReport()
     code_roots(roots)  # a bad root fails here, not inside the Arrow writer
 
-    def generate() -> Iterator[dict[str, Any]]:
-        yield from mine(roots, test_percent, mining)
-
-    table = _generate(generate, fingerprint_of("code", [str(r) for r in roots], test_percent), None, mined_features())
+    walked = fingerprint_of("code", [str(r) for r in roots], test_percent)
+    table = _generate(lambda: mine(roots, test_percent, mining), walked, None, mined_features())
     is_test = table.data.column("split").to_numpy(zero_copy_only=False) == "test"
     heldout, train = table.select(np.flatnonzero(is_test)), table.select(np.flatnonzero(~is_test))
     if len(heldout) == 0:

@@ -254,8 +254,6 @@ def heldout_features():
 
 def _heldout(opened: list[OpenFile], instruction: str, fraction: float, fingerprint: str):
     """(held-out Dataset or None, the keys of its queries and positives, the held-out rows' skip report)."""
-    from datasets import Dataset
-
     if fraction == 0:
         return None, frozenset(), SkipReport()
     report, keys = SkipReport(), set()
@@ -270,15 +268,7 @@ def _heldout(opened: list[OpenFile], instruction: str, fraction: float, fingerpr
                         keys.update((text_key(record["query"]), text_key(record["positive"])))
                         yield {**record, "file": str(item.file.path), "row": row.index}
 
-    try:
-        table = _generate(generate, fingerprint_of(fingerprint, "heldout"), None, heldout_features())
-    except DataError:
-        raise
-    except ValueError:
-        if keys:
-            raise
-        # datasets builds no table from no rows: an empty one with the schema
-        table = Dataset.from_dict({name: [] for name in heldout_features()}, features=heldout_features())
+    table = _generate(generate, fingerprint_of(fingerprint, "heldout"), None, heldout_features())
     return table, frozenset(keys), report
 
 
