@@ -325,12 +325,6 @@ def prepare_files(
     return prepared
 
 
-def _evaluated(keys: EvalKeys, text: str) -> bool:
-    key = text_key(text)
-    return any(key in s for s in (keys.test_queries, keys.relevant_documents, keys.offline, keys.heldout, keys.beir,
-                                  keys.unseen))  # fmt: skip
-
-
 def _training_rows(
     item: OpenFile, checker: RowChecker, instruction: str, fraction: float, evaluated: EvalKeys
 ) -> Iterator[dict]:
@@ -347,7 +341,7 @@ def _training_rows(
         if is_heldout(row.query, fraction):
             stats.heldout_rows += 1
             continue
-        clean = [n for n in row.negatives if not _evaluated(evaluated, n)]
+        clean = [n for n in row.negatives if evaluated.rule(n, n) is None]  # n is no evaluated text of any rule
         stats.evaluated_negatives += len(row.negatives) - len(clean)
         for record in _records(checker, dataclasses.replace(row, negatives=clean)):
             stats.records += 1

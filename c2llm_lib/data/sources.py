@@ -337,12 +337,6 @@ def _coir_subset_records(
                     yield row
 
 
-def _coir_records(source: Source, checker: RowChecker, local_root: Path | None, chunk: int) -> Iterator[dict]:
-    subsets = source.languages if source.layout == "coir_multilang" else (None,)
-    for subset in subsets:
-        yield from _coir_subset_records(source, checker, local_root, subset, chunk)
-
-
 def _pairs_records(source: Source, checker: RowChecker, local_root: Path | None) -> Iterator[dict]:
     columns = (source.query_column, source.document_column)
     for language in source.languages:
@@ -368,8 +362,9 @@ def iter_records(
     root = Path(local_root) if local_root is not None else None
     if source.layout == "pairs":
         yield from _pairs_records(source, checker, root)
-    else:
-        yield from _coir_records(source, checker, root, chunk)
+        return
+    for subset in source.languages if source.layout == "coir_multilang" else (None,):
+        yield from _coir_subset_records(source, checker, root, subset, chunk)
 
 
 # the MTEB tasks of the same datasets, from the hub or a mirror ----------------------------------------------------
