@@ -13,8 +13,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
-from .beir import BeirKeys
-from .decontamination import UnseenKeys
+from .decontamination import NO_SETS, SetKeys
 from .grammars import Function, error_line, functions, parser_for, summary_of
 from .mix import Prepared, _generate, features, fingerprint_of, prepare_rows
 from .offline import TEST_PERCENT, pair_records
@@ -142,8 +141,8 @@ def prepare_code(
     test_percent: int = TEST_PERCENT,
     eval_texts: Iterable[str] = (),
     mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
-    beir: BeirKeys | None = None,
-    unseen: UnseenKeys | None = None,
+    beir: SetKeys = NO_SETS,
+    unseen: SetKeys = NO_SETS,
 ) -> Prepared:
     """The mined train split through `prepare_rows` (a held-out body is held-out text); the test split as `heldout`."""
     import numpy as np

@@ -30,11 +30,15 @@ UNSEEN_TEXT = "unseen-library text"  # checked last, only where a run evaluates 
 
 
 @dataclass(frozen=True)
-class UnseenKeys:
-    """The unseen libraries a run evaluates (pins as text) and the `text_key`s of their tasks' queries and documents."""
+class SetKeys:
+    """Sets a run scores beside MTEB (BEIR folders, unseen libraries' pins as text) and the `text_key`s of their
+    queries and documents, each kind kept out of training by a rule of its own (`BEIR_TEXT`, `UNSEEN_TEXT`)."""
 
-    packages: tuple[str, ...] = ()
+    names: tuple[str, ...] = ()
     keys: frozenset[str] = frozenset()
+
+
+NO_SETS = SetKeys()  # a run that scores no such set
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,7 @@ from typing import Any
 
 from ..entries import FileEntry
 from ..files import file_digest
-from .beir import BeirKeys
-from .decontamination import EvalKeys, UnseenKeys
+from .decontamination import NO_SETS, EvalKeys, SetKeys
 from .layouts import DEFAULT_LANGUAGE, BadRow, FileDefaults, Layout, PairRow, detect_layout, read_rows
 from .mix import Prepared, _generate, _scratch_folder, features, fingerprint_of, prepare_rows
 from .records import DataError, RowChecker, SkipReport, text_key
@@ -287,8 +286,8 @@ def prepare_files(
     eval_texts: Sequence[str] = (),
     mteb_keys: tuple[Sequence[str], Sequence[str]] = ((), ()),
     base_dir: Path = NOTEBOOK_DIR,
-    beir: BeirKeys | None = None,
-    unseen: UnseenKeys | None = None,
+    beir: SetKeys = NO_SETS,
+    unseen: SetKeys = NO_SETS,
 ) -> Prepared:
     """A user's files as checked, decontaminated training rows (`mix.prepare_rows`); held out: `Prepared.heldout`."""
     if not entries:
@@ -302,8 +301,6 @@ def prepare_files(
                                  default_instruction, heldout_fraction)  # fmt: skip
     heldout, heldout_keys, heldout_report = _heldout(opened, default_instruction, heldout_fraction, fingerprint)
 
-    beir = BeirKeys() if beir is None else beir
-    unseen = UnseenKeys() if unseen is None else unseen
     evaluated = EvalKeys.of(eval_texts, mteb_keys, heldout_keys, beir.keys, unseen.keys)
 
     def rows(checker: RowChecker) -> Iterator[dict]:

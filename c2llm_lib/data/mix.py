@@ -18,8 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .beir import BeirKeys
-from .decontamination import BEIR_TEXT, HELDOUT_TEXT, RULES, UNSEEN_TEXT, EvalKeys, UnseenKeys, clean_rows
+from .decontamination import BEIR_TEXT, HELDOUT_TEXT, NO_SETS, RULES, UNSEEN_TEXT, EvalKeys, SetKeys, clean_rows
 from .negatives import mine_negatives, own_negatives, top_up_negatives
 from .records import RECORD_COLUMNS, DataError, RowChecker, SkipReport
 from .sources import SOURCES, iter_records
@@ -199,21 +198,19 @@ def prepare_rows(
     cache_dir: str | Path | None = None,
     mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
     heldout_keys: Iterable[str] = (),
-    beir: BeirKeys | None = None,
-    unseen: UnseenKeys | None = None,
+    beir: SetKeys = NO_SETS,
+    unseen: SetKeys = NO_SETS,
 ) -> Prepared:
     """Checks, deduplicates and decontaminates `rows(checker)` into an Arrow table whose fingerprint holds every key."""
 
-    beir = BeirKeys() if beir is None else beir
-    unseen = UnseenKeys() if unseen is None else unseen
     keys = EvalKeys.of(eval_texts, mteb_keys, heldout_keys, beir.keys, unseen.keys)
     fingerprint = fingerprint_of(fingerprint, keys.fingerprint())
     cache = Path(cache_dir) if cache_dir is not None else None
     hit = _cached(cache, fingerprint)
     if hit is not None:
         return hit
-    prepared = Prepared(rows=None, fingerprint=fingerprint, beir_sets=list(beir.folders),
-                        unseen_packages=list(unseen.packages))  # fmt: skip
+    prepared = Prepared(rows=None, fingerprint=fingerprint, beir_sets=list(beir.names),
+                        unseen_packages=list(unseen.names))  # fmt: skip
     checker = RowChecker(prepared.report)
     prepared.rows = _generate(lambda: clean_rows(rows(checker), keys, prepared.decontaminated), fingerprint, cache)
     if len(prepared.rows) == 0:
@@ -232,8 +229,8 @@ def prepare_sources(
     on_unreachable: str = "error",
     cache_dir: str | Path | None = None,
     mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
-    beir: BeirKeys | None = None,
-    unseen: UnseenKeys | None = None,
+    beir: SetKeys = NO_SETS,
+    unseen: SetKeys = NO_SETS,
 ) -> Prepared:
     """The training rows of the named registry sources, checked and decontaminated (see `prepare_rows`)."""
     unknown = [n for n in names if n not in SOURCES]

@@ -99,16 +99,14 @@ class HubTable:
     def __init__(self, source: str, label: str, dataset: Any, where: str) -> None:
         self.source, self.label, self.dataset, self.where = source, label, dataset, where
 
-    def rows(
-        self, needed: tuple[str, ...], read: tuple[str, ...], batch: int = 10_000
-    ) -> Iterator[tuple[int, str, dict]]:
+    def rows(self, needed: tuple[str, ...], read: tuple[str, ...]) -> Iterator[tuple[int, str, dict]]:
         """(row number, where it is, {column: value} for the `read` columns the table has), in order."""
         require_columns(self.source, self.label, self.dataset.column_names, needed)
         if len(self.dataset) == 0:
             raise DataError(f"source {self.source}: the {self.label} table {self.where} holds no rows")
         columns = [c for c in read if c in self.dataset.column_names]
         n = 0
-        for part in self.dataset.select_columns(columns).iter(batch_size=batch):
+        for part in self.dataset.select_columns(columns).iter(batch_size=10_000):
             for values in zip(*(part[c] for c in columns), strict=True):
                 yield n, self.locate(n), dict(zip(columns, values, strict=True))
                 n += 1
@@ -272,13 +270,11 @@ def qrel_score(score: Any) -> float | None:
     """A qrel's score as a number (null, or no score column, means relevant); None if not a number."""
     if score is None:
         return 1.0
-    if isinstance(score, (int, float, str)):
-        try:
-            value = float(score)
-        except ValueError:
-            return None
-        return value if math.isfinite(value) else None
-    return None
+    try:
+        value = float(score) if isinstance(score, (int, float, str)) else math.nan
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _relevant_pairs(
