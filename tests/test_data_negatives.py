@@ -3,7 +3,7 @@ query, or a near-duplicate of one) is ever chosen."""
 
 import numpy as np
 
-from c2llm_lib.data.negatives import bm25_scores_topk, mine_negatives, select_negatives
+from c2llm_lib.data.negatives import bm25_ranker, mine_negatives, select_negatives
 
 DOCS = [
     "def read_json(path): return json.load(open(path))",
@@ -24,7 +24,7 @@ QUERIES = [
 
 
 def test_bm25_ranks_the_matching_document_first():
-    top = bm25_scores_topk(["add numbers a b"], ["read a file", "def add(a, b): return a + b", "print x"], k=3)
+    top = bm25_ranker(["read a file", "def add(a, b): return a + b", "print x"])(["add numbers a b"], k=3)
     assert top.shape == (1, 3) and top[0, 0] == 1
 
 

@@ -4,14 +4,14 @@ the keys notebook 01 keeps out of training (`beir_keys`): docs/own-data.md#your-
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..retrieval import RetrievalTask, corpus_text, file_safe
+from .decontamination import SetKeys
 from .records import DataError, text_key
+from .sources import qrel_score
 
 QRELS = ("qrels", "test.tsv")
 QRELS_HEADER = ("query-id", "corpus-id", "score")
@@ -67,11 +67,8 @@ def _jsonl(path: Path, keys: tuple[str, ...], optional: tuple[str, ...] = ()) ->
 
 
 def _score(path: Path, line: int, raw: str) -> int:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not math.isfinite(value) or value != int(value):  # NaN, infinity and fractions are not integer judgements
+    value = qrel_score(raw)
+    if value is None or value != int(value):  # NaN, infinity and fractions are not integer judgements
         raise DataError(f"{path}, line {line}, column 'score': {raw!r} is not an integer score")
     return int(value)
 
@@ -146,15 +143,7 @@ def read_beir_sets(folders: list[str], instruction: str) -> list[RetrievalTask]:
     return tasks
 
 
-@dataclass(frozen=True)
-class BeirKeys:
-    """The BEIR sets a run scores and the `text_key`s of their judged queries and relevant documents."""
-
-    folders: tuple[str, ...] = ()
-    keys: frozenset[str] = frozenset()
-
-
-def beir_keys(folders: Sequence[str]) -> BeirKeys:
+def beir_keys(folders: Sequence[str]) -> SetKeys:
     """The keys of each set's judged queries and relevant documents (as the model sees them and bare), read strictly."""
     keys: set[str] = set()
     for folder in folders:
@@ -163,4 +152,4 @@ def beir_keys(folders: Sequence[str]) -> BeirKeys:
         keys.update(map(text_key, queries.values()))
         keys.update(text_key(corpus_text(d["text"], d["title"])) for d in relevant)  # as the model sees it
         keys.update(text_key(d["text"]) for d in relevant)  # bare
-    return BeirKeys(tuple(folders), frozenset(keys))
+    return SetKeys(tuple(folders), frozenset(keys))

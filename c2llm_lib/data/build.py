@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config import DataStage
-from .beir import BeirKeys, beir_keys
+from .beir import beir_keys
 from .code_trees import prepare_code
-from .decontamination import MTEB_CODE_TASKS, UnseenKeys, mteb_test_keys
+from .decontamination import MTEB_CODE_TASKS, NO_SETS, SetKeys, mteb_test_keys
 from .files import prepare_files
 from .mirror import relative_note
 from .mix import Prepared, add_hard_negatives, fingerprint_of, group_indices, prepare_rows, prepare_sources
@@ -55,8 +55,8 @@ def own_rows(
     stage: DataStage,
     eval_texts: Sequence[str],
     mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
-    beir: BeirKeys | None = None,
-    unseen: UnseenKeys | None = None,
+    beir: SetKeys = NO_SETS,
+    unseen: SetKeys = NO_SETS,
 ) -> Prepared:
     """A user's rows (files or code) checked, held out and decontaminated; a `DataError` names what cannot be used."""
     if stage.data_source == "files":
@@ -100,7 +100,9 @@ def build_training_data(
         raise DataError("mteb_tasks were given to decontaminate against, but decontaminate_mteb is false")
     eval_texts = offline_eval_texts()
     beir = beir_keys(stage.beir_sets)
-    unseen = unseen_keys(mine_packages(stage.unseen_packages), training_files(stage)) if stage.unseen_packages else None
+    unseen = NO_SETS
+    if stage.unseen_packages:
+        unseen = unseen_keys(mine_packages(stage.unseen_packages), training_files(stage))
     mteb_keys = (
         mteb_test_keys(MTEB_CODE_TASKS if mteb_tasks is None else mteb_tasks) if stage.decontaminate_mteb else ((), ())
     )

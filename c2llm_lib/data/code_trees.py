@@ -13,8 +13,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
-from .beir import BeirKeys
-from .decontamination import UnseenKeys
+from .decontamination import NO_SETS, SetKeys
 from .grammars import Function, error_line, functions, parser_for, summary_of
 from .mix import Prepared, _generate, features, fingerprint_of, prepare_rows
 from .offline import TEST_PERCENT, pair_records
@@ -142,8 +141,8 @@ def prepare_code(
     test_percent: int = TEST_PERCENT,
     eval_texts: Iterable[str] = (),
     mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
-    beir: BeirKeys | None = None,
-    unseen: UnseenKeys | None = None,
+    beir: SetKeys = NO_SETS,
+    unseen: SetKeys = NO_SETS,
 ) -> Prepared:
     """The mined train split through `prepare_rows` (a held-out body is held-out text); the test split as `heldout`."""
     import numpy as np
@@ -151,10 +150,8 @@ def prepare_code(
     mining = MiningReport()
     code_roots(roots)  # a bad root fails here, not inside the Arrow writer
 
-    def generate() -> Iterator[dict[str, Any]]:
-        yield from mine(roots, test_percent, mining)
-
-    table = _generate(generate, fingerprint_of("code", [str(r) for r in roots], test_percent), None, mined_features())
+    walked = fingerprint_of("code", [str(r) for r in roots], test_percent)
+    table = _generate(lambda: mine(roots, test_percent, mining), walked, None, mined_features())
     is_test = table.data.column("split").to_numpy(zero_copy_only=False) == "test"
     heldout, train = table.select(np.flatnonzero(is_test)), table.select(np.flatnonzero(~is_test))
     if len(heldout) == 0:

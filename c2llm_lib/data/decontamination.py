@@ -30,11 +30,15 @@ UNSEEN_TEXT = "unseen-library text"  # checked last, only where a run evaluates 
 
 
 @dataclass(frozen=True)
-class UnseenKeys:
-    """The unseen libraries a run evaluates (pins as text) and the `text_key`s of their tasks' queries and documents."""
+class SetKeys:
+    """Sets a run scores beside MTEB (BEIR folders, unseen libraries' pins as text) and the `text_key`s of their
+    queries and documents, each kind kept out of training by a rule of its own (`BEIR_TEXT`, `UNSEEN_TEXT`)."""
 
-    packages: tuple[str, ...] = ()
+    names: tuple[str, ...] = ()
     keys: frozenset[str] = frozenset()
+
+
+NO_SETS = SetKeys()  # a run that scores no such set
 
 
 @dataclass(frozen=True)
@@ -101,10 +105,6 @@ def _text(value: Any, what: str) -> str:
     return value
 
 
-def _task_name(task: Any) -> str:
-    return getattr(getattr(task, "metadata", None), "name", type(task).__name__)
-
-
 def split_keys(split: dict[str, Any], where: str) -> tuple[set[str], set[str]]:
     """(test-query keys, relevant-document keys) of one mteb 2.x split (`queries`, `corpus`, `relevant_docs`)."""
     missing = [k for k in ("queries", "corpus", "relevant_docs") if k not in split]
@@ -132,7 +132,7 @@ def mteb_test_keys(tasks: Sequence[Any] = MTEB_CODE_TASKS) -> tuple[frozenset[st
     queries: set[str] = set()
     documents: set[str] = set()
     for task in objects:
-        name = _task_name(task)
+        name = getattr(getattr(task, "metadata", None), "name", type(task).__name__)
         try:
             task.load_data()
             if hasattr(task, "convert_v1_dataset_format_to_v2"):

@@ -15,8 +15,7 @@ from typing import Any
 
 from ..entries import FileEntry
 from ..files import file_digest
-from .beir import BeirKeys
-from .decontamination import EvalKeys, UnseenKeys
+from .decontamination import NO_SETS, EvalKeys, SetKeys
 from .layouts import DEFAULT_LANGUAGE, BadRow, FileDefaults, Layout, PairRow, detect_layout, read_rows
 from .mix import Prepared, _generate, _scratch_folder, features, fingerprint_of, prepare_rows
 from .records import DataError, RowChecker, SkipReport, text_key
@@ -254,8 +253,6 @@ def heldout_features():
 
 def _heldout(opened: list[OpenFile], instruction: str, fraction: float, fingerprint: str):
     """(held-out Dataset or None, the keys of its queries and positives, the held-out rows' skip report)."""
-    from datasets import Dataset
-
     if fraction == 0:
         return None, frozenset(), SkipReport()
     report, keys = SkipReport(), set()
@@ -270,15 +267,7 @@ def _heldout(opened: list[OpenFile], instruction: str, fraction: float, fingerpr
                         keys.update((text_key(record["query"]), text_key(record["positive"])))
                         yield {**record, "file": str(item.file.path), "row": row.index}
 
-    try:
-        table = _generate(generate, fingerprint_of(fingerprint, "heldout"), None, heldout_features())
-    except DataError:
-        raise
-    except ValueError:
-        if keys:
-            raise
-        # datasets builds no table from no rows: an empty one with the schema
-        table = Dataset.from_dict({name: [] for name in heldout_features()}, features=heldout_features())
+    table = _generate(generate, fingerprint_of(fingerprint, "heldout"), None, heldout_features())
     return table, frozenset(keys), report
 
 
@@ -297,8 +286,8 @@ def prepare_files(
     eval_texts: Sequence[str] = (),
     mteb_keys: tuple[Sequence[str], Sequence[str]] = ((), ()),
     base_dir: Path = NOTEBOOK_DIR,
-    beir: BeirKeys | None = None,
-    unseen: UnseenKeys | None = None,
+    beir: SetKeys = NO_SETS,
+    unseen: SetKeys = NO_SETS,
 ) -> Prepared:
     """A user's files as checked, decontaminated training rows (`mix.prepare_rows`); held out: `Prepared.heldout`."""
     if not entries:
@@ -312,8 +301,6 @@ def prepare_files(
                                  default_instruction, heldout_fraction)  # fmt: skip
     heldout, heldout_keys, heldout_report = _heldout(opened, default_instruction, heldout_fraction, fingerprint)
 
-    beir = BeirKeys() if beir is None else beir
-    unseen = UnseenKeys() if unseen is None else unseen
     evaluated = EvalKeys.of(eval_texts, mteb_keys, heldout_keys, beir.keys, unseen.keys)
 
     def rows(checker: RowChecker) -> Iterator[dict]:
@@ -335,12 +322,6 @@ def prepare_files(
     return prepared
 
 
-def _evaluated(keys: EvalKeys, text: str) -> bool:
-    key = text_key(text)
-    return any(key in s for s in (keys.test_queries, keys.relevant_documents, keys.offline, keys.heldout, keys.beir,
-                                  keys.unseen))  # fmt: skip
-
-
 def _training_rows(
     item: OpenFile, checker: RowChecker, instruction: str, fraction: float, evaluated: EvalKeys
 ) -> Iterator[dict]:
@@ -357,7 +338,7 @@ def _training_rows(
         if is_heldout(row.query, fraction):
             stats.heldout_rows += 1
             continue
-        clean = [n for n in row.negatives if not _evaluated(evaluated, n)]
+        clean = [n for n in row.negatives if evaluated.rule(n, n) is None]  # n is no evaluated text of any rule
         stats.evaluated_negatives += len(row.negatives) - len(clean)
         for record in _records(checker, dataclasses.replace(row, negatives=clean)):
             stats.records += 1

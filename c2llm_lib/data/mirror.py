@@ -3,7 +3,6 @@ of the hub, each mirrored task keyed by its folder's content: docs/data.md#the-p
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from ..files import every_file
+from ..files import digest, every_file
 from .records import DataError
 
 FRONT_MATTER = re.compile(r"\A---\r?\n(.*?)\r?\n---", re.DOTALL)
@@ -70,15 +69,9 @@ def check_own_folder(mirror: str | Path, hub_id: str, files: Iterable[str | Path
 
 
 def content_digest(folder: str | Path) -> str:
-    """A short hash of everything under `folder`: each file's relative path, size and bytes."""
+    """A short hash of everything under `folder`: each file's relative path, size and bytes (`files.digest`)."""
     folder = Path(folder)
-    digest = hashlib.blake2b(digest_size=8)
-    for path in every_file(folder):
-        digest.update(f"{path.relative_to(folder).as_posix()}\0{path.stat().st_size}\0".encode())
-        with open(path, "rb") as handle:
-            while block := handle.read(1 << 20):
-                digest.update(block)
-    return digest.hexdigest()
+    return digest(((path.relative_to(folder).as_posix(), path) for path in every_file(folder)), content_limit=None)
 
 
 @contextmanager

@@ -18,10 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from .beir import BeirKeys
-from .decontamination import BEIR_TEXT, HELDOUT_TEXT, RULES, UNSEEN_TEXT, EvalKeys, UnseenKeys, clean_rows
+from .decontamination import BEIR_TEXT, HELDOUT_TEXT, NO_SETS, RULES, UNSEEN_TEXT, EvalKeys, SetKeys, clean_rows
 from .negatives import mine_negatives, own_negatives, top_up_negatives
-from .records import DataError, RowChecker, SkipReport
+from .records import RECORD_COLUMNS, DataError, RowChecker, SkipReport
 from .sources import SOURCES, iter_records
 
 # 2: decontamination by rule (test queries, relevant documents, offline); 3: both directions; 4: a pair whose query
@@ -30,19 +29,11 @@ DATA_FORMAT_VERSION = 4
 
 
 def features():
+    """The record's Arrow schema: `RECORD_COLUMNS` in order, each a text but `negatives`, a list of texts."""
     from datasets import Features, List, Value
 
     text = Value("string")
-    return Features(
-        {
-            "dataset": text,
-            "language": text,
-            "query": text,
-            "positive": text,
-            "negatives": List(text),
-            "instruction": text,
-        }
-    )
+    return Features({name: List(text) if name == "negatives" else text for name in RECORD_COLUMNS})
 
 
 def fingerprint_of(*parts: Any) -> str:
@@ -172,19 +163,32 @@ def _scratch_folder() -> str:
     return path
 
 
-def _generate(generate, fingerprint: str, cache: Path | None, schema=None):
-    """An Arrow table from a generator (`schema`: default the records'); its own errors surface unwrapped."""
+def _generate(generate: Callable[[], Iterable[dict]], fingerprint: str, cache: Path | None, schema=None):
+    """An Arrow table of the rows `generate()` yields (`schema`: default the records'), empty when it yields none; its
+    own errors surface unwrapped."""
     from datasets import Dataset
     from datasets.exceptions import DatasetGenerationError
 
     cache_dir = str(cache / "arrow") if cache is not None else _scratch_folder()
     schema = features() if schema is None else schema
+    produced = Counter()
+
+    def counted() -> Iterator[dict]:
+        for row in generate():
+            produced["rows"] += 1
+            yield row
+
     try:
-        return Dataset.from_generator(generate, features=schema, fingerprint=fingerprint, cache_dir=cache_dir)
+        return Dataset.from_generator(counted, features=schema, fingerprint=fingerprint, cache_dir=cache_dir)
     except DatasetGenerationError as err:
         if err.__cause__ is not None:
             raise err.__cause__ from None
         raise
+    except ValueError:
+        if produced["rows"]:
+            raise
+        # datasets builds no table from no rows: an empty one with the schema
+        return Dataset.from_dict({name: [] for name in schema}, features=schema)
 
 
 def prepare_rows(
@@ -194,45 +198,27 @@ def prepare_rows(
     cache_dir: str | Path | None = None,
     mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
     heldout_keys: Iterable[str] = (),
-    beir: BeirKeys | None = None,
-    unseen: UnseenKeys | None = None,
+    beir: SetKeys = NO_SETS,
+    unseen: SetKeys = NO_SETS,
 ) -> Prepared:
     """Checks, deduplicates and decontaminates `rows(checker)` into an Arrow table whose fingerprint holds every key."""
 
-    beir = BeirKeys() if beir is None else beir
-    unseen = UnseenKeys() if unseen is None else unseen
     keys = EvalKeys.of(eval_texts, mteb_keys, heldout_keys, beir.keys, unseen.keys)
     fingerprint = fingerprint_of(fingerprint, keys.fingerprint())
     cache = Path(cache_dir) if cache_dir is not None else None
     hit = _cached(cache, fingerprint)
     if hit is not None:
         return hit
-    prepared = Prepared(rows=None, fingerprint=fingerprint, beir_sets=list(beir.folders),
-                        unseen_packages=list(unseen.packages))  # fmt: skip
+    prepared = Prepared(rows=None, fingerprint=fingerprint, beir_sets=list(beir.names),
+                        unseen_packages=list(unseen.names))  # fmt: skip
     checker = RowChecker(prepared.report)
-
-    produced = Counter()
-
-    def generate():
-        for row in clean_rows(rows(checker), keys, prepared.decontaminated):
-            produced["rows"] += 1
-            yield row
-
-    try:
-        table = _generate(generate, fingerprint, cache)
-    except DataError:
-        raise
-    except ValueError:
-        if produced["rows"]:
-            raise
-        table = None  # datasets cannot build a table from no rows; say why below
-    prepared.rows = table
-    if table is None or len(table) == 0:
+    prepared.rows = _generate(lambda: clean_rows(rows(checker), keys, prepared.decontaminated), fingerprint, cache)
+    if len(prepared.rows) == 0:
         raise DataError(
             "no training rows are left after checks and decontamination:\n  "
             + "\n  ".join(prepared.lines() or ["(no source produced any row)"])
         )
-    prepared.kept = rows_per_source(table)
+    prepared.kept = rows_per_source(prepared.rows)
     return _store(prepared, cache)
 
 
@@ -243,8 +229,8 @@ def prepare_sources(
     on_unreachable: str = "error",
     cache_dir: str | Path | None = None,
     mteb_keys: tuple[Iterable[str], Iterable[str]] = ((), ()),
-    beir: BeirKeys | None = None,
-    unseen: UnseenKeys | None = None,
+    beir: SetKeys = NO_SETS,
+    unseen: SetKeys = NO_SETS,
 ) -> Prepared:
     """The training rows of the named registry sources, checked and decontaminated (see `prepare_rows`)."""
     unknown = [n for n in names if n not in SOURCES]
@@ -323,6 +309,5 @@ def add_hard_negatives(
         for name, language, negs in zip(batch["dataset"], batch["language"], batch["negatives"], strict=True):
             if len(negs) < k:
                 short[f"{name}/{language}"] += 1
-    return dataclasses.replace(prepared, rows=table, fingerprint=fp, report=report), dict(
-        short
-    )  # same rows, same counts
+    mined = dataclasses.replace(prepared, rows=table, fingerprint=fp, report=report)  # same rows, same counts
+    return mined, dict(short)

@@ -22,11 +22,6 @@ def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
     return len(a & b) / len(a | b) if a or b else 1.0
 
 
-def bm25_scores_topk(queries: Sequence[str], corpus: Sequence[str], k: int) -> np.ndarray:
-    """Indices (Q, k) of the best-scoring corpus documents for each query under BM25."""
-    return bm25_ranker(corpus)(queries, k)
-
-
 def bm25_ranker(corpus: Sequence[str]) -> Callable[[Sequence[str], int], np.ndarray]:
     """`rank(queries, k)`: indices (Q, k) of the best-scoring corpus documents under BM25, the corpus indexed once."""
     import bm25s
@@ -112,7 +107,6 @@ def mine_negatives(
     method: str = "bm25",
     encode: Callable[..., np.ndarray] | None = None,
     near_duplicate: float = 0.9,
-    oversample: int = 4,
 ) -> list[list[str]]:
     """Hard negatives (texts) for each row of one group; a short row is ranked deeper until it has k or its group is
     exhausted."""
@@ -128,7 +122,7 @@ def mine_negatives(
         rank = encoder_ranker(encode, queries, positives)
     else:
         raise ValueError(f"unknown mining method {method!r}; choose 'bm25' or 'encoder'")
-    depth = k * oversample + 1
+    depth = k * 4 + 1  # oversampled: candidates that answer the query are dropped
     picked = select_negatives(rank(queries, depth), queries, positives, k, near_duplicate)
     while depth < len(positives):
         short = [i for i, row in enumerate(picked) if len(row) < k]

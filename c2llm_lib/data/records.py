@@ -109,9 +109,8 @@ class SkipReport:
 class RowChecker:
     """Turns raw (query, positive, language) values into records or counted skips, per source."""
 
-    def __init__(self, report: SkipReport, dedupe: bool = True) -> None:
+    def __init__(self, report: SkipReport) -> None:
         self.report = report
-        self.dedupe = dedupe
         self._seen: dict[str, set[str]] = defaultdict(set)
 
     def record(
@@ -139,12 +138,10 @@ class RowChecker:
         if q_key == p_key:
             self.report.skip(source, SAME_TEXT, row_id)
             return None
-        if self.dedupe:
-            pair = q_key + p_key
-            if pair in self._seen[source]:
-                self.report.skip(source, "duplicate row", row_id)
-                return None
-            self._seen[source].add(pair)
+        if q_key + p_key in self._seen[source]:
+            self.report.skip(source, "duplicate row", row_id)
+            return None
+        self._seen[source].add(q_key + p_key)
         self.report.passed[source] += 1
         return {
             "dataset": source,

@@ -99,16 +99,14 @@ class HubTable:
     def __init__(self, source: str, label: str, dataset: Any, where: str) -> None:
         self.source, self.label, self.dataset, self.where = source, label, dataset, where
 
-    def rows(
-        self, needed: tuple[str, ...], read: tuple[str, ...], batch: int = 10_000
-    ) -> Iterator[tuple[int, str, dict]]:
+    def rows(self, needed: tuple[str, ...], read: tuple[str, ...]) -> Iterator[tuple[int, str, dict]]:
         """(row number, where it is, {column: value} for the `read` columns the table has), in order."""
         require_columns(self.source, self.label, self.dataset.column_names, needed)
         if len(self.dataset) == 0:
             raise DataError(f"source {self.source}: the {self.label} table {self.where} holds no rows")
         columns = [c for c in read if c in self.dataset.column_names]
         n = 0
-        for part in self.dataset.select_columns(columns).iter(batch_size=batch):
+        for part in self.dataset.select_columns(columns).iter(batch_size=10_000):
             for values in zip(*(part[c] for c in columns), strict=True):
                 yield n, self.locate(n), dict(zip(columns, values, strict=True))
                 n += 1
@@ -272,13 +270,11 @@ def qrel_score(score: Any) -> float | None:
     """A qrel's score as a number (null, or no score column, means relevant); None if not a number."""
     if score is None:
         return 1.0
-    if isinstance(score, (int, float, str)):
-        try:
-            value = float(score)
-        except ValueError:
-            return None
-        return value if math.isfinite(value) else None
-    return None
+    try:
+        value = float(score) if isinstance(score, (int, float, str)) else math.nan
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _relevant_pairs(
@@ -337,12 +333,6 @@ def _coir_subset_records(
                     yield row
 
 
-def _coir_records(source: Source, checker: RowChecker, local_root: Path | None, chunk: int) -> Iterator[dict]:
-    subsets = source.languages if source.layout == "coir_multilang" else (None,)
-    for subset in subsets:
-        yield from _coir_subset_records(source, checker, local_root, subset, chunk)
-
-
 def _pairs_records(source: Source, checker: RowChecker, local_root: Path | None) -> Iterator[dict]:
     columns = (source.query_column, source.document_column)
     for language in source.languages:
@@ -368,8 +358,9 @@ def iter_records(
     root = Path(local_root) if local_root is not None else None
     if source.layout == "pairs":
         yield from _pairs_records(source, checker, root)
-    else:
-        yield from _coir_records(source, checker, root, chunk)
+        return
+    for subset in source.languages if source.layout == "coir_multilang" else (None,):
+        yield from _coir_subset_records(source, checker, root, subset, chunk)
 
 
 # the MTEB tasks of the same datasets, from the hub or a mirror ----------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 import pathspec
 
 from .grammars import BY_EXTENSION, Grammar
-from .records import DataError, SkipReport
+from .records import DataError, SkipReport, as_text
 
 MAX_FILE_BYTES = 1_000_000
 MAX_MEAN_LINE = 200  # bytes per line on average above which a file is taken as minified
@@ -64,14 +64,6 @@ def _display(path: str) -> str:
     return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace").translate(_CONTROL)
 
 
-def _utf8(name: str) -> bool:
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:  # a file name's non-UTF-8 bytes, as the file system gives them (surrogates)
-        return False
-    return True
-
-
 def code_roots(roots: Sequence[str | os.PathLike]) -> list[tuple[str, Path]]:
     """(name, resolved folder) of each root, in order; a `DataError` names a root that cannot be used."""
     if isinstance(roots, (str, bytes, os.PathLike)) or not isinstance(roots, Sequence):
@@ -92,7 +84,7 @@ def code_roots(roots: Sequence[str | os.PathLike]) -> list[tuple[str, Path]]:
         if not os.access(resolved, os.R_OK | os.X_OK):
             raise DataError(f"code root {str(given)!r} cannot be read ({resolved})")
         name = Path(os.path.abspath(path)).name or resolved.name or "root"
-        if not _utf8(name):
+        if as_text(name) is None:  # its non-UTF-8 bytes, as the file system gives them (surrogates)
             raise DataError(f"code root '{_display(str(given))}': its folder name, which starts the files' ids, is "
                             "not UTF-8")  # fmt: skip
         checked.append((name, resolved))
@@ -233,7 +225,7 @@ def _walk(root: Path, name: str, report: SkipReport, keep: Callable[[str], bool]
         shown = f"{name}/{_display(rel)}"
         if entry.is_symlink():
             report.skip(where, SYMLINK, shown)
-        elif not _utf8(entry.name):
+        elif as_text(entry.name) is None:
             report.skip(where, "file name not UTF-8", shown)
         elif entry.is_dir(follow_symlinks=False):
             reason = _folder_skip(entry, rel, specs)

@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 from ..downloads import default_cache_dir, pinned_wheel
 from ..pins import PackagePin, canonical, package_pins
 from .code_trees import every_function
-from .decontamination import UnseenKeys
+from .decontamination import SetKeys
 from .grammars import summary_of
 from .offline import CODE_LINES, CODE_TO_CODE, TEXT_TO_CODE, pair_records
 from .records import DataError, SkipReport, text_key
@@ -106,7 +106,7 @@ def source_overlap(mined: MinedPackage, files: Iterable[str]) -> list[str]:
     return found
 
 
-def unseen_keys(mined: Sequence[MinedPackage], sources: Mapping[str, Iterable[str]] = {}) -> UnseenKeys:
+def unseen_keys(mined: Sequence[MinedPackage], sources: Mapping[str, Iterable[str]] = {}) -> SetKeys:
     """The packages' pins and their tasks' `text_key`s; a `DataError` when a training source holds their files."""
     for name, files in sources.items():
         files = list(files)
@@ -119,4 +119,4 @@ def unseen_keys(mined: Sequence[MinedPackage], sources: Mapping[str, Iterable[st
                     "this run; choose another package (unseen_packages) or another training source"
                 )
     keys = frozenset(text_key(text) for package in mined for text in package.texts())
-    return UnseenKeys(tuple(str(package.pin) for package in mined), keys)
+    return SetKeys(tuple(str(package.pin) for package in mined), keys)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data.negatives import bm25_scores_topk
+from ..data.negatives import bm25_ranker
 from ..model import C2LLMEncoder
 from ..model.released import is_released_checkpoint, released_directory
 from ..retrieval import RetrievalTask, corpus_text, truncate
@@ -110,7 +110,7 @@ def bm25_query_scores(tasks: Sequence[RetrievalTask], k: int = 10) -> dict[str, 
 def bm25_rankings(task: RetrievalTask, k: int = 10) -> dict[str, list[str]]:
     """{query id: the ids of BM25's top k documents, best first} (bm25s, default parameters, no stopwords)."""
     doc_ids = list(task.corpus)
-    top = bm25_scores_topk(list(task.queries.values()), [corpus_text(task.corpus[d]) for d in doc_ids], k)
+    top = bm25_ranker([corpus_text(task.corpus[d]) for d in doc_ids])(list(task.queries.values()), k)  # (Q, k)
     return {q: [doc_ids[j] for j in row] for q, row in zip(task.queries, top, strict=True)}
 
 
