@@ -156,14 +156,21 @@ def sweep_frame(chosen: dict[str, tuple[SweepResult, TrainConfig]]):
     return pd.DataFrame(rows).set_index(["model", "rates"])
 
 
+def markdown_table(frame, cell: Callable[[str, Any], str]) -> str:
+    """`frame` as a markdown table, its index first; `cell(column, value)` writes each value."""
+    names, columns = [str(name or "") for name in frame.index.names], list(frame.columns)
+    lines = ["| " + " | ".join([*names, *columns]) + " |", "|" + "---|" * (len(names) + len(columns))]
+    for index, row in frame.iterrows():
+        keys = index if isinstance(index, tuple) else (index,)
+        lines.append("| " + " | ".join([*map(str, keys), *(cell(c, row[c]) for c in columns)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def sweep_markdown(frame) -> str:
     """The sweep as markdown (scores to 0.1, the chosen point marked)."""
-    columns = list(frame.columns)
-    lines = ["| model | rates | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
-    for (model, point), row in frame.iterrows():
-        cells = ["**yes**" if row[c] is True else "" if row[c] is False else f"{row[c]:.1f}" for c in columns]
-        lines.append(f"| {model} | {point} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return markdown_table(
+        frame, lambda _, value: "**yes**" if value is True else "" if value is False else f"{value:.1f}"
+    )
 
 
 @dataclass
