@@ -32,14 +32,11 @@ class Grid:
 
 def points(model: ModelConfig, train: TrainConfig, grid: Grid) -> list[TrainConfig]:
     """`train` at every point of the grid that applies to `model` (its pooler), in grid order."""
-    if model.pooling != "pma":
-        return [dataclasses.replace(train, learning_rate=lr, pma_learning_rate=None, pma_attention_learning_rate=None)
-                for lr in grid.learning_rates]  # fmt: skip
+    pma = model.pooling == "pma"  # a pooler without parameters has no head or attention rate
+    heads, attentions = (grid.pma_learning_rates, grid.pma_attention_learning_rates) if pma else ([None], [None])
     return [
         dataclasses.replace(train, learning_rate=lr, pma_learning_rate=head, pma_attention_learning_rate=attention)
-        for lr, head, attention in itertools.product(
-            grid.learning_rates, grid.pma_learning_rates, grid.pma_attention_learning_rates
-        )
+        for lr, head, attention in itertools.product(grid.learning_rates, heads, attentions)
     ]
 
 
