@@ -24,7 +24,7 @@ from ..eval.intervals import (
 from ..figures import pooling_study
 from ..hardware import cpu_info, resolve_device, resolve_dtype
 from .plan import Entry
-from .sweep import Grid, edge_sentences, rates_label, sweep_frame, sweep_markdown
+from .sweep import Grid, edge_sentences, markdown_table, rates_label, sweep_frame, sweep_markdown
 from .trainings import query_rows, seed_query_rows
 from .trainings import timings as times
 
@@ -197,18 +197,15 @@ def study_setting(
                                for label, by_seed in per_seed.items() for seed, found in by_seed.items()]}  # fmt: skip
 
 
-def frame_markdown(frame, digits: int = 1) -> str:
-    """A frame as markdown: numbers to `digits`, blanks for missing ones."""
-    columns = list(frame.columns)
+def frame_markdown(frame) -> str:
+    """A frame as markdown: numbers to 0.1, blanks for missing ones."""
 
-    def cell(value) -> str:
+    def cell(_, value) -> str:
         if value is None or (isinstance(value, float) and value != value):
             return ""
-        return f"{value:.{digits}f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+        return f"{value:.1f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
 
-    lines = [f"| {frame.index.name or ''} | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
-    lines += [f"| {i} | " + " | ".join(cell(row[c]) for c in columns) + " |" for i, row in frame.iterrows()]
-    return "\n".join(lines) + "\n"
+    return markdown_table(frame, cell)
 
 
 def study_markdown(

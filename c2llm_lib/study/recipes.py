@@ -11,6 +11,7 @@ from typing import Any
 from ..eval.intervals import difference_sentences, differences, differences_markdown, differences_record, task_means
 from ..figures import TRAINING_COLUMNS, recipe_comparison
 from .plan import Entry
+from .sweep import markdown_table
 from .trainings import query_rows
 
 
@@ -113,11 +114,7 @@ def comparison_markdown(frame, title: str) -> str:
             return ""
         return f"{value:.{digits.get(column, 1)}f}"
 
-    header = "| model | " + " | ".join(columns) + " |\n|---|" + "---|" * len(columns) + "\n"
-    rows = "".join(
-        f"| {m} | " + " | ".join(cell(c, frame.loc[m, c]) for c in columns) + " |\n" for m in frame.index.unique()
-    )
-    return f"### {title}\n\nnDCG@10 x 100 on the offline held-out tasks.\n\n{header}{rows}"
+    return f"### {title}\n\nnDCG@10 x 100 on the offline held-out tasks.\n\n" + markdown_table(frame[columns], cell)
 
 
 def record(

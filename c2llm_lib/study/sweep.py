@@ -32,14 +32,11 @@ class Grid:
 
 def points(model: ModelConfig, train: TrainConfig, grid: Grid) -> list[TrainConfig]:
     """`train` at every point of the grid that applies to `model` (its pooler), in grid order."""
-    if model.pooling != "pma":
-        return [dataclasses.replace(train, learning_rate=lr, pma_learning_rate=None, pma_attention_learning_rate=None)
-                for lr in grid.learning_rates]  # fmt: skip
+    pma = model.pooling == "pma"  # a pooler without parameters has no head or attention rate
+    heads, attentions = (grid.pma_learning_rates, grid.pma_attention_learning_rates) if pma else ([None], [None])
     return [
         dataclasses.replace(train, learning_rate=lr, pma_learning_rate=head, pma_attention_learning_rate=attention)
-        for lr, head, attention in itertools.product(
-            grid.learning_rates, grid.pma_learning_rates, grid.pma_attention_learning_rates
-        )
+        for lr, head, attention in itertools.product(grid.learning_rates, heads, attentions)
     ]
 
 
@@ -156,14 +153,21 @@ def sweep_frame(chosen: dict[str, tuple[SweepResult, TrainConfig]]):
     return pd.DataFrame(rows).set_index(["model", "rates"])
 
 
+def markdown_table(frame, cell: Callable[[str, Any], str]) -> str:
+    """`frame` as a markdown table, its index first; `cell(column, value)` writes each value."""
+    names, columns = [str(name or "") for name in frame.index.names], list(frame.columns)
+    lines = ["| " + " | ".join([*names, *columns]) + " |", "|" + "---|" * (len(names) + len(columns))]
+    for index, row in frame.iterrows():
+        keys = index if isinstance(index, tuple) else (index,)
+        lines.append("| " + " | ".join([*map(str, keys), *(cell(c, row[c]) for c in columns)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def sweep_markdown(frame) -> str:
     """The sweep as markdown (scores to 0.1, the chosen point marked)."""
-    columns = list(frame.columns)
-    lines = ["| model | rates | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
-    for (model, point), row in frame.iterrows():
-        cells = ["**yes**" if row[c] is True else "" if row[c] is False else f"{row[c]:.1f}" for c in columns]
-        lines.append(f"| {model} | {point} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return markdown_table(
+        frame, lambda _, value: "**yes**" if value is True else "" if value is False else f"{value:.1f}"
+    )
 
 
 @dataclass

@@ -53,26 +53,22 @@ def train_recipe(model: ModelConfig, train: TrainConfig, rows_dir: Path, work_di
     reused, one on other rows moved aside (nothing deleted)."""
     rows, folder = training_folder(model, train, rows_dir, work_dir)
     summary = folder / "checkpoints" / "train_summary.json"
-    if summary.is_file():
-        recorded = load_json(summary, "training summary").get("data_fingerprint")
-        if recorded == rows:
-            log(f"reusing the finished training in {folder}")
-            return with_loss_trend(json.loads(summary.read_text()), folder / "checkpoints")
-        moved = move_aside(folder, "other-rows")
-        log(f"{folder} holds a training trained on other rows (fingerprint {recorded}; the rows in {rows_dir}: "
-            f"{rows}): moved it to {moved}, training again")  # fmt: skip
-    if (folder / "checkpoints").exists():  # an interrupted earlier attempt: its partial checkpoints are ours
-        shutil.rmtree(folder / "checkpoints")
-    folder.mkdir(parents=True, exist_ok=True)
-    train_in_subprocess(model, train, rows_dir, folder, log)
-    return with_loss_trend(json.loads(summary.read_text()), folder / "checkpoints")
-
-
-def with_loss_trend(summary: dict[str, Any], checkpoints: Path, window: int = 5) -> dict[str, Any]:
-    """The summary with `loss_first` and `loss_last`, the mean loss of the first and last `window` steps."""
-    losses = [m["loss"] for m in json.loads((checkpoints / "train_metrics.json").read_text())]
-    n = min(window, len(losses))
-    return {**summary, "loss_first": sum(losses[:n]) / n, "loss_last": sum(losses[-n:]) / n}
+    finished = summary.is_file()
+    recorded = load_json(summary, "training summary").get("data_fingerprint") if finished else None
+    if finished and recorded == rows:
+        log(f"reusing the finished training in {folder}")
+    else:
+        if finished:
+            moved = move_aside(folder, "other-rows")
+            log(f"{folder} holds a training trained on other rows (fingerprint {recorded}; the rows in {rows_dir}: "
+                f"{rows}): moved it to {moved}, training again")  # fmt: skip
+        if (folder / "checkpoints").exists():  # an interrupted earlier attempt: its partial checkpoints are ours
+            shutil.rmtree(folder / "checkpoints")
+        folder.mkdir(parents=True, exist_ok=True)
+        train_in_subprocess(model, train, rows_dir, folder, log)
+    losses = [m["loss"] for m in json.loads((folder / "checkpoints" / "train_metrics.json").read_text())]
+    n = min(5, len(losses))  # `loss_first` and `loss_last`: the mean loss of the first and last 5 steps
+    return {**json.loads(summary.read_text()), "loss_first": sum(losses[:n]) / n, "loss_last": sum(losses[-n:]) / n}
 
 
 @dataclasses.dataclass
@@ -146,14 +142,14 @@ def scored_training(
         missing = [k for k in ("width", "scores", "queries", "encode") if k not in found]
         if missing:
             raise CorruptFile(f"{cached}: cached scores without {missing}; delete it to score the training again")
-        return {**found, "training": training, "folder": str(folder)}
-    start = time.perf_counter()
-    encoder = encoder_from_checkpoint(training["final_checkpoint"]).eval()
-    loaded = time.perf_counter() - start
-    found = evaluate_queries(encoder, tasks, dims, setup.batch_size, setup.max_length, prompts_of)
-    found["encode"]["load_seconds"] = loaded
-    del encoder
-    setup.run_dir.save_json(cached.relative_to(setup.run_dir.root), found)
+    else:
+        start = time.perf_counter()
+        encoder = encoder_from_checkpoint(training["final_checkpoint"]).eval()
+        loaded = time.perf_counter() - start
+        found = evaluate_queries(encoder, tasks, dims, setup.batch_size, setup.max_length, prompts_of)
+        found["encode"]["load_seconds"] = loaded
+        del encoder
+        setup.run_dir.save_json(cached.relative_to(setup.run_dir.root), found)
     return {**found, "training": training, "folder": str(folder)}
 
 
