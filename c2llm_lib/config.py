@@ -20,7 +20,7 @@ from .pins import package_pins
 C = TypeVar("C")
 
 MAX_TOKENS = 131_072  # the longest context a Qwen2.5-Coder backbone takes (with YaRN); a longer length is a typo
-# AdamW moves each weight by about the learning rate per step: the recipes use 5e-5 to 3e-3 (the head's sweep 3e-2),
+# AdamW moves each weight by about the learning rate per step: the recipes use 5e-5 to 1e-2 (the head's sweep 3e-2),
 # while at 0.1 one step moves a LoRA or PMA weight by more than its own size. A larger rate is a typo.
 MAX_LEARNING_RATE = 0.1
 # The logits are cosines / tau: above 10 the softmax is near uniform and nothing trains; below 1e-3 float32's exp
@@ -62,7 +62,7 @@ def learning_rate_range(rate: float | None, key: str, note: str = "") -> None:
     """A learning rate in [0, MAX_LEARNING_RATE] (None passes: the key then takes another rate)."""
     require(rate is None or 0 <= rate <= MAX_LEARNING_RATE, key,
             f"must be in [0, {MAX_LEARNING_RATE}]{note} (AdamW moves a weight by about the rate per step; the recipes "
-            f"use 5e-5 to 3e-3), got {rate}")  # fmt: skip
+            f"use 5e-5 to 1e-2), got {rate}")  # fmt: skip
 
 
 @dataclass
