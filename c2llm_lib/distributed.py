@@ -13,6 +13,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+try:  # torch's functional all-gather with autograd; an older torch has only torch.distributed.nn's
+    from torch.distributed._functional_collectives import all_gather_single_autograd
+except ImportError:
+    all_gather_single_autograd = None
+
 
 def die_with_parent(parent: int | None = None, sig: int = signal.SIGTERM) -> None:
     """Asks Linux to send this process `sig` when its parent dies (prctl), and exits at once if `parent` is already
@@ -57,8 +62,6 @@ def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
 
 
 def functional_gather(x: torch.Tensor) -> torch.Tensor:
-    from torch.distributed._functional_collectives import all_gather_single_autograd
-
     return all_gather_single_autograd(x, gather_dim=0, group=dist.group.WORLD)  # (W*b, d)
 
 
@@ -70,15 +73,8 @@ def legacy_gather(x: torch.Tensor) -> torch.Tensor:
     return torch.cat(all_gather(x, group=dist.group.WORLD))  # (W*b, d)
 
 
-def _pick_gather():
-    try:
-        from torch.distributed._functional_collectives import all_gather_single_autograd  # noqa: F401
-    except ImportError:
-        return legacy_gather
-    return functional_gather
-
-
-_GATHER = _pick_gather()  # what gather_with_grad calls (a test swaps in the other to check both)
+# what gather_with_grad calls (a test swaps in the other to check both)
+_GATHER = functional_gather if all_gather_single_autograd is not None else legacy_gather
 
 
 def gather_without_grad(x: torch.Tensor) -> torch.Tensor:

@@ -156,11 +156,6 @@ def apply_weights(checkpoint: Checkpoint, encoder: C2LLMEncoder) -> None:
     encoder.pooler.load_state_dict(checkpoint.pooler)
 
 
-def load_checkpoint_weights(directory: Path, encoder: C2LLMEncoder) -> None:
-    """Loads a checkpoint's adapter and PMA head into an encoder built with the same ModelConfig."""
-    apply_weights(read_checkpoint(directory, with_state=False), encoder)
-
-
 def encoder_from_checkpoint(directory: Path, device: str | None = None) -> C2LLMEncoder:
     """A fresh encoder (base backbone as configured) carrying the checkpoint's adapter and head."""
     checkpoint = read_checkpoint(directory, with_state=False)

@@ -4,7 +4,6 @@ memory. A named error prints one `error: ...` line and exits 1.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
@@ -43,15 +42,13 @@ def split_params(params: dict[str, Any], source: str) -> tuple[ModelConfig, Trai
     """A flat params mapping -> (ModelConfig, TrainConfig); notebook 02's launch keys are checked and set aside."""
     import dataclasses
 
-    model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
-    train_keys = {f.name for f in dataclasses.fields(TrainConfig)}
-    launch_keys = {f.name for f in dataclasses.fields(LaunchConfig)}
-    unknown = sorted(set(params) - model_keys - train_keys - launch_keys)
+    keys = {cls: {f.name for f in dataclasses.fields(cls)} for cls in (LaunchConfig, ModelConfig, TrainConfig)}
+    unknown = sorted(set(params).difference(*keys.values()))
     if unknown:
         raise ConfigError(f"{source}: unknown parameter(s) {unknown} (neither a model nor a training parameter)")
-    from_dict(LaunchConfig, {k: v for k, v in params.items() if k in launch_keys}, source)
-    model = from_dict(ModelConfig, {k: v for k, v in params.items() if k in model_keys}, source)
-    train = from_dict(TrainConfig, {k: v for k, v in params.items() if k in train_keys}, source)
+    _, model, train = [
+        from_dict(cls, {k: v for k, v in params.items() if k in names}, source) for cls, names in keys.items()
+    ]
     return model, train
 
 
@@ -105,25 +102,20 @@ def read_rows(path: str):
         raise ConfigError(f"--rows {path}: not a prepared dataset ({err})") from None
 
 
-def one_line_errors(main):
-    """`main`, printing a named error as one `error: ...` line and exiting 1; other exceptions keep their traceback."""
-
-    @functools.wraps(main)
-    def wrapped(argv: list[str] | None = None) -> None:
-        try:
-            return main(argv)
-        except ConfigError as err:
-            one_line = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
-            print(f"error: {one_line}", file=sys.stderr, flush=True)
-            raise SystemExit(1) from None
-
-    return wrapped
-
-
-@one_line_errors
 def main(argv: list[str] | None = None) -> None:
     """torchrun [--nproc_per_node N] -m c2llm_lib.train --params P --rows DATA --out CKPTS [--resume CKPT |
-    --resume-latest] [--record-dir DIR]; rank 0 writes its step log and summary into DIR (default CKPTS)."""
+    --resume-latest] [--record-dir DIR]; rank 0 writes its step log and summary into DIR (default CKPTS). A named error
+    prints one `error: ...` line and exits 1; other exceptions keep their traceback."""
+    try:
+        train_from_arguments(argv)
+    except ConfigError as err:
+        one_line = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        print(f"error: {one_line}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
+def train_from_arguments(argv: list[str] | None) -> None:
+    """`main` without its one-line errors."""
     import argparse
 
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun rank: it dies with torchrun, never orphaned

@@ -106,7 +106,7 @@ class Trainer:
         self.encoder, self.cfg = encoder, cfg
         self.rank, self.world_size = self.train_step.rank, self.train_step.world_size
         self.rows = rows
-        self.k = min(cfg.num_negatives, most_negatives(rows))  # K: what the run asks, at most what any row holds
+        self.train_step.k = min(cfg.num_negatives, most_negatives(rows))  # K: what the run asks, at most any row holds
         self.checkpoint_root = Path(checkpoint_root) if checkpoint_root is not None else None
         torch.manual_seed(cfg.seed)
         groups = list(zip(rows["dataset"], rows["language"], strict=True))
@@ -155,18 +155,10 @@ class Trainer:
         """Optimizer steps taken: the step's own count, which its messages name."""
         return self.train_step.step
 
-    @step.setter
-    def step(self, value: int) -> None:
-        self.train_step.step = value
-
     @property
     def k(self) -> int:
         """K, the hard negatives per row the step uses."""
         return self.train_step.k
-
-    @k.setter
-    def k(self, value: int) -> None:
-        self.train_step.k = value
 
     @functools.cached_property
     def data_fingerprint(self) -> str:
@@ -191,7 +183,7 @@ class Trainer:
             for indices in self.sampler:
                 batch = self.rows[indices]
                 logged = self.train_step.take_step(batch)
-                self.step += 1
+                self.train_step.step += 1
                 self.metrics.append({"step": self.step, "epoch": self.sampler.epoch, **logged})
                 bar.update(1)
                 bar.set_postfix(loss=f"{logged['loss']:.3f}", data=logged["dataset"][:20])
@@ -237,12 +229,10 @@ class Trainer:
         }
         return values, tensors
 
-    def resume(self, checkpoint: str | Path) -> None:
+    def resume(self, checkpoint: str | Path | Checkpoint) -> None:
         """Continues a checkpoint of this same training (else refused, naming what differs), each rank with its own
         RNG."""
-        self.restore(read_checkpoint(checkpoint))
-
-    def restore(self, checkpoint: Checkpoint) -> None:
+        checkpoint = checkpoint if isinstance(checkpoint, Checkpoint) else read_checkpoint(checkpoint)
         state, source = checkpoint.state, checkpoint.path / STATE_JSON
         differ = identity_differences(state["training"], self.identity()) if isinstance(state["training"], dict) else [
             "the checkpoint records no training identity"]  # fmt: skip
@@ -265,7 +255,8 @@ class Trainer:
             self.sampler.load_state_dict(state["sampler"])
         except (KeyError, TypeError, ValueError) as err:
             raise CorruptFile(f"{source}: the saved trainer state does not fit ({type(err).__name__}: {err})") from None
-        self.step, self.metrics, self.checkpoints = int(state["step"]), state["metrics"], list(state["checkpoints"])
+        self.train_step.step, self.metrics = int(state["step"]), state["metrics"]
+        self.checkpoints = list(state["checkpoints"])
         if self.checkpoint_root is not None:  # where they are now (a run directory may have moved)
             self.checkpoints = [str(self.checkpoint_root / Path(c).name) for c in self.checkpoints]
         set_rng_state(rng)
@@ -321,6 +312,6 @@ class Trainer:
                 os.replace(path, aside / path.name)
             notes.append(f"Moved {[p.name for p in corrupt]} to {aside}.")
         barrier()
-        self.restore(resume_from)
+        self.resume(resume_from)
         return " ".join([*notes, f"Resuming this training from {resume_from.path} (step {self.step} of "
                          f"{self.total_steps})"])  # fmt: skip
