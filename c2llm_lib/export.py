@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .files import CorruptFile, atomic_directory, check_target, load_json
+from .files import CorruptFile, atomic_directory, check_target, load_json, replace_text
 from .model.backbone import REAL_GGUF_BACKBONE, TINY_BACKBONE
 from .model.encoder import KINDS
 from .prompts import C2LLM_PROMPTS, prompts
@@ -64,12 +64,6 @@ def save_export(
     return Path(directory)
 
 
-def _replace_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def export_settings(directory: str | os.PathLike) -> dict[str, Any]:
     """The export's `c2llm_backbone.json` (max_seq_length, append_eos, torch_dtype), checked."""
     from .model.st_modules import BACKBONE_RULES, Backbone, read_settings
@@ -86,8 +80,8 @@ def write_card(directory: str | os.PathLike, card: str, max_seq_length: int | No
         settings = export_settings(folder)
         if settings["max_seq_length"] != max_seq_length:
             settings["max_seq_length"] = max_seq_length
-            _replace_text(folder / "c2llm_backbone.json", json.dumps(settings, indent=4))
-    _replace_text(folder / "README.md", card)
+            replace_text(folder / "c2llm_backbone.json", json.dumps(settings, indent=4))
+    replace_text(folder / "README.md", card)
     return folder / "README.md"
 
 

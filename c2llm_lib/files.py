@@ -1,5 +1,6 @@
 """Reading run and model files with errors that name the file (weights from safetensors only, finite; a pickle is
-refused unread); the one digest of files; `atomic_directory`, which writes a folder whole or not at all.
+refused unread); the one digest of files; `atomic_directory` and `replace_text`, which write a folder or a file
+whole or not at all.
 """
 
 from __future__ import annotations
@@ -218,6 +219,17 @@ def _follow_umask(staging: Path) -> None:
         for name in files:
             if not os.path.islink(os.path.join(root, name)):
                 os.chmod(os.path.join(root, name), file_mode)
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Writes `text` to `path` whole or not at all: into `.<name>.tmp` beside it, then renamed over it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from .checks import ConfigError
-from .files import MissingInput, atomic_directory, fingerprint, load_json
+from .files import MissingInput, atomic_directory, fingerprint, load_json, replace_text
 from .hardware import auto_dtype, cpu_info, resolve_device
 
 PRODUCERS = {
@@ -410,25 +410,23 @@ class RunDir:
             raise ValueError(f"{relative}: not a path inside the run directory {self.root}")
         return path
 
-    def save_json(self, relative: str | Path, values: Any, indent: int = 1) -> Path:
-        """A JSON record at `relative` under the run, written atomically."""
+    def write_text(self, relative: str | Path, text: str) -> Path:
+        """`text` at `relative` under the run, written whole or not at all (`files.replace_text`)."""
         path = self.inside(relative)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(values, indent=indent, default=str) + "\n")
-        os.replace(tmp, path)
+        replace_text(path, text)
         return path
+
+    def save_json(self, relative: str | Path, values: Any, indent: int = 1) -> Path:
+        """A JSON record at `relative` under the run, written atomically."""
+        return self.write_text(relative, json.dumps(values, indent=indent, default=str) + "\n")
 
     def save_rows(self, relative: str | Path, table) -> Path:
         """A `datasets` table saved atomically at `relative` under the run, unless one is there (keyed by content)."""
         path = self.inside(relative)
-        if path.is_dir():
-            return path
-        staging = path.with_name(f".{path.name}.staging")
-        if staging.exists():
-            shutil.rmtree(staging)
-        table.save_to_disk(str(staging))
-        os.replace(staging, path)
+        if not path.is_dir():
+            with atomic_directory(path) as staging:
+                table.save_to_disk(str(staging))
         return path
 
     def load_metrics(self, name: str) -> Any:
@@ -436,9 +434,7 @@ class RunDir:
 
     def save_text(self, name: str, text: str) -> Path:
         """A text product under metrics/ (e.g. metrics/results.md, the table the pipeline prints)."""
-        path = self.root / "metrics" / name
-        path.write_text(text)
-        return path
+        return self.write_text(Path("metrics") / name, text)
 
     def save_figure(self, name: str, figure) -> Path:
         path = self.root / "figures" / f"{name}.png"
@@ -446,15 +442,11 @@ class RunDir:
         return path
 
     def save_html(self, name: str, html: str) -> Path:
-        path = self.root / "figures" / f"{name}.html"
-        path.write_text(html)
-        return path
+        return self.write_text(Path("figures") / f"{name}.html", html)
 
     def save_notebook_html(self, notebook: str, html: str) -> Path:
         """notebooks/<notebook>.html: an executed notebook as a page, beside its .ipynb."""
-        path = self.root / "notebooks" / f"{notebook}.html"
-        path.write_text(html)
-        return path
+        return self.write_text(Path("notebooks") / f"{notebook}.html", html)
 
     def save_search_index(self, files: dict[str, bytes]) -> Path:
         """search/index/: the index's files, replacing the old index whole and atomically."""

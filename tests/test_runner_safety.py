@@ -122,6 +122,21 @@ def test_a_notebook_refuses_a_run_outside_the_outputs_folder(tmp_path):
     assert not (tmp_path / "elsewhere").exists()
 
 
+def test_a_runs_text_products_are_written_whole_and_only_inside_it(tmp_path):
+    run = RunDir.open("run", tmp_path / "outputs")
+    table = run.save_text("results.md", "the first table")
+    record = run.save_json("metrics/eval.json", {"model": {"task": 1.0}})
+    with pytest.raises(TypeError):
+        run.save_text("results.md", None)  # fails mid-write: the product before it stays whole
+    assert table.read_text() == "the first table" and json.loads(record.read_text()) == {"model": {"task": 1.0}}
+    assert sorted(p.name for p in (run.root / "metrics").iterdir()) == ["eval.json", "results.md"]  # no temporary
+    assert run.save_notebook_html("04_eval_mteb_code", "<p>") == run.root / "notebooks" / "04_eval_mteb_code.html"
+    for outside in ("../../escape.md", str(tmp_path / "absolute.md")):
+        with pytest.raises(ValueError, match="not a path inside the run directory"):
+            run.save_text(outside, "x")
+    assert sorted(p.name for p in tmp_path.rglob("*.md")) == ["results.md"]
+
+
 # where --overwrite may delete ----------------------------------------------------------------------------------
 def test_overwrite_refuses_a_run_directory_that_resolves_elsewhere(tmp_path):
     elsewhere = tmp_path / "precious"
