@@ -356,6 +356,8 @@ class EvalStage:
     eval_batch_size: int = 16
     eval_max_length: int = 2048  # the released model's inference length
     baselines: list[str] = field(default_factory=lambda: ["bm25", "mean", "last_token"])
+    # the task sets the untrained poolers of `baselines` score (BM25 scores every set): "heldout", "beir", "unseen"
+    untrained_sets: list[str] = field(default_factory=lambda: ["heldout", "beir", "unseen"])
     mteb_tasks: list[str] = field(default_factory=list)  # tasks of `benchmarks` to run (hub); ["all"]: all; []: none
     benchmarks: list[str] = field(default_factory=lambda: ["MTEB(Code, v1)"])  # names (eval/benchmarks.py)
     eval_released: str | None = None  # a released codefuse-ai checkpoint (hub id or dir) instead of the run's model
@@ -378,6 +380,9 @@ class EvalStage:
         bad = sorted(set(self.baselines) - {"bm25", "mean", "last_token"})
         require(not bad, "baselines", f"has unknown entries {bad}; choose from bm25, mean, last_token")
         require(len(set(self.baselines)) == len(self.baselines), "baselines", "repeats a baseline")
+        bad = sorted(set(self.untrained_sets) - {"heldout", "beir", "unseen"})
+        require(not bad, "untrained_sets", f"has unknown entries {bad}; choose from heldout, beir, unseen")
+        require(len(set(self.untrained_sets)) == len(self.untrained_sets), "untrained_sets", "repeats a set")
         require(not self.mteb_tasks or plain_names(self.mteb_tasks), "mteb_tasks", "must be distinct task names")
         require(plain_names(self.benchmarks), "benchmarks",
                 f"must be distinct mteb benchmark names such as 'MTEB(Code, v1)', got {self.benchmarks}")  # fmt: skip

@@ -134,7 +134,7 @@ def test_rehearsal(stem, mirror, release, tmp_path, monkeypatch):
     if sets.get("beir_sets"):
         check_beir(run.root)
     if "04" in only and sets.get("unseen_packages"):
-        check_unseen(run.root, sets["unseen_packages"])
+        check_unseen(run.root, sets["unseen_packages"], resolved["04_eval_mteb_code"])
     if params.get("compare_poolings"):
         check_study(run.root, resolved["06_recipe_comparison"])
 
@@ -158,12 +158,18 @@ def check_beir(root: Path) -> None:
     assert "the training rows of C2LLM recipe (merged) were not decontaminated against beir-my-set (" in table
 
 
-def check_unseen(root: Path, pins: list[str]) -> None:
-    """The unseen library was kept out of training (notebook 01 records its pin) and scored by every model beside the
-    held-out tasks, in a table of its own."""
+def check_unseen(root: Path, pins: list[str], evaluation: dict) -> None:
+    """The unseen library was kept out of training (notebook 01 records its pin) and scored beside the held-out tasks,
+    in a table of its own, by the trained model and BM25, and the untrained poolers on the sets `untrained_sets`
+    names."""
     assert json.loads((root / "metrics" / "data.json").read_text())["unseen_packages"] == pins
     scores = json.loads((root / "metrics" / "unseen.json").read_text())
-    assert set(scores) == set(json.loads((root / "metrics" / "eval.json").read_text()))  # the same models
+    heldout = json.loads((root / "metrics" / "eval.json").read_text())
+    untrained = {m for m in {*scores, *heldout} if m.startswith("untrained")}
+    assert untrained == {f"untrained, {p} pooling" for p in evaluation["baselines"] if p != "bm25"}
+    for found, name in ((scores, "unseen"), (heldout, "heldout")):
+        assert set(found) - untrained == {"C2LLM recipe (merged)", "BM25"}
+        assert set(found) >= untrained if name in evaluation["untrained_sets"] else not set(found) & untrained
     assert all(set(s) == {"unseen-text2code-tinylib", "unseen-code2code-tinylib"} for s in scores.values())
     assert "### Unseen libraries, nDCG@10 x 100" in (root / "metrics" / "results.md").read_text()
 

@@ -657,6 +657,9 @@ REFUSED = [
     (EvalStage, {"eval_max_length": 0}, "'eval_max_length' must be at least 2"),
     (EvalStage, {"eval_batch_size": 0}, "'eval_batch_size' must be positive"),
     (EvalStage, {"baselines": ["bm25", "bm25"]}, "'baselines' repeats"),
+    (EvalStage, {"untrained_sets": ["held-out"]}, "'untrained_sets' has unknown entries \\['held-out'\\]"),
+    (EvalStage, {"untrained_sets": ["unseen", "unseen"]}, "'untrained_sets' repeats"),
+    (EvalStage, {"untrained_sets": "unseen"}, "'untrained_sets'"),
     (CompareStage, {"compare_pma_dims": [128, 128]}, "'compare_pma_dims' must be distinct positive widths"),
     (EvalStage, {"eval_released_revision": "abc123"}, "set eval_released too"),
     (AttentionStage, {"attention_max_tokens": 10**9}, "'attention_max_tokens' must be between"),
@@ -683,6 +686,8 @@ def test_a_value_out_of_range_is_refused_naming_the_key(cls, values, message):
         (ModelConfig, {"device": "mps"}),
         (TrainConfig, {"loss_weights": {"CodeEditSearchRetrieval": 0.5, "CosQA": 2}}),
         (MergeStage, {"merge_last": 2, "merge_weights": [0.0, 1.0]}),
+        (EvalStage, {"untrained_sets": []}),  # the untrained poolers score no set (and are not loaded)
+        (EvalStage, {"untrained_sets": ["unseen"]}),  # make run's default
     ],
 )
 def test_values_in_range_are_accepted(cls, values):

@@ -152,4 +152,5 @@ def evaluated_models(evaluation, run_dir) -> tuple[str, dict[str, Any]]:
                                                                 evaluation.eval_released_revision))  # fmt: skip
     else:
         label, trained = "C2LLM recipe (merged)", C2LLMEncoder.from_pretrained(run_dir.require("merged"))
-    return label, {label: trained, **baselines(trained, [p for p in evaluation.baselines if p != "bm25"])}
+    poolings = [p for p in evaluation.baselines if p != "bm25"] if evaluation.untrained_sets else []
+    return label, {label: trained, **baselines(trained, poolings)}

@@ -84,13 +84,16 @@ def evaluate_set(
     bm25: bool = True,
     batch_size: int = 16,
     max_length: int = 2048,
+    untrained: bool = True,
 ) -> SetEvaluation:
-    """`models` (the trained one is `label`) and BM25 scored on `tasks` through mteb, with each task's size and
-    `label`'s difference to every other model with its 95 % interval; no tasks: an empty result."""
+    """`models` (the trained one is `label`; without `untrained`, it alone) and BM25 scored on `tasks` through mteb,
+    with each task's size and `label`'s difference to every other model with its 95 % interval; no tasks: an empty
+    result."""
     from .mteb import evaluate_all, query_scores
 
     if not tasks:
         return SetEvaluation()
+    models = models if untrained else {label: models[label]}
     options = {"bm25": bm25, "batch_size": batch_size, "max_length": max_length}
     scores = evaluate_all(models, tasks, cache_dir, **options)
     sizes = task_sizes(tasks, models[label], max_length)

@@ -303,7 +303,7 @@ def eval_tokens(setup: Setup, tasks: list[Any], chars_per_token: float) -> dict[
 
     ev = setup.evaluation
     length = ev.eval_max_length
-    baselines = bool(set(ev.baselines) & {"mean", "last_token"})
+    baselines = bool(set(ev.baselines) & {"mean", "last_token"}) and "heldout" in ev.untrained_sets
     out = {"tasks": {}, "chars_per_token": chars_per_token, "tokens": 0.0, "passes_tokens": 0.0}
     for task in offline_tasks(limit=ev.eval_limit, max_documents=ev.eval_max_documents):
         texts = [*task.queries.values(), *task.corpus.values()]
