@@ -424,9 +424,13 @@ class RunDir:
     def save_rows(self, relative: str | Path, table) -> Path:
         """A `datasets` table saved atomically at `relative` under the run, unless one is there (keyed by content)."""
         path = self.inside(relative)
-        if not path.is_dir():
-            with atomic_directory(path) as staging:
-                table.save_to_disk(str(staging))
+        if path.is_dir():
+            return path
+        staging = path.with_name(f".{path.name}.staging")  # a fixed name: a killed save's copy is replaced next time
+        if staging.exists():
+            shutil.rmtree(staging)
+        table.save_to_disk(str(staging))
+        os.replace(staging, path)
         return path
 
     def load_metrics(self, name: str) -> Any:
@@ -437,7 +441,7 @@ class RunDir:
         return self.write_text(Path("metrics") / name, text)
 
     def save_figure(self, name: str, figure) -> Path:
-        path = self.root / "figures" / f"{name}.png"
+        path = self.inside(Path("figures") / f"{name}.png")
         figure.savefig(path, dpi=120, bbox_inches="tight")
         return path
 

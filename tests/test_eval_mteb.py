@@ -162,3 +162,28 @@ def test_benchmark_task_sizes_come_from_mtebs_statistics():
     sizes = mteb_task_sizes(mteb_code_tasks(["CosQA", "CodeEditSearchRetrieval"]))
     assert sizes["CosQA"] == {"queries": 500, "documents": 20604}
     assert sizes["CodeEditSearchRetrieval"] == {"queries": 13000, "documents": 13000}  # derived: older statistics
+
+
+def test_a_set_the_untrained_poolers_do_not_score_says_so_and_compares_with_bm25_alone(make_encoder, tmp_path):
+    from types import SimpleNamespace
+
+    from c2llm_lib.eval import evaluate_set
+    from c2llm_lib.eval.scoring import evaluated_models
+
+    task = offline_tasks(limit=6, include_humaneval=False)[0]
+    models = {"trained": make_encoder(pooling="mean"), "untrained, mean pooling": make_encoder(seed=1, pooling="mean")}
+    both = evaluate_set(models, [task], tmp_path, "trained", "Held-out", batch_size=8, max_length=64)
+    alone = evaluate_set(models, [task], tmp_path, "trained", "Held-out", batch_size=8, max_length=64, untrained=False)
+    assert set(both.scores) == {"trained", "untrained, mean pooling", "BM25"}
+    assert set(alone.scores) == {"trained", "BM25"}
+    assert alone.scores["trained"] == both.scores["trained"] and [d["b"] for d in alone.intervals] == ["BM25"]
+    assert "Not scored on these tasks (`untrained_sets`): untrained, mean pooling." in alone.markdown
+    assert "Not scored" not in both.markdown
+    # the untrained poolers are loaded only where a set they score has tasks (here: no unseen_packages, no beir_sets)
+    merged = models["trained"].save_pretrained(tmp_path / "merged")
+    run_dir = SimpleNamespace(require=lambda name: merged)
+    for sets, loaded in ((["unseen", "beir"], set()), (["heldout"], {"untrained, mean pooling"}), ([], set())):
+        evaluation = SimpleNamespace(eval_released=None, baselines=["bm25", "mean"], untrained_sets=sets,
+                                     unseen_packages=[], beir_sets=[])  # fmt: skip
+        label, found = evaluated_models(evaluation, run_dir)
+        assert set(found) == {label, *loaded}, sets

@@ -122,12 +122,20 @@ def test_a_notebook_refuses_a_run_outside_the_outputs_folder(tmp_path):
     assert not (tmp_path / "elsewhere").exists()
 
 
-def test_a_runs_text_products_are_written_whole_and_only_inside_it(tmp_path):
+def test_a_runs_text_products_are_written_whole_and_only_inside_it(tmp_path, monkeypatch):
+    import c2llm_lib.files
+
     run = RunDir.open("run", tmp_path / "outputs")
     table = run.save_text("results.md", "the first table")
     record = run.save_json("metrics/eval.json", {"model": {"task": 1.0}})
-    with pytest.raises(TypeError):
-        run.save_text("results.md", None)  # fails mid-write: the product before it stays whole
+
+    def killed(*args):
+        raise KeyboardInterrupt  # stopped between writing the new text and putting it in place
+
+    monkeypatch.setattr(c2llm_lib.files.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run.save_text("results.md", "a second table")
+    monkeypatch.undo()
     assert table.read_text() == "the first table" and json.loads(record.read_text()) == {"model": {"task": 1.0}}
     assert sorted(p.name for p in (run.root / "metrics").iterdir()) == ["eval.json", "results.md"]  # no temporary
     assert run.save_notebook_html("04_eval_mteb_code", "<p>") == run.root / "notebooks" / "04_eval_mteb_code.html"

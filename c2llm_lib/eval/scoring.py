@@ -152,5 +152,7 @@ def evaluated_models(evaluation, run_dir) -> tuple[str, dict[str, Any]]:
                                                                 evaluation.eval_released_revision))  # fmt: skip
     else:
         label, trained = "C2LLM recipe (merged)", C2LLMEncoder.from_pretrained(run_dir.require("merged"))
-    poolings = [p for p in evaluation.baselines if p != "bm25"] if evaluation.untrained_sets else []
+    used = {"heldout": True, "beir": bool(evaluation.beir_sets), "unseen": bool(evaluation.unseen_packages)}
+    scored = any(used[name] for name in evaluation.untrained_sets)  # else the untrained poolers are not loaded
+    poolings = [p for p in evaluation.baselines if p != "bm25"] if scored else []
     return label, {label: trained, **baselines(trained, poolings)}

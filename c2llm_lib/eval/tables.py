@@ -93,7 +93,8 @@ def evaluate_set(
 
     if not tasks:
         return SetEvaluation()
-    models = models if untrained else {label: models[label]}
+    unscored = [] if untrained else [m for m in models if m != label]
+    models = {m: model for m, model in models.items() if m not in unscored}
     options = {"bm25": bm25, "batch_size": batch_size, "max_length": max_length}
     scores = evaluate_all(models, tasks, cache_dir, **options)
     sizes = task_sizes(tasks, models[label], max_length)
@@ -101,5 +102,7 @@ def evaluate_set(
     diffs = differences(per_query, [(label, other) for other in scores if other != label])
     table = results_frame(scores)
     markdown = results_markdown(table, title, sizes, max_length=max_length) + "\n"
+    if unscored:
+        markdown += f"Not scored on these tasks (`untrained_sets`): {', '.join(unscored)}.\n\n"
     markdown += differences_markdown(diffs, f"{label} against each other model" + (f", {name}" if name else ""))
     return SetEvaluation(table, scores, sizes, per_query, diffs, markdown)

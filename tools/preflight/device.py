@@ -293,7 +293,8 @@ def speed_check(setup: Setup, found: list[tuple[ProbeResult | None, str]], who: 
 
 def eval_tokens(setup: Setup, tasks: list[Any], chars_per_token: float) -> dict[str, Any]:
     """The evaluation's texts, tokens (characters / chars_per_token, at most eval_max_length each) and passes: the
-    offline held-out tasks (the model and, sharing one pass, the untrained baselines) and each mteb task notebook 04
+    offline held-out tasks (the model and, sharing one pass, the untrained baselines where `untrained_sets` names
+    "heldout") and each mteb task notebook 04
     evaluates (the model). An mteb task counts its texts from mteb's statistics of the hub dataset, or, read from a
     mirror, from the size of the mirror's folder (its JSON included: an upper bound)."""
     from c2llm_lib.data.mirror import repo_dir
@@ -447,7 +448,8 @@ def projection_check(setup: Setup, found, who: Subject, spec: ProbeSpec, per_ste
                 p.values.update(eval_seconds_range=[fast, slow], eval_basis="estimate" if estimate else "measured")
             p.notes.append(f"evaluation: {tokens:,.0f} tokens over {len(counted['tasks'])} tasks "
                            f"({counted['chars_per_token']:.2f} characters per token, measured on real code; the "
-                           f"model's pass, and the untrained baselines' shared pass on the held-out tasks) "
+                           f"model's pass, and the untrained baselines' shared pass on the held-out tasks where "
+                           f"untrained_sets names them; the unseen libraries' tasks not counted) "
                            f"at {how}")  # fmt: skip
         p.values.update(evaluation=counted, eval_seconds=p.eval_seconds, eval_rate=rate)
     parts = [f"training {duration(p.train_seconds)}" if p.train_seconds is not None else "", evaluation]
