@@ -170,6 +170,50 @@ def test_baselines_of_a_run_are_its_untrained_backbone(make_encoder):
     assert all(torch.equal(v, fresh[k]) for k, v in baseline.base_model.state_dict().items())
 
 
+def test_baselines_of_a_saved_lora_model_read_its_base_instead_of_loading_the_backbone(
+    make_encoder, tmp_path, monkeypatch
+):
+    import numpy as np
+
+    from c2llm_lib import C2LLMEncoder
+    from c2llm_lib.eval.scoring import baselines
+
+    from conftest import randomize_lora
+
+    trained = make_encoder(pma_heads=4, use_lora=True, lora_r=4)
+    randomize_lora(trained)  # an adapter that changes the embeddings: the baselines must not carry it
+    trained.save_pretrained(tmp_path / "merged")
+    built = baselines(trained, ["mean", "last_token"])  # from the configured backbone, as before any save
+    fresh = {b.config.pooling: b for b in built.values()}
+    reloaded = C2LLMEncoder.from_pretrained(tmp_path / "merged")
+
+    def no_backbone_load(cfg):
+        raise AssertionError("the backbone was loaded again")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(C2LLMEncoder, "from_config", no_backbone_load)
+        read = baselines(reloaded, ["mean", "last_token"])
+    texts = ["def add(a, b):\n    return a + b", "Sort a list of numbers in place."]
+    for (label, baseline), pooling in zip(read.items(), ["mean", "last_token"], strict=True):
+        assert pooling in label and not baseline.config.use_lora and baseline.base_model is baseline.backbone
+        state, expected = baseline.base_model.state_dict(), fresh[pooling].base_model.state_dict()
+        assert state.keys() == expected.keys() and all(torch.equal(v, expected[k]) for k, v in state.items())
+        assert np.array_equal(baseline.encode(texts), fresh[pooling].encode(texts))
+    assert not np.allclose(read["untrained, mean pooling"].encode(texts),
+                           C2LLMEncoder(reloaded.backbone, reloaded.tokenizer, read["untrained, mean pooling"].config)
+                           .encode(texts), atol=1e-4)  # fmt: skip
+
+    # a folder whose stored base is in another dtype than the one asked for: loaded from the backbone as before
+    as_bf16 = C2LLMEncoder.from_pretrained(tmp_path / "merged", dtype="bfloat16")
+    assert C2LLMEncoder.saved_base(tmp_path / "merged", as_bf16.config) is None
+    ((_, built),) = baselines(as_bf16, ["mean"]).items()
+    assert next(built.base_model.parameters()).dtype == torch.bfloat16
+    # a folder without an adapter holds trained weights, not the base
+    dense = make_encoder(pma_heads=4)
+    dense.save_pretrained(tmp_path / "dense")
+    assert C2LLMEncoder.saved_base(tmp_path / "dense", dense.config) is None
+
+
 def test_max_documents_keeps_every_evaluated_positive_and_a_fixed_sample():
     full = {t.name: t for t in offline_tasks(limit=40)}
     capped = {t.name: t for t in offline_tasks(limit=40, max_documents=500)}

@@ -128,7 +128,10 @@ def baseline_encoder(trained, pooling: str):
         )
     cfg = dataclasses.replace(cfg, pooling=pooling, use_lora=False, embedding_dim=None,
                               append_eos=None, gradient_checkpointing=False)  # fmt: skip
-    return C2LLMEncoder.from_config(cfg)
+    # a saved LoRA encoder (notebook 03's merged/) keeps the untouched base beside its adapter: read it (seconds)
+    # rather than convert the backbone again (the GGUF: ~40 s on 2 cores); the same tensors either way
+    saved = trained.directory and C2LLMEncoder.saved_base(trained.directory, cfg)
+    return saved or C2LLMEncoder.from_config(cfg)
 
 
 def baselines(trained, poolings: Sequence[str]) -> dict[str, Any]:

@@ -344,6 +344,21 @@ class C2LLMEncoder(nn.Module):
                               f"{encoder.embedding_dim}")  # fmt: skip
         return encoder
 
+    @classmethod
+    def saved_base(cls, directory: str | os.PathLike, config: ModelConfig) -> C2LLMEncoder | None:
+        """An encoder of `config` (no LoRA, a fresh head) on the frozen base beside a saved LoRA adapter: the weights
+        `from_config(config)` loads, read from the folder instead of converted again; None when the folder holds no
+        adapter or stores its base in another dtype than `config`'s."""
+        root = Path(directory)
+        record = load_json(root / "c2llm_config.json", "encoder record")
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
+        if not (root / "adapter").is_dir() or record.get("backbone_dtype") != str(dtype).removeprefix("torch."):
+            return None
+        backbone = cls._load_saved_backbone(root / "backbone", dtype, config.attn_implementation, device)
+        rows = backbone.get_input_embeddings().num_embeddings
+        return cls(backbone, load_saved_tokenizer(root / "tokenizer", backbone.config, rows), config)
+
     @staticmethod
     def _load_adapter(backbone: nn.Module, folder: Path, trainable: bool) -> nn.Module:
         """peft's LoRA adapter of a saved folder, its weights read by `files.load_tensors`, never by peft."""
