@@ -253,11 +253,36 @@ def test_merged_holds_the_low_rank_form_after_bf16_training_and_the_dense_one_af
 ):
     from c2llm_lib.merge import evaluation_form
 
-    dense = merge_checkpoints(checkpoints, [0.5, 0.5, 0, 0]).encoder
-    assert evaluation_form(checkpoints, [0.5, 0.5, 0, 0], dense) is dense  # float32 training: no adapter matmuls
-    bf16_dense = merge_checkpoints(bf16_checkpoints, [0.5, 0.5, 0, 0]).encoder
+    dense = merge_checkpoints(checkpoints, [0.5, 0.5, 0, 0])
+    assert dense.base is None  # float32 training keeps no second copy of the base
+    assert evaluation_form(checkpoints, [0.5, 0.5, 0, 0], dense) is dense.encoder  # no adapter matmuls
+    bf16_dense = merge_checkpoints(bf16_checkpoints, [0.5, 0.5, 0, 0])
     low_rank = evaluation_form(bf16_checkpoints, [0.5, 0.5, 0, 0], bf16_dense)
     assert low_rank.config.use_lora and next(low_rank.base_model.parameters()).dtype == torch.bfloat16
+
+
+def test_the_adapter_form_is_built_on_the_dense_merges_copy_of_the_base_without_loading_it_again(
+    bf16_checkpoints, monkeypatch
+):
+    from c2llm_lib import C2LLMEncoder
+    from c2llm_lib.merge import evaluation_form
+
+    weights = [0.1, 0.2, 0.3, 0.4]
+    loaded = merge_as_adapter(bf16_checkpoints, weights).encoder  # its own base, loaded as configured
+    dense = merge_checkpoints(bf16_checkpoints, weights)
+    base = dense.base
+    assert next(base.base_model.parameters()).dtype == torch.bfloat16  # the base as trained, not the upcast one
+    assert next(dense.encoder.base_model.parameters()).dtype == torch.float32
+    with monkeypatch.context() as patch:
+        patch.setattr(C2LLMEncoder, "from_config", lambda cfg: pytest.fail("the backbone was loaded again"))
+        handed = evaluation_form(bf16_checkpoints, weights, dense)
+    assert dense.base is None and handed.backbone.get_base_model() is base.backbone  # handed over, not kept twice
+    ours, theirs = handed.backbone.state_dict(), loaded.backbone.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(v, theirs[k]) for k, v in ours.items())
+    assert all(torch.equal(v, loaded.pooler.state_dict()[k]) for k, v in handed.pooler.state_dict().items())
+    np.testing.assert_array_equal(handed.encode(BF16_TEXTS), loaded.encode(BF16_TEXTS))
+    again = evaluation_form(bf16_checkpoints, weights, dense)  # the copy was handed over: the base is loaded again
+    np.testing.assert_array_equal(again.encode(BF16_TEXTS), loaded.encode(BF16_TEXTS))
 
 
 def test_the_adapter_form_refuses_uneven_or_patterned_ranks_naming_the_checkpoint(checkpoints, tmp_path):
