@@ -131,11 +131,13 @@ def merge_checkpoints(checkpoints: Sequence[str | Path], weights: Sequence[float
     as_trained = None
     if next(encoder.base_model.parameters()).dtype != torch.float32:
         as_trained = C2LLMEncoder(copy.deepcopy(encoder.base_model), encoder.tokenizer, trained)
+        as_trained.base_loaded_as = encoder.base_loaded_as
     base = encoder.base_model.float()  # exact upcast: every bf16/fp16 value is a float32 value
     if base.config._attn_implementation == "flash_attention_2":  # flash-attention has no float32 kernels
         base.set_attn_implementation("sdpa")
     attn = "auto" if trained.attn_implementation == "flash_attention_2" else trained.attn_implementation
     encoder.config = replace(trained, dtype="float32", attn_implementation=attn)
+    encoder.base_loaded_as = None  # its base takes the update: no longer the source's
     params = dict(base.named_parameters())
     loaded = [lora_factors(p) for p in paths]  # the low-rank factors only: every dense update at once would be as
     # large as the backbone's linear weights (1.4 GB float32 for the 0.5B model), and was, with one checkpoint's
@@ -167,10 +169,11 @@ def merge_as_adapter(
     modules = sorted({name for _, f in loaded for name in f})
     targets = sorted({name.removesuffix(".weight").rsplit(".", 1)[-1] for name in modules})
     config = replace(trained, use_lora=True, lora_r=rank, lora_alpha=rank, lora_dropout=0.0, lora_targets=targets)
-    if base is None:
+    if base is None or base.device != resolve_device(device):
         encoder = C2LLMEncoder.from_config(config)
     else:
         encoder = C2LLMEncoder(add_lora(base.backbone, config), base.tokenizer, config)
+        encoder.base_loaded_as = base.base_loaded_as
     params = dict(encoder.backbone.named_parameters())
     with torch.no_grad():
         for name in modules:

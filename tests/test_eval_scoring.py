@@ -170,9 +170,12 @@ def test_baselines_of_a_run_are_its_untrained_backbone(make_encoder):
     assert all(torch.equal(v, fresh[k]) for k, v in baseline.base_model.state_dict().items())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_baselines_of_a_saved_lora_model_read_its_base_instead_of_loading_the_backbone(
-    make_encoder, tmp_path, monkeypatch
+    make_encoder, tmp_path, monkeypatch, dtype
 ):
+    import json
+
     import numpy as np
 
     from c2llm_lib import C2LLMEncoder
@@ -180,7 +183,7 @@ def test_baselines_of_a_saved_lora_model_read_its_base_instead_of_loading_the_ba
 
     from conftest import randomize_lora
 
-    trained = make_encoder(pma_heads=4, use_lora=True, lora_r=4)
+    trained = make_encoder(pma_heads=4, use_lora=True, lora_r=4, dtype=dtype)
     randomize_lora(trained)  # an adapter that changes the embeddings: the baselines must not carry it
     trained.save_pretrained(tmp_path / "merged")
     built = baselines(trained, ["mean", "last_token"])  # from the configured backbone, as before any save
@@ -203,13 +206,19 @@ def test_baselines_of_a_saved_lora_model_read_its_base_instead_of_loading_the_ba
                            C2LLMEncoder(reloaded.backbone, reloaded.tokenizer, read["untrained, mean pooling"].config)
                            .encode(texts), atol=1e-4)  # fmt: skip
 
-    # a folder whose stored base is in another dtype than the one asked for: loaded from the backbone as before
-    as_bf16 = C2LLMEncoder.from_pretrained(tmp_path / "merged", dtype="bfloat16")
-    assert C2LLMEncoder.saved_base(tmp_path / "merged", as_bf16.config) is None
-    ((_, built),) = baselines(as_bf16, ["mean"]).items()
-    assert next(built.base_model.parameters()).dtype == torch.bfloat16
+    assert json.loads((tmp_path / "merged" / "c2llm_config.json").read_text())["base_loaded_as"] == dtype
+    # asked for another dtype than the folder stores: loaded from the backbone as before
+    other = "bfloat16" if dtype == "float32" else "float32"
+    cast = C2LLMEncoder.from_pretrained(tmp_path / "merged", dtype=other)
+    assert C2LLMEncoder.saved_base(tmp_path / "merged", cast.config) is None
+    ((_, built),) = baselines(cast, ["mean"]).items()
+    assert next(built.base_model.parameters()).dtype == getattr(torch, other)
+    # saved again after the cast: its base is no longer the source's conversion in the stored dtype, and is not read
+    cast.save_pretrained(tmp_path / "cast")
+    assert json.loads((tmp_path / "cast" / "c2llm_config.json").read_text())["base_loaded_as"] is None
+    assert C2LLMEncoder.saved_base(tmp_path / "cast", cast.config) is None
     # a folder without an adapter holds trained weights, not the base
-    dense = make_encoder(pma_heads=4)
+    dense = make_encoder(pma_heads=4, dtype=dtype)
     dense.save_pretrained(tmp_path / "dense")
     assert C2LLMEncoder.saved_base(tmp_path / "dense", dense.config) is None
 

@@ -130,7 +130,8 @@ def baseline_encoder(trained, pooling: str):
                               append_eos=None, gradient_checkpointing=False)  # fmt: skip
     # a saved LoRA encoder (notebook 03's merged/) keeps the untouched base beside its adapter: read it (seconds)
     # rather than convert the backbone again (the GGUF: ~40 s on 2 cores); the same tensors either way
-    saved = trained.directory and C2LLMEncoder.saved_base(trained.directory, cfg)
+    folder = getattr(trained, "directory", None)
+    saved = folder and C2LLMEncoder.saved_base(folder, cfg)
     return saved or C2LLMEncoder.from_config(cfg)
 
 

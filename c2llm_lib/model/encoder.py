@@ -126,6 +126,9 @@ class C2LLMEncoder(nn.Module):
         super().__init__()
         self.config = config
         self.directory: Path | None = None  # the folder its weights were loaded from (from_pretrained, from_released)
+        # the dtype its base was converted from the configured source in, while the base is still those tensors
+        # (from_config sets it; save_pretrained and from_pretrained keep it; saved_base reads it)
+        self.base_loaded_as: str | None = None
         self.backbone = backbone
         self.tokenizer = prepare_tokenizer(tokenizer)
         hidden = self.backbone_config.hidden_size
@@ -143,7 +146,9 @@ class C2LLMEncoder(nn.Module):
             enable_gradient_checkpointing(backbone)
         if cfg.use_lora:
             backbone = add_lora(backbone, cfg)
-        return cls(backbone, load_tokenizer(cfg), cfg)
+        encoder = cls(backbone, load_tokenizer(cfg), cfg)
+        encoder.base_loaded_as = _dtype_name(encoder.base_model)
+        return encoder
 
     @property
     def device(self) -> torch.device:
@@ -285,7 +290,9 @@ class C2LLMEncoder(nn.Module):
                 "model": self.config.to_dict(),
                 "hidden_size": self.backbone_config.hidden_size,
                 "embedding_dim": self.embedding_dim,
-                "backbone_dtype": str(next(base.parameters()).dtype).removeprefix("torch."),
+                "backbone_dtype": _dtype_name(base),
+                # the base as converted from the configured source, or None (cast or merged since: not the source's)
+                "base_loaded_as": self.base_loaded_as if self.base_loaded_as == _dtype_name(base) else None,
             }
             (staging / "c2llm_config.json").write_text(json.dumps(record, indent=2) + "\n")
         return Path(directory)
@@ -338,6 +345,7 @@ class C2LLMEncoder(nn.Module):
             backbone = cls._load_adapter(backbone, root / "adapter", trainable)
         encoder = cls(backbone, tokenizer, cfg)
         encoder.directory = root
+        encoder.base_loaded_as = record.get("base_loaded_as")  # stays true while the base keeps its stored dtype
         load_pooler_weights(encoder.pooler, root / "pooler.safetensors", record_path)
         if record.get("embedding_dim", encoder.embedding_dim) != encoder.embedding_dim:
             raise CorruptFile(f"{record_path}: embedding_dim {record['embedding_dim']} is not the loaded encoder's "
@@ -347,17 +355,22 @@ class C2LLMEncoder(nn.Module):
     @classmethod
     def saved_base(cls, directory: str | os.PathLike, config: ModelConfig) -> C2LLMEncoder | None:
         """An encoder of `config` (no LoRA, a fresh head) on the frozen base beside a saved LoRA adapter: the weights
-        `from_config(config)` loads, read from the folder instead of converted again; None when the folder holds no
-        adapter or stores its base in another dtype than `config`'s."""
+        `from_config(config)` loads, read from the folder instead of converted again; None unless the folder holds an
+        adapter over its base as converted from the source (`base_loaded_as`) in `config`'s dtype."""
         root = Path(directory)
+        if not (root / "adapter").is_dir() or not (root / "c2llm_config.json").is_file():
+            return None
         record = load_json(root / "c2llm_config.json", "encoder record")
         device = resolve_device(config.device)
-        dtype = resolve_dtype(config.dtype, device)
-        if not (root / "adapter").is_dir() or record.get("backbone_dtype") != str(dtype).removeprefix("torch."):
+        dtype = _dtype_name(resolve_dtype(config.dtype, device))
+        if not record.get("backbone_dtype") == record.get("base_loaded_as") == dtype:
             return None
-        backbone = cls._load_saved_backbone(root / "backbone", dtype, config.attn_implementation, device)
+        attn = config.attn_implementation
+        backbone = cls._load_saved_backbone(root / "backbone", getattr(torch, dtype), attn, device)
         rows = backbone.get_input_embeddings().num_embeddings
-        return cls(backbone, load_saved_tokenizer(root / "tokenizer", backbone.config, rows), config)
+        encoder = cls(backbone, load_saved_tokenizer(root / "tokenizer", backbone.config, rows), config)
+        encoder.base_loaded_as = dtype
+        return encoder
 
     @staticmethod
     def _load_adapter(backbone: nn.Module, folder: Path, trainable: bool) -> nn.Module:
@@ -449,3 +462,9 @@ class C2LLMEncoder(nn.Module):
         encoder.load_state_dict(state, strict=True)
         encoder.directory = root
         return encoder
+
+
+def _dtype_name(what: nn.Module | torch.dtype) -> str:
+    """ "bfloat16" for torch.bfloat16 or a module whose first parameter has it."""
+    dtype = what if isinstance(what, torch.dtype) else next(what.parameters()).dtype
+    return str(dtype).removeprefix("torch.")
