@@ -207,6 +207,19 @@ def test_baselines_of_a_saved_lora_model_read_its_base_instead_of_loading_the_ba
                            .encode(texts), atol=1e-4)  # fmt: skip
 
     assert json.loads((tmp_path / "merged" / "c2llm_config.json").read_text())["base_loaded_as"] == dtype
+    # the baselines' weights now come from the folder: a base changed beyond the layer the key samples is a new key
+    from safetensors.torch import load_file, save_file
+
+    from c2llm_lib.eval.mteb import fingerprint
+
+    before = fingerprint(read["untrained, mean pooling"], 64)
+    weights_file = tmp_path / "merged" / "backbone" / "model.safetensors"
+    state = load_file(weights_file)
+    name = next(k for k in state if k.startswith("layers.1.") and k.endswith("mlp.up_proj.weight"))
+    state[name] = state[name] + 1
+    save_file(state, weights_file, metadata={"format": "pt"})
+    ((_, changed),) = baselines(C2LLMEncoder.from_pretrained(tmp_path / "merged"), ["mean"]).items()
+    assert fingerprint(changed, 64) != before
     # asked for another dtype than the folder stores: loaded from the backbone as before
     other = "bfloat16" if dtype == "float32" else "float32"
     cast = C2LLMEncoder.from_pretrained(tmp_path / "merged", dtype=other)
