@@ -370,7 +370,7 @@ class C2LLMEncoder(nn.Module):
         rows = backbone.get_input_embeddings().num_embeddings
         encoder = cls(backbone, load_saved_tokenizer(root / "tokenizer", backbone.config, rows), config)
         encoder.base_loaded_as = dtype
-
+        encoder.directory = root  # its weights come from this folder: the evaluation key hashes it
         return encoder
 
     @staticmethod
