@@ -4,6 +4,7 @@ one process at a time, a write that fails named (the GGUF conversion itself: tes
 import re
 import threading
 import time
+import warnings
 
 import pytest
 
@@ -85,6 +86,27 @@ def test_a_copy_that_cannot_be_stored_is_named_and_the_result_returned(tmp_path)
     (tmp_path / "file").write_text("a file where the cache folder should be")
     with pytest.warns(UserWarning, match="could not be stored"):
         assert load(tmp_path / "file" / "copy" / "float32", source) == "converted"
+
+
+def test_a_whole_copy_in_a_cache_that_cannot_be_written_is_still_read(tmp_path):
+    folder, source = tmp_path / "copy" / "float32", Source()
+    load(folder, source)
+    (folder.parent / "float32.lock").unlink()
+    (folder.parent / "float32.lock").mkdir()  # the lock cannot be opened, as in a read-only cache
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # read, without a warning
+        assert load(folder, source) == "converted" and source.calls == 1
+    (folder / "value.txt").write_text("tampered")
+    with pytest.warns(UserWarning, match="could not be stored"):
+        assert load(folder, source) == "converted" and source.calls == 2  # damaged there: converted, not stored
+
+
+def test_a_digest_that_cannot_be_read_counts_as_damage(tmp_path):
+    folder = tmp_path / "copy" / "float32"
+    load(folder, Source("first"))
+    (folder / DIGEST).write_bytes(b"\xff\xfe not text")
+    with pytest.warns(UserWarning, match="cannot be checked against the digest"):
+        assert load(folder, Source("again")) == "again"
 
 
 def test_staging_left_by_a_killed_process_is_removed(tmp_path):

@@ -1,7 +1,7 @@
 """The converted copy of a local GGUF backbone (paper section 4.1's base model, as model/gguf.py fetches it):
 transformers' GGUF loader dequantises the default's 0.5B model in about 45 s on 2 cores, and a run loads it in
 notebooks 02 and 03; the converted base (per dtype) and tokenizer are kept under `downloads.default_cache_dir()`
-/converted and read back in about a second (benchmarks/gguf_copy_bench.py). See docs/encoder.md.
+/converted and read back in about 2 s (benchmarks/gguf_copy_bench.py). See docs/encoder.md.
 
 A copy is keyed by the GGUF's sha256, the converting packages' versions and `CONVERSION_FORMAT` (raised whenever
 backbone.py's conversion steps change), and holds the digest of its files, checked before it is read.
@@ -28,7 +28,7 @@ from ..files import atomic_directory, file_digest
 # digest of its files)
 CONVERSION_FORMAT = 2
 CONVERTING_PACKAGES = ("torch", "transformers", "gguf", "numpy", "tokenizers")  # their versions key a copy
-DIGEST = ".digest"  # files.file_digest of the copy's files (hidden files aside), written last
+DIGEST = ".digest"  # files.file_digest of the copy's files (hidden and cache-* files aside), written last
 
 
 @functools.lru_cache(maxsize=8)
@@ -56,8 +56,11 @@ def _damage(folder: Path) -> str:
     recorded = folder / DIGEST
     if not recorded.is_file():
         return "holds no digest of its files"
-    if file_digest(folder) != recorded.read_text().strip():
-        return "no longer matches the digest of its files"
+    try:
+        if file_digest(folder) != recorded.read_text().strip():
+            return "no longer matches the digest of its files"
+    except (OSError, ValueError) as err:  # an unreadable file, a digest that is not text
+        return f"cannot be checked against the digest of its files ({type(err).__name__}: {err})"
     return ""
 
 
@@ -76,11 +79,16 @@ def through_copy(folder: Path | None, read: Callable[[Path], Any], convert: Call
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         lock = open(folder.parent / f"{folder.name}.lock", "a")  # noqa: SIM115 (held for the whole block below)
-    except OSError as err:
+    except OSError as err:  # a cache this process cannot write: a whole copy is still read
+        if folder.is_dir() and not _damage(folder):
+            return read(folder)
         _not_stored(folder, err)
         return convert()
     with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel if this process is killed
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel if this process is killed
+        except OSError:  # a file system without locks: processes may convert side by side, each storing whole
+            pass
         if folder.is_dir():
             problem = _damage(folder)
             if not problem:
