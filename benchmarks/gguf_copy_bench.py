@@ -64,7 +64,9 @@ def main() -> None:
         tokens = read.tokenizer(texts)["input_ids"] == converted.tokenizer(texts)["input_ids"]
         embeddings = np.array_equal(read.encode(texts[:16]), converted.encode(texts[:16]))
     info = cpu_info()
-    cpu = f"{info['model']}, {info['threads']} threads, flags {', '.join(info['capabilities']) or 'none listed'}"
+    amx = "AMX" if any(f.startswith("amx") for f in info["capabilities"]) else "no AMX"
+    flags = ", ".join(info["capabilities"]) or "none listed"
+    cpu = f"{info['model']}, {info['threads']} threads, flags {flags} ({amx})"
     lines = [
         "# The converted copy of the GGUF backbone",
         "",
