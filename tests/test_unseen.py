@@ -82,6 +82,13 @@ def pin_of(name: str, version: str, wheel: Path) -> str:
     return f"{name} {version} sha256:{hashlib.sha256(wheel.read_bytes()).hexdigest()}"
 
 
+def tinylib_in_cache(tmp_path: Path, monkeypatch) -> list[str]:
+    """`unseen_packages` for a run here: tinylib's wheel in a cache of the test's own (`C2LLM_CACHE`), pinned as PyPI's
+    wheels are, so that nothing reaches the index."""
+    monkeypatch.setenv("C2LLM_CACHE", str(tmp_path / "cache"))
+    return [pin_of("tinylib", "1.0", write_wheel(tmp_path / "cache" / "wheels", "tinylib", "1.0", TINYLIB))]
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch) -> Path:
     """A cache folder (`C2LLM_CACHE`) holding tinylib's wheel, as a first fetch would leave it."""

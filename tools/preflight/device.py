@@ -38,6 +38,7 @@ import torch
 from c2llm_lib.batching import local_batch_size
 from c2llm_lib.config import ModelConfig, TrainConfig
 from c2llm_lib.distributed import die_with_parent
+from c2llm_lib.eval.tasks import TaskSets
 
 from ..scale import Arch, forward_flops_per_token, step_flops, step_keywords
 from .probe import ROOM, TRAINING, ProbeResult, ProbeSpec
@@ -291,12 +292,13 @@ def speed_check(setup: Setup, found: list[tuple[ProbeResult | None, str]], who: 
     return Check("speed", "training", status, figure, message, values=values), speed["seconds_per_step"]
 
 
-def eval_tokens(setup: Setup, tasks: list[Any], chars_per_token: float) -> dict[str, Any]:
-    """The evaluation's texts, tokens (characters / chars_per_token, at most eval_max_length each) and passes: the
-    offline held-out tasks (the model and, sharing one pass, the untrained baselines where `untrained_sets` names
-    "heldout") and each mteb task notebook 04
-    evaluates (the model). An mteb task counts its texts from mteb's statistics of the hub dataset, or, read from a
-    mirror, from the size of the mirror's folder (its JSON included: an upper bound)."""
+def eval_tokens(setup: Setup, tasks: list[Any], chars_per_token: float, sets: TaskSets | None = None) -> dict[str, Any]:
+    """The evaluation's texts, tokens (characters / chars_per_token, at most eval_max_length each) and passes: notebook
+    04's task sets as `inputs.check_local_sets` built them (held-out, BEIR sets, unseen libraries; the offline
+    held-out tasks alone when it could not), each by the model and, sharing one pass, the untrained baselines where
+    `untrained_sets` names the set; and each mteb task notebook 04 evaluates (the model). An mteb task counts its
+    texts from mteb's statistics of the hub dataset, or, read from a mirror, from the size of the mirror's folder
+    (its JSON included: an upper bound)."""
     from c2llm_lib.data.mirror import repo_dir
     from c2llm_lib.eval import offline_tasks
 
@@ -304,12 +306,16 @@ def eval_tokens(setup: Setup, tasks: list[Any], chars_per_token: float) -> dict[
 
     ev = setup.evaluation
     length = ev.eval_max_length
-    baselines = bool(set(ev.baselines) & {"mean", "last_token"}) and "heldout" in ev.untrained_sets
+    baselines = bool(set(ev.baselines) & {"mean", "last_token"})
+    if sets is None:
+        sets = TaskSets(offline_tasks(limit=ev.eval_limit, max_documents=ev.eval_max_documents), [], [], "", {})
     out = {"tasks": {}, "chars_per_token": chars_per_token, "tokens": 0.0, "passes_tokens": 0.0}
-    for task in offline_tasks(limit=ev.eval_limit, max_documents=ev.eval_max_documents):
-        texts = [*task.queries.values(), *task.corpus.values()]
-        tokens = sum(min(len(t) / chars_per_token, length) for t in texts)
-        out["tasks"][task.name] = {"texts": len(texts), "tokens": tokens, "passes": 1 + baselines}
+    for name, group in (("heldout", sets.heldout), ("beir", sets.beir), ("unseen", sets.unseen)):
+        passes = 1 + (baselines and name in ev.untrained_sets)
+        for task in group:
+            texts = [*task.queries.values(), *task.corpus.values()]
+            tokens = sum(min(len(t) / chars_per_token, length) for t in texts)
+            out["tasks"][task.name] = {"set": name, "texts": len(texts), "tokens": tokens, "passes": passes}
     for task in tasks:
         if ev.hub_mirror is not None:
             local = repo_dir(ev.hub_mirror, task.metadata.dataset["path"])
@@ -409,9 +415,9 @@ class Projection:
 
 
 def projection_check(setup: Setup, found, who: Subject, spec: ProbeSpec, per_step: float | None, rows: RowCount,
-                     steps: int, checkpoints: int, tasks: list[Any], nproc: int,
-                     device: torch.device) -> Check:  # fmt: skip
-    """The whole run's wall time: training steps and checkpoints, and the evaluation."""
+                     steps: int, checkpoints: int, tasks: list[Any], nproc: int, device: torch.device,
+                     sets: TaskSets | None = None) -> Check:  # fmt: skip
+    """The whole run's wall time: training steps and checkpoints, and the evaluation (`eval_tokens`, on `sets`)."""
     p = Projection()
     if setup.trains and per_step is not None:
         seconds, how = step_seconds(setup, found, who, spec, per_step)
@@ -431,7 +437,7 @@ def projection_check(setup: Setup, found, who: Subject, spec: ProbeSpec, per_ste
     evaluation = ""
     if setup.runs("04"):
         rate, how, spread = inference_rate(found, who, setup)
-        counted = eval_tokens(setup, tasks, chars_per_token())
+        counted = eval_tokens(setup, tasks, chars_per_token(), sets)
         if rate:
             tokens = counted["passes_tokens"]
             p.eval_seconds = tokens / rate
@@ -446,11 +452,17 @@ def projection_check(setup: Setup, found, who: Subject, spec: ProbeSpec, per_ste
                         f"(within {SPREAD_LIMIT}x)")  # fmt: skip
                 evaluation += f" (an estimate: {span})" if estimate else ""
                 p.values.update(eval_seconds_range=[fast, slow], eval_basis="estimate" if estimate else "measured")
-            p.notes.append(f"evaluation: {tokens:,.0f} tokens over {len(counted['tasks'])} tasks "
+            if sets is None:
+                local = ("the offline held-out tasks alone (the BEIR sets and unseen libraries could not be read: "
+                         "inputs/evaluation sets)")  # fmt: skip
+            else:
+                read = [n for n, group in (("BEIR sets", sets.beir), ("unseen libraries", sets.unseen)) if group]
+                local = ", ".join(["the held-out tasks", *read])
+            mteb = " and the mteb tasks" if tasks else ""
+            p.notes.append(f"evaluation: {tokens:,.0f} tokens over {len(counted['tasks'])} tasks: {local}{mteb} "
                            f"({counted['chars_per_token']:.2f} characters per token, measured on real code; the "
-                           f"model's pass, and the untrained baselines' shared pass on the held-out tasks where "
-                           f"untrained_sets names them; the unseen libraries' tasks not counted) "
-                           f"at {how}")  # fmt: skip
+                           f"model's pass, and the untrained baselines' shared pass on the sets untrained_sets "
+                           f"names: {', '.join(setup.evaluation.untrained_sets) or 'none'}) at {how}")  # fmt: skip
         p.values.update(evaluation=counted, eval_seconds=p.eval_seconds, eval_rate=rate)
     parts = [f"training {duration(p.train_seconds)}" if p.train_seconds is not None else "", evaluation]
     parts = [x for x in parts if x] + (["training not projected"] if setup.trains and per_step is None else [])

@@ -2,8 +2,9 @@
 of its `data_source` (the shipped snapshot; every hub source at its pinned revision, reachable or present in
 `hub_mirror`, with its size; or the user's `data_files` or `code_roots`, read through notebook 01's own readers,
 `data.build.own_rows`, so that a file, folder or row they refuse fails here with their words, and the rows per group
-they give are the schedule's); every evaluation dataset; the backbone's files and revision; a release to evaluate;
-and whether the recipe's schedule fits the rows and processes it will get.
+they give are the schedule's); every evaluation dataset, and the sets read from local files and pinned wheels (BEIR
+sets, unseen libraries); the backbone's files and revision; a release to evaluate; and whether the recipe's schedule
+fits the rows and processes it will get.
 
 Without a mirror and without the hub (`HF_HUB_OFFLINE=1`, or a request that fails within the timeout), a dataset
 counts as reachable only when the local hub cache holds its pinned snapshot: the run would fail on it otherwise, so
@@ -26,10 +27,14 @@ import yaml
 
 from c2llm_lib.checks import ConfigError
 from c2llm_lib.config import DataStage
+from c2llm_lib.data.beir import beir_keys
 from c2llm_lib.data.files import NOTEBOOK_DIR
 from c2llm_lib.data.mirror import repo_dir
 from c2llm_lib.data.records import DataError
 from c2llm_lib.data.sources import SOURCES, Source
+from c2llm_lib.data.unseen import mine_packages
+from c2llm_lib.downloads import FetchError, default_cache_dir
+from c2llm_lib.eval.tasks import TaskSets, task_sets
 
 from .report import Check, gib
 from .setup import RowCount, Setup, world_size
@@ -156,16 +161,21 @@ def in_mirror(source: Source, mirror: Path) -> Found:
     return Found(label, True, size, where=str(mirror), groups=groups)
 
 
+def from_notebooks(folders: list[str]) -> list[str]:
+    """Folders as the notebooks resolve them: a relative path from notebooks/, where they run, not from where the
+    preflight runs (data_files resolve from there already, `files.NOTEBOOK_DIR`)."""
+    return [f if Path(f).expanduser().is_absolute() else str(NOTEBOOK_DIR / f) for f in folders]
+
+
 def own_stage(data: DataStage) -> DataStage:
-    """The run's data stage with its code_roots resolved as the notebooks resolve them (from notebooks/, where they
-    run, not from where the preflight runs); data_files resolve from there already (`files.NOTEBOOK_DIR`)."""
-    roots = [r if Path(r).expanduser().is_absolute() else str(NOTEBOOK_DIR / r) for r in data.code_roots]
-    return dataclasses.replace(data, code_roots=roots)
+    """The run's data stage with its code_roots resolved as the notebooks resolve them (`from_notebooks`)."""
+    return dataclasses.replace(data, code_roots=from_notebooks(data.code_roots))
 
 
-def check_own_data(setup: Setup) -> tuple[Check, RowCount | None]:
+def check_own_data(setup: Setup) -> tuple[Check, RowCount | None, Any]:
     """The user's data_files or code_roots, read as notebook 01 reads them (`build.own_rows`: the readers' own checks,
-    the held-out share, the decontamination against the offline evaluation); (check, the training rows per group)."""
+    the held-out share, the decontamination against the offline evaluation); (check, the training rows per group,
+    the held-out split notebook 04 evaluates on)."""
     from c2llm_lib.data.build import offline_eval_texts, own_rows
 
     data = setup.data
@@ -180,7 +190,7 @@ def check_own_data(setup: Setup) -> tuple[Check, RowCount | None]:
     except (DataError, ConfigError, ValueError) as err:
         return Check("inputs", "training data", "fail", f"{what}: not usable", f"{err}. Fix it, or point "
                      f"{what.split()[0]} at another file or folder (relative paths resolve from notebooks/)",
-                     values={"data_source": data.data_source, "given": given}), None  # fmt: skip
+                     values={"data_source": data.data_source, "given": given}), None, None  # fmt: skip
     finally:
         if quiet:
             datasets.utils.enable_progress_bars()
@@ -199,7 +209,8 @@ def check_own_data(setup: Setup) -> tuple[Check, RowCount | None]:
               f"{'rows or files' if data.data_source == 'code' else 'rows'} skipped, {gib(text)} of text")  # fmt: skip
     values = {"data_source": data.data_source, "given": given, "rows": len(table), "heldout": heldout,
               "skipped": prepared.report.as_dict(), "groups": dict(groups), "bytes": text}  # fmt: skip
-    return Check("inputs", "training data", "pass", figure, "; ".join(prepared.report.lines()[:6]), values=values), rows
+    check = Check("inputs", "training data", "pass", figure, "; ".join(prepared.report.lines()[:6]), values=values)
+    return check, rows, prepared.heldout
 
 
 def check_training_sources(setup: Setup, hub: Hub) -> tuple[Check, list[Found]]:
@@ -338,6 +349,47 @@ def check_evaluation_data(setup: Setup, hub: Hub) -> tuple[Check, list[Any]]:
             label = f"{meta.name} ({path}@{revision[:8]})"
             found.append(hub.find(path, "dataset", revision, label))
     return summarise("evaluation data", found, "hub_mirror" if mirror else None), evaluated
+
+
+def check_local_sets(setup: Setup, heldout=None) -> tuple[Check | None, TaskSets | None]:
+    """The evaluation sets read from local files and pinned wheels, as notebooks 01 (their decontamination keys) and
+    04 (their tasks) read them: each BEIR set of `beir_sets` (a bad file named with its line) and each library of
+    `unseen_packages` (its wheel fetched into the cache when absent, refused when its sha256 differs, mined whole).
+    (The check, None when the run reads neither; notebook 04's task sets as it builds them, on `heldout` when the run
+    has its own split, which the projection counts: None when notebook 04 does not run or a set cannot be read.)"""
+    evaluates = setup.runs("04")
+    stage = setup.evaluation if evaluates else setup.data
+    if not (evaluates or setup.runs("01")):
+        return None, None
+    beir, pins = from_notebooks(stage.beir_sets), list(stage.unseen_packages)
+    sets = None
+    try:
+        if evaluates:
+            sets = task_sets(dataclasses.replace(stage, beir_sets=beir), heldout)
+            beir_tasks, unseen_tasks = sets.beir, sets.unseen
+        else:  # notebook 01 alone: what its decontamination reads
+            beir_keys(beir)
+            mine_packages(pins)
+            beir_tasks, unseen_tasks = [], []
+    except (DataError, FetchError, OSError) as err:
+        setting = " and ".join(k for k, v in (("beir_sets", beir), ("unseen_packages", pins)) if v)
+        return Check("inputs", "evaluation sets", "fail", "not readable", f"{err}. Fix it, or change {setting}",
+                     values={"beir_sets": beir, "unseen_packages": pins}), None  # fmt: skip
+    if not (beir or pins):
+        return None, sets
+    parts = []
+    for name, given, tasks in (("BEIR sets", beir, beir_tasks), ("unseen libraries", pins, unseen_tasks)):
+        if given:
+            queries, documents = sum(len(t.queries) for t in tasks), sum(len(t.corpus) for t in tasks)
+            counted = f" ({len(tasks)} tasks, {queries:,} queries, {documents:,} documents)" if tasks else ", read"
+            parts.append(f"{name}: {len(given)}{counted}")
+    where = f"; wheels in {default_cache_dir() / 'wheels'}" if pins else ""
+    values = {"beir_sets": beir, "unseen_packages": pins,
+              "tasks": {t.name: {"queries": len(t.queries), "documents": len(t.corpus)}
+                        for t in (*beir_tasks, *unseen_tasks)}}  # fmt: skip
+    reader = "notebook 04" if evaluates else "notebook 01's decontamination"
+    return Check("inputs", "evaluation sets", "pass", "; ".join(parts), f"read as {reader} reads them{where}",
+                 values=values), sets  # fmt: skip
 
 
 # models ---------------------------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from .inputs import (
     Hub,
     check_backbone,
     check_evaluation_data,
+    check_local_sets,
     check_own_data,
     check_release,
     check_schedule,
@@ -44,10 +45,10 @@ def needs_backbone(setup: Setup) -> bool:
 def input_checks(setup: Setup, limits: Limits, nproc: int) -> tuple[list[Check], dict[str, Any]]:
     """The inputs group, and what later checks use: the backbone's availability, rows, steps, sizes, tasks, and why
     the schedule refuses the training batch ('' when it does not)."""
-    checks, found = [], {"loadable": False, "tasks": [], "source_bytes": None, "groups": {}}
-    hub, own = Hub(limits.hub_timeout_s), None
+    checks, found = [], {"loadable": False, "tasks": [], "sets": None, "source_bytes": None, "groups": {}}
+    hub, own, heldout = Hub(limits.hub_timeout_s), None, None
     if setup.runs("01") and setup.data.data_source in ("files", "code"):  # the user's data, never the hub's sources
-        check, own = check_own_data(setup)
+        check, own, heldout = check_own_data(setup)
         checks.append(check)
         found["source_bytes"] = check.values.get("bytes") or None
     elif setup.runs("01"):
@@ -57,6 +58,9 @@ def input_checks(setup: Setup, limits: Limits, nproc: int) -> tuple[list[Check],
         found["groups"] = {k: v for s in sources for k, v in s.groups.items() if k != "sha"}
     evaluation, found["tasks"] = check_evaluation_data(setup, hub)
     checks.append(evaluation)
+    local, found["sets"] = check_local_sets(setup, heldout)  # BEIR sets, unseen libraries; notebook 04's task sets
+    if local is not None:
+        checks.append(local)
     backbone, found["loadable"] = check_backbone(setup, hub)  # the probes measure it (or a stand-in) either way
     if needs_backbone(setup):
         checks.append(backbone)
@@ -113,7 +117,8 @@ def device_checks(setup: Setup, limits: Limits, device, nproc: int, found: dict[
             error = "the outputs folder is not writable (writes/outputs folder)"
         checks.append(round_trip_check(checkpoint, error, who.description))
     checks.append(measure.projection_check(setup, results, who, spec, per_step, found["rows"], found["steps"],
-                                           found["checkpoints"], found["tasks"], nproc, device))  # fmt: skip
+                                           found["checkpoints"], found["tasks"], nproc, device,
+                                           found["sets"]))  # fmt: skip
     return checks, probe_figures(results[0][0], who, spec)
 
 
