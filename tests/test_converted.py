@@ -117,6 +117,34 @@ def test_staging_left_by_a_killed_process_is_removed(tmp_path):
     assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == ["float32", "float32.lock"]
 
 
+def test_a_replaced_copy_left_aside_by_a_killed_process_is_removed_when_the_copy_is_read(tmp_path):
+    """A kill between a replacement's two renames' success and the removal of the old copy leaves the new copy whole and
+    the old one aside (`files.atomic_directory`): the next load reads the copy and removes what was set aside."""
+    folder = tmp_path / "copy" / "float32"
+    load(folder, Source("first"))
+    aside = tmp_path / "copy" / ".float32.old.0123456789ab"
+    aside.mkdir()
+    (aside / "model.safetensors").write_bytes(b"the replaced copy")
+    source = Source("second")
+    assert load(folder, source) == "first" and source.calls == 0  # read, not converted
+    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == ["float32", "float32.lock"]
+
+
+def test_without_locks_no_staging_is_removed(tmp_path, monkeypatch):
+    """Where the file system has no locks, another process may be staging its copy right now: nothing is swept."""
+    from c2llm_lib.model import converted
+
+    def no_locks(*args):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(converted.fcntl, "flock", no_locks)
+    folder = tmp_path / "copy" / "float32"
+    other = tmp_path / "copy" / ".float32.0123456789ab"  # another process's staging, in progress
+    other.mkdir(parents=True)
+    assert load(folder, Source("first")) == "first" and other.is_dir()  # converted and stored beside it
+    assert load(folder, Source("second")) == "first" and other.is_dir()  # read beside it
+
+
 def test_a_second_loader_waits_for_the_first_and_reads_its_copy(tmp_path):
     folder, started, release = tmp_path / "copy" / "float32", threading.Event(), threading.Event()
     first, second = Source("first"), Source("second")

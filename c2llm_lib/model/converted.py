@@ -87,16 +87,19 @@ def through_copy(folder: Path | None, read: Callable[[Path], Any], convert: Call
     with lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel if this process is killed
+            locked = True
         except OSError:  # a file system without locks: processes may convert side by side, each storing whole
-            pass
+            locked = False
+        # staging, or a replaced copy set aside, of a process killed mid-store (~1 GB each): only under the lock, which
+        # no other process's staging outlives
+        for stale in folder.parent.glob(f".{folder.name}.*") if locked else ():
+            shutil.rmtree(stale, ignore_errors=True)
         if folder.is_dir():
             problem = _damage(folder)
             if not problem:
                 return read(folder)
             warnings.warn(f"the converted copy {folder} {problem}: converting the GGUF again and replacing it",
                           stacklevel=3)  # fmt: skip
-        for stale in folder.parent.glob(f".{folder.name}.*"):  # staging of a killed process (the lock is ours)
-            shutil.rmtree(stale, ignore_errors=True)
         result = convert()
         try:
             with atomic_directory(folder) as staging:
