@@ -157,9 +157,10 @@ def test_the_folder_digest_reads_names_sizes_and_bytes(tmp_path):
 
 
 def test_benchmark_task_sizes_come_from_mtebs_statistics():
-    from c2llm_lib.eval.benchmarks import mteb_code_tasks, mteb_task_sizes
+    from c2llm_lib.data.sources import mteb_tasks
+    from c2llm_lib.eval.benchmarks import mteb_task_sizes
 
-    sizes = mteb_task_sizes(mteb_code_tasks(["CosQA", "CodeEditSearchRetrieval"]))
+    sizes = mteb_task_sizes(mteb_tasks(["CosQA", "CodeEditSearchRetrieval"]))
     assert sizes["CosQA"] == {"queries": 500, "documents": 20604}
     assert sizes["CodeEditSearchRetrieval"] == {"queries": 13000, "documents": 13000}  # derived: older statistics
 

@@ -12,12 +12,26 @@ from c2llm_lib.eval.scoring import (
     chunked_topk,
     embedding_rankings,
     ndcg_at_k,
-    recall_at_k,
-    score_rankings,
 )
 from c2llm_lib.eval.tables import results_frame, results_markdown
 from c2llm_lib.eval.tasks import offline_tasks, task_sizes
 from c2llm_lib.retrieval import RetrievalTask, corpus_text
+
+
+def recall_at_k(ranked, relevant: dict[str, int], k: int = 10) -> float:
+    hits = {d for d, rel in relevant.items() if rel > 0}
+    return len(hits & set(ranked[:k])) / len(hits) if hits else 0.0
+
+
+def score_rankings(task, rankings: dict[str, list[str]], k: int = 10) -> dict[str, float]:
+    """The test's own scores of a task's rankings: mean nDCG@k and recall@k over its queries, with its sizes."""
+    ids = list(task.queries)
+    return {
+        f"ndcg_at_{k}": float(np.mean([ndcg_at_k(rankings[q], task.qrels[q], k) for q in ids])),
+        f"recall_at_{k}": float(np.mean([recall_at_k(rankings[q], task.qrels[q], k) for q in ids])),
+        "queries": len(ids),
+        "documents": len(task.corpus),
+    }
 
 
 def score_embeddings(task, queries: np.ndarray, documents: np.ndarray, k: int = 10) -> dict[str, float]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data.decontamination import MTEB_CODE_TASKS
-from ..data.sources import mirrored_task, mteb_tasks
+from ..data.sources import mirrored_task
 from .mteb import MTEBEncoder, run_mteb
 from .tables import results_frame, results_markdown
 
@@ -22,15 +22,6 @@ REFERENCE_SCORES = {
     "Qwen3-Embedding-0.6B": (75.34, 64.42, 90.82, 86.39, 91.72, 91.01, 86.05, 31.36, 84.69, 36.48, 89.99, 76.74),
     "BM25 (bm25s)": (4.76, 49.85, 59.19, 68.15, 53.97, 60.01, 47.78, 34.42, 40.86, 18.75, 70.26, 24.94),
 }  # in MTEB_CODE_TASKS order
-
-
-def mteb_code_tasks(names: Sequence[str] | None = None, mirror: str | Path | None = None):
-    """MTEB(Code, v1) tasks (all 12, or the named subset), from the hub or a local mirror (`data/mirror.py`)."""
-    names = list(names or MTEB_CODE_TASKS)
-    unknown = sorted(set(names) - set(MTEB_CODE_TASKS))
-    if unknown:
-        raise ValueError(f"{unknown} are not MTEB(Code, v1) tasks; choose from {list(MTEB_CODE_TASKS)}")
-    return mteb_tasks(names, mirror)
 
 
 # Public scores (main score x 100, mean over the benchmark's tasks) of benchmarks other than MTEB(Code, v1), shown

@@ -46,23 +46,8 @@ def ndcg_at_k(ranked: Sequence[str], relevant: dict[str, int], k: int = 10) -> f
     return dcg / idcg if idcg > 0 else 0.0
 
 
-def recall_at_k(ranked: Sequence[str], relevant: dict[str, int], k: int = 10) -> float:
-    hits = {d for d, rel in relevant.items() if rel > 0}
-    return len(hits & set(ranked[:k])) / len(hits) if hits else 0.0
-
-
-def score_rankings(task: RetrievalTask, rankings: dict[str, list[str]], k: int = 10) -> dict[str, float]:
-    ids = list(task.queries)
-    return {
-        f"ndcg_at_{k}": float(np.mean([ndcg_at_k(rankings[q], task.qrels[q], k) for q in ids])),
-        f"recall_at_{k}": float(np.mean([recall_at_k(rankings[q], task.qrels[q], k) for q in ids])),
-        "queries": len(ids),
-        "documents": len(task.corpus),
-    }
-
-
 def query_ndcg(task: RetrievalTask, rankings: dict[str, list[str]], k: int = 10) -> dict[str, float]:
-    """{query id: nDCG@k} of each query's ranking: the per-query values whose mean `score_rankings` reports."""
+    """{query id: nDCG@k} of each query's ranking: the per-query values whose mean is the task's score."""
     return {q: ndcg_at_k(rankings[q], task.qrels[q], k) for q in task.queries}
 
 
