@@ -346,6 +346,16 @@ class MergeStage:
                     f"must be non-negative and not all zero, got {self.merge_weights}")  # fmt: skip
 
 
+def check_eval_keys(stage) -> None:
+    """Notebook 04's evaluation keys, which notebook 06 shares: eval_limit, eval_max_documents, eval_batch_size and
+    eval_max_length."""
+    require(stage.eval_limit is None or stage.eval_limit > 0, "eval_limit", "must be positive")
+    require(stage.eval_max_documents is None or stage.eval_max_documents >= 200, "eval_max_documents",
+            "must be at least 200 (fewer distractors make retrieval too easy to compare) or None")  # fmt: skip
+    require(stage.eval_batch_size > 0, "eval_batch_size", "must be positive")
+    length_range(stage.eval_max_length, "eval_max_length")
+
+
 @dataclass
 class EvalStage:
     """Notebook 04: the held-out evaluation and its baselines."""
@@ -372,11 +382,7 @@ class EvalStage:
         check_types(self)
         check_folders(self.beir_sets, "beir_sets", BEIR_LAYOUT)
         check_unseen_packages(self.unseen_packages)
-        require(self.eval_limit is None or self.eval_limit > 0, "eval_limit", "must be positive")
-        require(self.eval_max_documents is None or self.eval_max_documents >= 200, "eval_max_documents",
-                "must be at least 200 (fewer distractors make retrieval too easy to compare) or None")  # fmt: skip
-        require(self.eval_batch_size > 0, "eval_batch_size", "must be positive")
-        length_range(self.eval_max_length, "eval_max_length")
+        check_eval_keys(self)
         bad = sorted(set(self.baselines) - {"bm25", "mean", "last_token"})
         require(not bad, "baselines", f"has unknown entries {bad}; choose from bm25, mean, last_token")
         require(len(set(self.baselines)) == len(self.baselines), "baselines", "repeats a baseline")
@@ -454,8 +460,6 @@ class CompareStage:
         require(self.validation_limit is None or self.validation_limit > 0, "validation_limit", "must be positive")
         require(self.validation_max_documents is None or self.validation_max_documents >= 10,
                 "validation_max_documents", "must be at least 10 or None")  # fmt: skip
-        require(self.eval_max_documents is None or self.eval_max_documents >= 200, "eval_max_documents",
-                "must be at least 200 (fewer distractors make retrieval too easy to compare) or None")  # fmt: skip
         require(len(set(self.compare_recipes)) == len(self.compare_recipes), "compare_recipes", "repeats a recipe")
         require(not self.compare_recipes or plain_names(self.compare_recipes), "compare_recipes",
                 f"must be params file stems (e.g. 'c2llm-0.5b'), got {self.compare_recipes}")  # fmt: skip
@@ -465,9 +469,7 @@ class CompareStage:
                     f"must be distinct positive widths, got {dims}")  # fmt: skip
         extra = sorted(set(self.compare_pma_dims) - set(self.compare_dims))
         require(not extra, "compare_pma_dims", f"{extra} must also be in compare_dims, where the curves are compared")
-        require(self.eval_limit is None or self.eval_limit > 0, "eval_limit", "must be positive")
-        require(self.eval_batch_size > 0, "eval_batch_size", "must be positive")
-        length_range(self.eval_max_length, "eval_max_length")
+        check_eval_keys(self)
 
 
 @dataclass
