@@ -36,7 +36,7 @@ from c2llm_lib.data.records import DataError
 from c2llm_lib.data.sources import SOURCES, Source
 from c2llm_lib.data.unseen import mine_packages, unseen_keys
 from c2llm_lib.downloads import FetchError, default_cache_dir
-from c2llm_lib.eval.tasks import TaskSets, task_sets
+from c2llm_lib.eval.tasks import TaskSets, heldout_tasks, task_sets
 
 from .report import Check, gib
 from .setup import RowCount, Setup, world_size
@@ -357,14 +357,17 @@ def saved_heldout(setup: Setup) -> tuple[Any, str]:
     """(the held-out split an earlier notebook 01 left in the run directory, which notebook 04 evaluates when 01 does
     not run now, or None; why it cannot be read, or "")."""
     path = setup.run_dir / "data" / "heldout"
-    if not path.exists():
+    if not (path.exists() or path.is_symlink()):  # as `RunDir.optional_dataset`: a dangling link is there, and fails
         return None, ""
     from datasets import load_from_disk
 
     try:
-        return load_from_disk(str(path)), ""
-    except Exception as err:  # notebook 04 would fail on it: named, as its loader names it
-        return None, f"the run's held-out split {path} cannot be read ({type(err).__name__}: {err}); rerun notebook 01"
+        heldout = load_from_disk(str(path))
+        heldout_tasks(heldout)  # its tasks, as notebook 04 builds them
+        return heldout, ""
+    except Exception as err:  # notebook 04 would fail on it: named
+        return None, (f"the run's held-out split {path} cannot be evaluated ({type(err).__name__}: {err}); rerun "
+                      "notebook 01")  # fmt: skip
 
 
 def training_sources(data: DataStage) -> dict[str, Any]:
@@ -372,7 +375,7 @@ def training_sources(data: DataStage) -> dict[str, Any]:
     walked (the training data check names why)."""
     try:
         return training_files(own_stage(data))
-    except (DataError, OSError):
+    except (DataError, ConfigError, OSError):
         return {}
 
 
@@ -410,7 +413,7 @@ def check_local_sets(setup: Setup, heldout=None) -> tuple[Check | None, TaskSets
         if evaluates and not problem:
             key = ""  # what is left to fail is the held-out split, named by its reader
             sets = task_sets(stage, heldout)
-    except (DataError, FetchError, ConfigError, ValueError, OSError) as err:
+    except (DataError, FetchError, ConfigError, ValueError, OSError, RuntimeError) as err:  # Runtime: a symlink loop
         where = " (relative paths resolve from notebooks/)" if key == "beir_sets" else ""
         problem = f"{err}{where}. Fix it, or change {key}" if key else str(err)
     if problem:
@@ -431,7 +434,8 @@ def check_local_sets(setup: Setup, heldout=None) -> tuple[Check | None, TaskSets
               "tasks": {t.name: {"queries": len(t.queries), "documents": len(t.corpus)}
                         for t in (*(sets.beir if sets else []), *(sets.unseen if sets else []))}}  # fmt: skip
     reader = " and ".join(n for n, runs in (("notebook 01", prepares), ("notebook 04", evaluates)) if runs)
-    return Check("inputs", "evaluation sets", "pass", "; ".join(parts), f"read as {reader} reads them{where}",
+    verb = "read" if prepares and evaluates else "reads"
+    return Check("inputs", "evaluation sets", "pass", "; ".join(parts), f"read as {reader} {verb} them{where}",
                  values=values), sets  # fmt: skip
 
 
