@@ -410,6 +410,12 @@ def test_the_inference_rate_is_the_median_of_enough_passes_not_one(monkeypatch):
     assert probe.measure_inference(TimedEncoder(slow), 4, 64, 0)["passes"] == 3
 
 
+def names(message: str, path: Path, what: str) -> bool:
+    """Whether `message` names `path` (as the notebooks reach it: from notebooks/, `..` and all) and then `what`."""
+    named, found, _ = message.partition(f", {what}")
+    return bool(found) and Path(named).resolve() == path.resolve()
+
+
 def local_sets_setup(tmp_path, monkeypatch, only=("04",), **sets):
     """The smoke run's notebooks `only` with a BEIR set (given relative to notebooks/, as a user may) and tinylib as its
     unseen library, and `sets` over them; the preflight runs from a folder elsewhere, where that relative path leads
@@ -457,7 +463,7 @@ def test_notebook_01_alone_reads_the_sets_its_decontamination_reads(tmp_path, mo
     corpus = tmp_path / "beir" / "my-set" / "corpus.jsonl"
     corpus.write_text(corpus.read_text() + "not json\n")
     check, _ = check_local_sets(setup)
-    assert check.status == "fail" and f"{corpus}, line 5" in check.message
+    assert check.status == "fail" and names(check.message, corpus, "line 5")
     assert check.message.endswith("(relative paths resolve from notebooks/). Fix it, or change beir_sets")
 
 
@@ -471,7 +477,7 @@ def test_a_bad_local_evaluation_set_fails_the_preflight_naming_it(tmp_path, monk
     corpus.write_text(good + '{"_id": "d9", "text": 3}\n')
     check, sets = check_local_sets(setup)
     assert (check.status, check.figure, sets) == ("fail", "not readable", None)
-    assert f"{corpus}, line 5, column 'text': expected a text" in check.message
+    assert names(check.message, corpus, "line 5, column 'text': expected a text")
     assert check.message.endswith("Fix it, or change beir_sets")
     corpus.write_text(good)
     (beir,) = setup.evaluation.beir_sets
