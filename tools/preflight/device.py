@@ -309,9 +309,15 @@ def eval_tokens(setup: Setup, tasks: list[Any], chars_per_token: float, sets: Ta
     baselines = bool(set(ev.baselines) & {"mean", "last_token"})
     if sets is None:
         sets = TaskSets(offline_tasks(limit=ev.eval_limit, max_documents=ev.eval_max_documents), [], [], "", {})
-    out = {"tasks": {}, "chars_per_token": chars_per_token, "tokens": 0.0, "passes_tokens": 0.0}
+    out = {
+        "tasks": {},
+        "chars_per_token": chars_per_token,
+        "tokens": 0.0,
+        "passes_tokens": 0.0,
+        "untrained_sets": list(ev.untrained_sets) if baselines else [],
+    }  # untrained_sets: the sets given a second pass
     for name, group in (("heldout", sets.heldout), ("beir", sets.beir), ("unseen", sets.unseen)):
-        passes = 1 + (baselines and name in ev.untrained_sets)
+        passes = 1 + (name in out["untrained_sets"])
         for task in group:
             texts = [*task.queries.values(), *task.corpus.values()]
             tokens = sum(min(len(t) / chars_per_token, length) for t in texts)
@@ -458,12 +464,10 @@ def projection_check(setup: Setup, found, who: Subject, spec: ProbeSpec, per_ste
                 read = [n for n, group in (("BEIR sets", sets.beir), ("unseen libraries", sets.unseen)) if group]
                 local = ", ".join(["the held-out tasks", *read])
             mteb = " and the mteb tasks" if tasks else ""
-            pooled = set(setup.evaluation.baselines) & {"mean", "last_token"}  # no untrained pooler: no second pass
-            untrained = setup.evaluation.untrained_sets if pooled else []
             p.notes.append(f"evaluation: {tokens:,.0f} tokens over {len(counted['tasks'])} tasks: {local}{mteb} "
                            f"({counted['chars_per_token']:.2f} characters per token, measured on real code; the "
                            f"model's pass, and the untrained baselines' shared pass on the sets untrained_sets "
-                           f"names: {', '.join(untrained) or 'none'}) at {how}")  # fmt: skip
+                           f"names: {', '.join(counted['untrained_sets']) or 'none'}) at {how}")  # fmt: skip
         p.values.update(evaluation=counted, eval_seconds=p.eval_seconds, eval_rate=rate)
     parts = [f"training {duration(p.train_seconds)}" if p.train_seconds is not None else "", evaluation]
     parts = [x for x in parts if x] + (["training not projected"] if setup.trains and per_step is None else [])
