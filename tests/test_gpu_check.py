@@ -54,6 +54,8 @@ def test_the_cpu_rehearsal_runs_every_part_and_writes_every_figure(tmp_path):
         # the probe's FLOPs per step and the plan's for the same recipe come from one rule
         assert figures["speed"]["flops_per_step"] == pytest.approx(figures["plan"]["flops_per_device_step"])
         assert figures["speed"]["hours_8_gpus"] > 0 and figures["inference"]["tokens_per_second"] > 0
+        # timed as notebook 04 encodes after bf16 training: merge_last 4 x lora_r 64 stacked; the baselines bare
+        assert figures["inference"]["adapter_rank"] == 256 and figures["inference"]["untrained_tokens_per_second"] > 0
     assert parts["preflight_7b"]["figures"]["grad_cache"] and not parts["preflight_05b"]["figures"]["grad_cache"]
     assert set(parts["encode"]["figures"]) >= {"pma_overhead_end_to_end", "encode_tokens_per_s_sorted"}
     assert parts["profile"]["figures"]["top"] and "| kernel | calls |" in (tmp_path / "profile.md").read_text()
@@ -61,6 +63,7 @@ def test_the_cpu_rehearsal_runs_every_part_and_writes_every_figure(tmp_path):
     assert all(r["status"] == "finished" for r in smoke["notebooks"].values()) and smoke["html_copies"] == 2
     summary = (tmp_path / "gpu_check.md").read_text()
     assert "| preflight_7b | ok |" in summary and "| the paper's run on 8 such GPUs" in summary
+    assert "texts, merged adapter of rank 256) |" in summary and "the untrained baselines' backbone |" in summary
 
 
 def test_a_failing_and_a_hanging_part_are_named_and_the_others_run(tmp_path):

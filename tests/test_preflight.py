@@ -24,6 +24,7 @@ from test_beir import write_set
 from c2llm_lib.config import EvalStage
 from c2llm_lib.data.files import NOTEBOOK_DIR
 from c2llm_lib.eval import offline_tasks
+from c2llm_lib.eval.tasks import TaskSets
 from c2llm_lib.pipeline import main
 from tools.preflight import Limits, cli
 from tools.preflight import device as measure
@@ -890,3 +891,92 @@ def test_the_projection_counts_every_sweep_point_as_a_training_of_its_own():
     setup = load_setup(PARAMS / "ablation-cpu.yaml")
     assert measure.comparison_trainings(setup) == 9 + 12
     assert measure.comparison_trainings(load_setup(PARAMS / "ablation-cpu.yaml", {"compare_sweep": False})) == 12
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_inference_probe_times_the_form_notebook_04_encodes_and_leaves_the_training_adapter(dtype, monkeypatch):
+    """After 16-bit training notebook 04 encodes the base with one adapter of merge_last x lora_r (`merge_as_adapter`),
+    after float32 training the dense merge (no adapter), and its untrained baselines the bare backbone; the probe
+    timed the training's rank-r adapter for all three. Each timed form is read off a LoRA layer while it runs."""
+    from peft.tuners.lora import LoraLayer
+
+    from tools.preflight import probe
+
+    from conftest import TINY_LORA, build_tiny
+
+    encoder = build_tiny(**TINY_LORA, dtype=dtype)  # the training's adapter: rank 4
+    layer = next(m for m in encoder.backbone.modules() if isinstance(m, LoraLayer))
+    before = {k: v.clone() for k, v in encoder.backbone.state_dict().items()}
+    trainable = sorted(n for n, p in encoder.named_parameters() if p.requires_grad)
+    seen = []
+
+    def timed(encoder_, batch_size, length, seed, warm_ups=probe.WARM_UPS):
+        encoder_(**encoder_.tokenize_formatted(["def f(x): return x"], 16))  # the form runs
+        seen.append((layer.disable_adapters, list(layer.active_adapters), dict(layer.r), warm_ups))
+        return {"tokens_per_second": 100.0 * len(seen)}
+
+    monkeypatch.setattr(probe, "measure_inference", timed)
+    spec = ProbeSpec(model={}, train={}, rows=0, negatives=0, budget_bytes=None, eval_adapter_rank=16,
+                     eval_untrained=True)  # fmt: skip
+    found = probe.measure_evaluation(encoder, spec)
+    if dtype == "bfloat16":  # the merged adapter beside the training's, then the bare backbone, warm by then
+        assert seen == [(False, ["evaluated"], {"default": 4, "evaluated": 16}, probe.WARM_UPS),
+                        (True, ["default"], {"default": 4}, 1)]  # fmt: skip
+        assert found["adapter_rank"] == 16 and found["untrained"] == {"tokens_per_second": 200.0, "adapter_rank": 0}
+    else:  # the dense merge is the bare backbone's forward: one timing serves both
+        assert seen == [(True, ["default"], {"default": 4}, probe.WARM_UPS)]
+        assert found == {"tokens_per_second": 100.0, "adapter_rank": 0}
+    assert list(encoder.backbone.peft_config) == ["default"] and not layer.disable_adapters  # the training's again
+    after = encoder.backbone.state_dict()
+    assert set(after) == set(before) and all(torch.equal(before[k], after[k]) for k in before)
+    assert sorted(n for n, p in encoder.named_parameters() if p.requires_grad) == trainable
+    spec.eval_adapter_rank = None  # a release, or no LoRA: the bare backbone whatever the dtype
+    seen.clear()
+    assert probe.measure_evaluation(encoder, spec)["adapter_rank"] == 0 and [s[0] for s in seen] == [True]
+
+
+def test_the_projection_times_the_model_and_the_baselines_at_their_own_rates():
+    """Notebook 04's model pass at the merged adapter's rate, the untrained baselines' pass at the bare backbone's:
+    the projection was one rate, the training adapter's, for both."""
+    from tools.preflight.probe import ProbeResult
+
+    setup = load_setup(PARAMS / "default.yaml", only=["04"])
+    assert measure.evaluated_rank(setup) == setup.merge.merge_last * setup.model.lora_r == 256
+    assert measure.untrained_sets(setup) == ["unseen"]
+    released = load_setup(PARAMS / "default.yaml", {"eval_released": "codefuse-ai/C2LLM-0.5B"}, only=["04"])
+    assert measure.evaluated_rank(released) is None
+    assert measure.evaluated_rank(load_setup(PARAMS / "default.yaml", {"use_lora": False}, only=["04"])) is None
+    assert measure.untrained_sets(load_setup(PARAMS / "default.yaml", {"baselines": ["bm25"]}, only=["04"])) == []
+    who = measure.subject(setup, torch.device("cpu"), True, None)
+    spec = measure.probe_spec(setup, who, 1, Limits(), None, ["inference"], torch.device("cpu"))
+    assert spec.eval_adapter_rank == 256 and spec.eval_untrained
+    timing = {"texts": 4, "tokens": 1000, "passes": 5}
+    inference = {**timing, "seconds": 0.1, "quartiles": [0.1, 0.11], "tokens_per_second": 10_000.0, "adapter_rank": 256,
+                 "untrained": {**timing, "seconds": 0.025, "quartiles": [0.025, 0.0275], "tokens_per_second": 40_000.0,
+                               "adapter_rank": 0}}  # fmt: skip
+    found = [(ProbeResult("tiny", "cpu", "bfloat16", {}, 0, inference=inference), "")]
+    sets = TaskSets(offline_tasks(limit=2, max_documents=None), [], [], "", {})
+    sets.unseen = sets.heldout[:1]  # one task counted as an unseen library's: the baselines encode it too
+    check = measure.projection_check(setup, found, who, spec, None, row_count(setup), 0, 0, [], 1,
+                                     torch.device("cpu"), sets)  # fmt: skip
+    counted = check.values["evaluation"]
+    model, untrained = counted["tokens"], counted["untrained_tokens"]
+    assert 0 < untrained < model and counted["passes_tokens"] == pytest.approx(model + untrained)
+    assert check.values["eval_seconds"] == pytest.approx(model / 10_000 + untrained / 40_000)
+    assert check.values["eval_seconds_range"] == [
+        pytest.approx(model / 10_000 + untrained / 40_000),
+        pytest.approx(model * 0.11 / 1000 + untrained * 0.0275 / 1000),
+    ]
+    assert "the merged adapter of rank 256" in check.message and "the backbone without an adapter" in check.message
+    stand_in = measure.Subject(who.model, who.train, None, "the tiny stand-in", True, QWEN25_CODER_05B)
+    found[0][0].gemm_gflops = {"peak": 500.0}
+    computed = measure.projection_check(setup, found, stand_in, spec, None, row_count(setup), 0, 0, [], 1,
+                                        torch.device("cpu"), sets)  # fmt: skip
+    length = setup.evaluation.eval_max_length
+    merged = measure.forward_flops_per_token(
+        QWEN25_CODER_05B, length, lora_r=256, lora_targets=setup.model.lora_targets
+    )
+    rate = 500e9 * measure.ASSUMED_MFU / merged
+    bare = 500e9 * measure.ASSUMED_MFU / measure.forward_flops_per_token(QWEN25_CODER_05B, length)
+    assert rate < bare and computed.values["eval_rate"] == pytest.approx(rate)
+    assert computed.values["eval_untrained_rate"] == pytest.approx(bare)

@@ -371,10 +371,14 @@ def preflight_lines(name: str, f: dict[str, Any]) -> list[str]:
         f"{fmt(speed.get('hours_8_gpus'), '.1f')} | {fmt(plan['hours_8_gpus'], '.1f')} |",
     ]
     if "inference" in f:
-        rows.append(
-            f"| inference tokens/s ({f['inference']['texts']} texts) | "
-            f"{fmt(f['inference']['tokens_per_second'], ',.0f')} | - |"
-        )
+        inference = f["inference"]
+        rank = inference.get("adapter_rank")
+        form = f"merged adapter of rank {rank}" if rank else "no adapter"
+        rows.append(f"| inference tokens/s ({inference['texts']} texts, {form}) | "
+                    f"{fmt(inference['tokens_per_second'], ',.0f')} | - |")  # fmt: skip
+        if "untrained_tokens_per_second" in inference:
+            rows.append(f"| inference tokens/s, the untrained baselines' backbone | "
+                        f"{fmt(inference['untrained_tokens_per_second'], ',.0f')} | - |")  # fmt: skip
     return rows
 
 

@@ -320,8 +320,10 @@ def probe_figures(result, spec, who) -> dict[str, Any]:
             "model_mfu_vs_datasheet": achieved * model_share / H100_BF16_FLOPS,
             "hours_8_gpus": planned["steps"] * speed["seconds_per_step"] / 3600,  # all-gather, all-reduce not counted
         }
-    if result.inference:
-        out["inference"] = {k: result.inference[k] for k in ("texts", "tokens", "tokens_per_second")}
+    if result.inference:  # the form notebook 04 encodes (the merged adapter's rank, 0: none), and the bare backbone's
+        out["inference"] = {k: result.inference[k] for k in ("texts", "tokens", "tokens_per_second", "adapter_rank")}
+        if "untrained" in result.inference:
+            out["inference"]["untrained_tokens_per_second"] = result.inference["untrained"]["tokens_per_second"]
     return out
 
 

@@ -183,8 +183,9 @@ def text_flops(a: Arch, tokens: float, gradient_checkpointing: bool = False, gra
 
 def forward_flops_per_token(a: Arch, mean_tokens: float, lora_r: int = 0, lora_targets: Targets = PROJECTIONS,
                             head_width: int = 0) -> float:  # fmt: skip
-    """One forward's FLOPs per token of a text of `mean_tokens` tokens, by the rule (inference: a merged model has no
-    LoRA; the head only when asked). At 0 tokens: what every token costs whatever the length (no attention)."""
+    """One forward's FLOPs per token of a text of `mean_tokens` tokens, by the rule (inference: a dense merge has no
+    LoRA, a merge kept as an adapter after 16-bit training has its stacked rank; the head only when asked). At 0
+    tokens: what every token costs whatever the length (no attention)."""
     if mean_tokens > 0:
         found = text_flops(a, mean_tokens, lora_r=lora_r, lora_targets=lora_targets, head_width=head_width)
         return found["forward"] / mean_tokens

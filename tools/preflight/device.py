@@ -9,12 +9,13 @@ CPU) and collects what each measured. From that:
   suggestion is a measured one.
 - speed: tokens/s of the timed steps and their MFU against the GEMM peak measured in the same process;
 - projection: the run's optimizer steps (`setup.row_count`) at the measured seconds per step, its checkpoints at the
-  measured seconds per checkpoint, and the evaluation's tokens at the measured inference rate (the median of several
-  timed passes, `probe.time_passes`), with the range the passes' quartiles give: where those differ by more than
-  SPREAD_LIMIT, the evaluation's time is labelled an estimate with that range. Where the run's
-  backbone could not be loaded and no GPU can hold random weights of its architecture, the tiny model stands in: its
-  rates are shown, and the projection is computed from the run's architecture's FLOPs (`scale.py`) at the measured
-  GEMM peak and the plan's assumed MFU (35 %), and says so.
+  measured seconds per checkpoint, and the evaluation's tokens at the inference rate measured for the form notebook 04
+  encodes (`probe.measure_evaluation`: the model's pass with the merged adapter, the untrained baselines' on the bare
+  backbone; the median of several timed passes, `probe.time_passes`), with the range the passes' quartiles give:
+  where those differ by more than SPREAD_LIMIT, the evaluation's time is labelled an estimate with that range. Where
+  the run's backbone could not be loaded and no GPU can hold random weights of its architecture, the tiny model stands
+  in: its rates are shown, and the projection is computed from the run's architecture's FLOPs (`scale.py`, the merged
+  adapter's rank counted) at the measured GEMM peak and the plan's assumed MFU (35 %), and says so.
 """
 
 from __future__ import annotations
@@ -103,8 +104,26 @@ def probe_spec(setup: Setup, who: Subject, nproc: int, limits: Limits, checkpoin
         budget_bytes=budget, share=share, measure=measure, steps=limits.steps,
         arch=dataclasses.asdict(who.arch) if who.arch else None,
         eval_batch_size=setup.evaluation.eval_batch_size, eval_max_length=setup.evaluation.eval_max_length,
+        eval_adapter_rank=evaluated_rank(setup), eval_untrained=bool(untrained_sets(setup)),
         checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir), seed=setup.train.seed,
     )  # fmt: skip
+
+
+def evaluated_rank(setup: Setup) -> int | None:
+    """The LoRA rank of the merged model notebook 04 encodes when the run trained in 16 bits
+    (`merge.merge_as_adapter` stacks the merge_last checkpoints' adapters: merge_last x lora_r), or None where it
+    encodes no adapter: a release, or a training without LoRA. After float32 training the merge is dense: the probe,
+    which resolves the dtype, knows."""
+    if setup.evaluation.eval_released or not setup.model.use_lora:
+        return None
+    return setup.merge.merge_last * setup.model.lora_r
+
+
+def untrained_sets(setup: Setup) -> list[str]:
+    """The task sets the untrained baselines encode, in one pass shared by both poolers: those `untrained_sets`
+    names, when a mean or last-token baseline runs."""
+    ev = setup.evaluation
+    return list(ev.untrained_sets) if set(ev.baselines) & {"mean", "last_token"} else []
 
 
 def child_env(gpu: int | None) -> dict[str, str]:
@@ -306,16 +325,16 @@ def eval_tokens(setup: Setup, tasks: list[Any], chars_per_token: float, sets: Ta
 
     ev = setup.evaluation
     length = ev.eval_max_length
-    baselines = bool(set(ev.baselines) & {"mean", "last_token"})
     if sets is None:
         sets = TaskSets(offline_tasks(limit=ev.eval_limit, max_documents=ev.eval_max_documents), [], [], "", {})
     out = {
         "tasks": {},
         "chars_per_token": chars_per_token,
         "tokens": 0.0,
+        "untrained_tokens": 0.0,
         "passes_tokens": 0.0,
-        "untrained_sets": list(ev.untrained_sets) if baselines else [],
-    }  # untrained_sets: the sets given a second pass
+        "untrained_sets": untrained_sets(setup),
+    }  # untrained_sets: the sets given a second pass, by the untrained backbone (untrained_tokens)
     for name, group in (("heldout", sets.heldout), ("beir", sets.beir), ("unseen", sets.unseen)):
         passes = 1 + (name in out["untrained_sets"])
         for task in group:
@@ -335,6 +354,7 @@ def eval_tokens(setup: Setup, tasks: list[Any], chars_per_token: float, sets: Ta
         out["tasks"][task.metadata.name] = {"texts": texts, "tokens": tokens, "passes": 1}
     for entry in out["tasks"].values():
         out["tokens"] += entry["tokens"]
+        out["untrained_tokens"] += entry["tokens"] * (entry["passes"] - 1)
         out["passes_tokens"] += entry["tokens"] * entry["passes"]
     return out
 
@@ -352,26 +372,32 @@ def chars_per_token(sample: int = 400) -> float:
     return sum(len(t) for t in texts) / max(1, tokens)
 
 
-def inference_rate(found, who: Subject, setup: Setup) -> tuple[float | None, str, tuple[float, float] | None]:
+def inference_rate(found, who: Subject, setup: Setup,
+                   untrained: bool = False) -> tuple[float | None, str, tuple[float, float] | None]:  # fmt: skip
     """(tokens/s of inference at eval_max_length, how it was obtained, (the rates at the passes' third and first
-    quartiles) where it was measured; None where it was computed)."""
+    quartiles) where it was measured; None where it was computed), of the merged model notebook 04 encodes, or with
+    `untrained` of the untrained baselines' backbone (`probe.measure_evaluation`: the same form where it times one)."""
     result = slowest(found, "inference")
     if result is None:
         return None, "not measured", None
-    inference = result.inference
+    model = result.inference
+    inference = model.get("untrained", model) if untrained else model
+    rank = inference.get("adapter_rank", 0)
+    form = f"the base with the merged adapter of rank {rank}" if rank else "the backbone without an adapter"
     rate = inference["tokens_per_second"]
     if not who.stand_in or who.run_arch is None:
         first, third = inference["quartiles"]
         spread = (inference["tokens"] / third, inference["tokens"] / first)
         return rate, (f"a measured {rate:,.0f} tokens/s (texts of {setup.evaluation.eval_max_length} tokens, "
-                      f"{who.description}; the median of {inference['passes']} timed passes after warm-ups, the "
-                      f"middle half of them {first:.3g} to {third:.3g} s)"), spread  # fmt: skip
+                      f"{who.description}, {form}; the median of {inference['passes']} timed passes after warm-ups, "
+                      f"the middle half of them {first:.3g} to {third:.3g} s)"), spread  # fmt: skip
     gemm = result.gemm_gflops.get("peak", 0.0)
     if not gemm:
         return None, "not measured", None
-    flops = forward_flops_per_token(who.run_arch, setup.evaluation.eval_max_length)
+    flops = forward_flops_per_token(who.run_arch, setup.evaluation.eval_max_length, lora_r=rank,
+                                    lora_targets=setup.model.lora_targets)  # fmt: skip
     rate = gemm * 1e9 * ASSUMED_MFU / flops
-    return rate, (f"a computed {rate:,.0f} tokens/s ({who.run_arch.name}'s forward FLOPs at the measured "
+    return rate, (f"a computed {rate:,.0f} tokens/s ({who.run_arch.name}'s forward FLOPs, {form}, at the measured "
                   f"{gemm:,.0f} GFLOP/s and an assumed MFU of {ASSUMED_MFU:.0%})"), None  # fmt: skip
 
 
@@ -444,13 +470,19 @@ def projection_check(setup: Setup, found, who: Subject, spec: ProbeSpec, per_ste
     if setup.runs("04"):
         rate, how, spread = inference_rate(found, who, setup)
         counted = eval_tokens(setup, tasks, chars_per_token(), sets)
-        if rate:
-            tokens = counted["passes_tokens"]
-            p.eval_seconds = tokens / rate
+        untrained = counted["untrained_tokens"]
+        if untrained:
+            rate_u, how_u, spread_u = inference_rate(found, who, setup, untrained=True)
+        else:
+            rate_u, how_u, spread_u = rate, "", spread
+        if rate and rate_u:
+            tokens = counted["tokens"]
+            p.eval_seconds = tokens / rate + untrained / rate_u
             evaluation = f"evaluation {duration(p.eval_seconds)}"
-            if spread is not None:  # the passes' spread: measured where they agree, an estimate where they do not
-                fast, slow = tokens / spread[1], tokens / spread[0]
-                varied = spread[1] / spread[0]
+            if spread is not None and spread_u is not None:  # the passes' spread: measured where they agree
+                fast = tokens / spread[1] + untrained / spread_u[1]
+                slow = tokens / spread[0] + untrained / spread_u[0]
+                varied = max(spread[1] / spread[0], spread_u[1] / spread_u[0])
                 estimate = varied > SPREAD_LIMIT
                 span = f"{duration(fast)} to {duration(slow)}"
                 how += (f"; an estimate: the middle half of the passes varied {varied:.1f}x, so the evaluation may "
@@ -464,11 +496,13 @@ def projection_check(setup: Setup, found, who: Subject, spec: ProbeSpec, per_ste
                 read = [n for n, group in (("BEIR sets", sets.beir), ("unseen libraries", sets.unseen)) if group]
                 local = ", ".join(["the held-out tasks", *read])
             mteb = " and the mteb tasks" if tasks else ""
-            p.notes.append(f"evaluation: {tokens:,.0f} tokens over {len(counted['tasks'])} tasks: {local}{mteb} "
-                           f"({counted['chars_per_token']:.2f} characters per token, measured on real code; the "
-                           f"model's pass, and the untrained baselines' shared pass on the sets untrained_sets "
-                           f"names: {', '.join(counted['untrained_sets']) or 'none'}) at {how}")  # fmt: skip
-        p.values.update(evaluation=counted, eval_seconds=p.eval_seconds, eval_rate=rate)
+            baselines = (f"; and the untrained baselines' shared pass, {untrained:,.0f} tokens over the sets "
+                         f"untrained_sets names ({', '.join(counted['untrained_sets'])}), at {how_u}"
+                         if untrained else "; no untrained baselines' pass")  # fmt: skip
+            p.notes.append(f"evaluation: the model's pass, {tokens:,.0f} tokens over {len(counted['tasks'])} tasks: "
+                           f"{local}{mteb} ({counted['chars_per_token']:.2f} characters per token, measured on real "
+                           f"code), at {how}{baselines}")  # fmt: skip
+        p.values.update(evaluation=counted, eval_seconds=p.eval_seconds, eval_rate=rate, eval_untrained_rate=rate_u)
     parts = [f"training {duration(p.train_seconds)}" if p.train_seconds is not None else "", evaluation]
     parts = [x for x in parts if x] + (["training not projected"] if setup.trains and per_step is None else [])
     if p.train_seconds is None and p.eval_seconds is None:

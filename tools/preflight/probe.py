@@ -23,7 +23,11 @@ OUT receives a `ProbeResult` as JSON. In order:
   plan's formula (`scale.step_flops`) and MFU.
 - inference: timed no-grad forwards of `eval_batch_size` texts of `eval_max_length` tokens (at most 4 texts on a CPU,
   whose rate does not grow with the batch): two warm-ups, then at least 5 passes and 2 s (at most 50, or 3 after 30 s,
-  `time_passes`); the rate is the median pass's, and the passes' quartiles are kept as its spread.
+  `time_passes`); the rate is the median pass's, and the passes' quartiles are kept as its spread. It times the form
+  notebook 04 encodes (`merge.evaluation_form`), not the training's: after 16-bit training the base with one adapter of
+  rank `eval_adapter_rank` (merge_last x lora_r), after float32 training or without LoRA the bare backbone (the
+  update folded in); with `eval_untrained`, also the untrained baselines' pass (the bare backbone, one warm-up), unless
+  that is the form already timed.
 - checkpoint: `train.save_checkpoint` of the adapter, head and optimizer state into the given folder, read back with
   `read_checkpoint` and compared tensor by tensor, with its size and the seconds it took.
 
@@ -83,6 +87,9 @@ class ProbeSpec:
     arch: dict[str, Any] | None = None  # random weights of this architecture instead of loading the backbone
     eval_batch_size: int = 16  # texts of the timed inference forward (at most 4 on a CPU: the rate is the same)
     eval_max_length: int = 512
+    eval_adapter_rank: int | None = None  # the LoRA rank notebook 04's merged model has after 16-bit training
+    # (merge_last x lora_r: `merge.merge_as_adapter`); None: it encodes no adapter (a release, or no LoRA)
+    eval_untrained: bool = False  # also time the untrained baselines' pass (the backbone without any adapter)
     checkpoint_dir: str | None = None  # an empty folder for the round trip (beside the run directory)
     search: bool = True  # when the largest batch does not fit, measure the settings that lower its memory
     seed: int = 0
@@ -327,11 +334,11 @@ def measure_speed(step, batch: dict[str, list], steps: int | None, arch: Arch, d
             "tokens_per_second": sum(tokens) / sum(seconds), "flops_per_step": flops}  # fmt: skip
 
 
-def time_passes(run, synchronize) -> list[float]:
-    """Seconds of each timed call of `run` (`synchronize` after each), after WARM_UPS untimed calls: at least
+def time_passes(run, synchronize, warm_ups: int = WARM_UPS) -> list[float]:
+    """Seconds of each timed call of `run` (`synchronize` after each), after `warm_ups` untimed calls: at least
     MIN_PASSES calls and MIN_TIMED_S in all, at most MAX_PASSES calls, or 3 once MAX_TIMED_S have passed. One call of a
     small model lasts milliseconds, where a context switch or a frequency step weighs as much as the call itself."""
-    for _ in range(WARM_UPS):
+    for _ in range(warm_ups):
         run()
         synchronize()
     seconds: list[float] = []
@@ -346,7 +353,7 @@ def time_passes(run, synchronize) -> list[float]:
             return seconds
 
 
-def measure_inference(encoder, batch_size: int, length: int, seed: int) -> dict[str, Any]:
+def measure_inference(encoder, batch_size: int, length: int, seed: int, warm_ups: int = WARM_UPS) -> dict[str, Any]:
     """Timed no-grad forwards of `batch_size` texts of `length` tokens (`time_passes`): the rate at the median pass,
     with the passes' quartiles (the spread the projection reports) and the fastest and slowest."""
     if encoder.device.type == "cpu":
@@ -361,13 +368,52 @@ def measure_inference(encoder, batch_size: int, length: int, seed: int) -> dict[
             torch.cuda.synchronize(device)
 
     with torch.no_grad():
-        seconds = time_passes(lambda: encoder(**tokens), synchronize)
+        seconds = time_passes(lambda: encoder(**tokens), synchronize, warm_ups)
     encoder.train()
     real = int(tokens["attention_mask"].sum())
     first, median, third = statistics.quantiles(seconds, n=4, method="inclusive")
     return {"texts": batch_size, "tokens": real, "seconds": median, "passes": len(seconds), "pass_seconds": seconds,
             "quartiles": [first, third], "fastest": min(seconds), "slowest": max(seconds),
             "tokens_per_second": real / median}  # fmt: skip
+
+
+def measure_evaluation(encoder, spec: ProbeSpec) -> dict[str, Any]:
+    """`measure_inference` of the forms notebook 04 encodes (`merge.evaluation_form`): after 16-bit training with LoRA
+    the base and one adapter of `spec.eval_adapter_rank` (added beside the training's, timed, then deleted: the
+    checkpoint round trip after sees the training's alone); else the bare backbone. With `spec.eval_untrained` the
+    untrained baselines' pass is timed too, as "untrained", where it differs from the form timed (the bare backbone).
+    "adapter_rank" names the rank timed (0: none)."""
+    from contextlib import nullcontext
+
+    from peft import LoraConfig, PeftModel
+
+    backbone = encoder.backbone
+    peft = isinstance(backbone, PeftModel)
+    dtype = next(encoder.base_model.parameters()).dtype
+    rank = spec.eval_adapter_rank if peft and dtype != torch.float32 else None  # float32: the dense merge
+
+    def timed(warm_ups: int = WARM_UPS) -> dict[str, Any]:
+        return measure_inference(encoder, spec.eval_batch_size, spec.eval_max_length, spec.seed, warm_ups)
+
+    def bare():
+        return backbone.disable_adapter() if peft else nullcontext()
+
+    if rank is None:
+        with bare():
+            return {**timed(), "adapter_rank": 0}
+    targets = sorted({name.rsplit(".", 1)[-1] for name in backbone.peft_config["default"].target_modules})
+    backbone.add_adapter("evaluated", LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, target_modules=targets,
+                                                 bias="none"))  # fmt: skip
+    try:
+        backbone.set_adapter("evaluated")
+        found = {**timed(), "adapter_rank": rank}
+    finally:
+        backbone.set_adapter("default")
+        backbone.delete_adapter("evaluated")
+    if spec.eval_untrained:
+        with bare():
+            found["untrained"] = {**timed(warm_ups=1), "adapter_rank": 0}  # the process is warm
+    return found
 
 
 def round_trip(step, folder: Path) -> dict[str, Any]:
@@ -451,7 +497,7 @@ def probe(spec: ProbeSpec) -> ProbeResult:
         if "speed" in spec.measure:
             result.speed = measure_speed(step, batch, spec.steps, measured_arch, encoder.device, result.memory)
         if "inference" in spec.measure:
-            result.inference = measure_inference(encoder, spec.eval_batch_size, spec.eval_max_length, spec.seed)
+            result.inference = measure_evaluation(encoder, spec)
         result.gemm_gflops["after"] = gemm_peak(gemm_dtype, encoder.device)
         result.gemm_gflops["peak"] = max(result.gemm_gflops["before"], result.gemm_gflops["after"])
         if result.speed:  # MFU against the higher of the two (the machine at its best during the steps)
