@@ -169,7 +169,7 @@ def test_a_set_the_untrained_poolers_do_not_score_says_so_and_compares_with_bm25
     from types import SimpleNamespace
 
     from c2llm_lib.eval import evaluate_set
-    from c2llm_lib.eval.scoring import evaluated_models
+    from c2llm_lib.eval.scoring import evaluated_models, scores_untrained
 
     task = offline_tasks(limit=6, include_humaneval=False)[0]
     models = {"trained": make_encoder(pooling="mean"), "untrained, mean pooling": make_encoder(seed=1, pooling="mean")}
@@ -188,3 +188,6 @@ def test_a_set_the_untrained_poolers_do_not_score_says_so_and_compares_with_bm25
                                      unseen_packages=[], beir_sets=[])  # fmt: skip
         label, found = evaluated_models(evaluation, run_dir)
         assert set(found) == {label, *loaded}, sets
+        assert scores_untrained(evaluation) == bool(loaded)  # the rule the preflight's projection reads too
+    assert not scores_untrained(SimpleNamespace(baselines=["bm25"], untrained_sets=["heldout"], unseen_packages=[],
+                                                beir_sets=[]))  # fmt: skip

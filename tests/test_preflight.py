@@ -8,6 +8,7 @@ measuring process that does not finish.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -893,80 +894,115 @@ def test_the_projection_counts_every_sweep_point_as_a_training_of_its_own():
     assert measure.comparison_trainings(load_setup(PARAMS / "ablation-cpu.yaml", {"compare_sweep": False})) == 12
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_the_inference_probe_times_the_form_notebook_04_encodes_and_leaves_the_training_adapter(dtype, monkeypatch):
+@pytest.mark.parametrize("rank", [16, None])
+def test_the_inference_probe_times_the_form_notebook_04_encodes_and_leaves_the_training_adapter(rank, monkeypatch):
     """After 16-bit training notebook 04 encodes the base with one adapter of merge_last x lora_r (`merge_as_adapter`),
-    after float32 training the dense merge (no adapter), and its untrained baselines the bare backbone; the probe
-    timed the training's rank-r adapter for all three. Each timed form is read off a LoRA layer while it runs."""
+    after float32 training the dense merge (no adapter: rank None), and its untrained baselines the bare backbone; the
+    probe timed the training's rank-r adapter for all three. Each timed form is read off the LoRA layers as it runs."""
     from peft.tuners.lora import LoraLayer
 
     from tools.preflight import probe
 
     from conftest import TINY_LORA, build_tiny
 
-    encoder = build_tiny(**TINY_LORA, dtype=dtype)  # the training's adapter: rank 4
-    layer = next(m for m in encoder.backbone.modules() if isinstance(m, LoraLayer))
+    encoder = build_tiny(**TINY_LORA, dtype="bfloat16")  # the training's adapter: rank 4
+    layers = [m for m in encoder.backbone.modules() if isinstance(m, LoraLayer)]
     before = {k: v.clone() for k, v in encoder.backbone.state_dict().items()}
     trainable = sorted(n for n, p in encoder.named_parameters() if p.requires_grad)
     seen = []
 
     def timed(encoder_, batch_size, length, seed, warm_ups=probe.WARM_UPS):
         encoder_(**encoder_.tokenize_formatted(["def f(x): return x"], 16))  # the form runs
-        seen.append((layer.disable_adapters, list(layer.active_adapters), dict(layer.r), warm_ups))
+        forms = {(m.disable_adapters, tuple(m.active_adapters), tuple(sorted(m.r.items()))) for m in layers}
+        dtypes = {m.lora_A[a].weight.dtype for m in layers for a in m.lora_A}  # float32, as merge_as_adapter keeps it
+        seen.append((forms, dtypes, warm_ups))
         return {"tokens_per_second": 100.0 * len(seen)}
 
     monkeypatch.setattr(probe, "measure_inference", timed)
-    spec = ProbeSpec(model={}, train={}, rows=0, negatives=0, budget_bytes=None, eval_adapter_rank=16,
+    spec = ProbeSpec(model={}, train={}, rows=0, negatives=0, budget_bytes=None, eval_adapter_rank=rank,
                      eval_untrained=True)  # fmt: skip
     found = probe.measure_evaluation(encoder, spec)
-    if dtype == "bfloat16":  # the merged adapter beside the training's, then the bare backbone, warm by then
-        assert seen == [(False, ["evaluated"], {"default": 4, "evaluated": 16}, probe.WARM_UPS),
-                        (True, ["default"], {"default": 4}, 1)]  # fmt: skip
+    bare = ({(True, ("default",), (("default", 4),))}, {torch.float32}, probe.WARM_UPS)
+    if rank:  # every layer with the merged adapter beside the training's, then the bare backbone, warm by then
+        merged = {(False, ("evaluated",), (("default", 4), ("evaluated", 16)))}
+        assert seen == [(merged, {torch.float32}, probe.WARM_UPS), (*bare[:2], 1)]
         assert found["adapter_rank"] == 16 and found["untrained"] == {"tokens_per_second": 200.0, "adapter_rank": 0}
     else:  # the dense merge is the bare backbone's forward: one timing serves both
-        assert seen == [(True, ["default"], {"default": 4}, probe.WARM_UPS)]
-        assert found == {"tokens_per_second": 100.0, "adapter_rank": 0}
-    assert list(encoder.backbone.peft_config) == ["default"] and not layer.disable_adapters  # the training's again
+        assert seen == [bare] and found == {"tokens_per_second": 100.0, "adapter_rank": 0}
+    assert list(encoder.backbone.peft_config) == ["default"] and encoder.backbone.active_adapters == ["default"]
+    assert all(not m.disable_adapters and list(m.r) == ["default"] for m in layers)  # the training's again
     after = encoder.backbone.state_dict()
     assert set(after) == set(before) and all(torch.equal(before[k], after[k]) for k in before)
     assert sorted(n for n, p in encoder.named_parameters() if p.requires_grad) == trainable
-    spec.eval_adapter_rank = None  # a release, or no LoRA: the bare backbone whatever the dtype
-    seen.clear()
-    assert probe.measure_evaluation(encoder, spec)["adapter_rank"] == 0 and [s[0] for s in seen] == [True]
 
 
-def test_the_projection_times_the_model_and_the_baselines_at_their_own_rates():
+def test_the_evaluated_form_follows_the_merge(tmp_path, monkeypatch):
+    """`evaluated_rank` decides as `merge.evaluation_form` does: 16-bit training (its dtype resolved on the CPU, where
+    notebook 03 merges) keeps merge_last x lora_r stacked; float32 folds it in; a release or no LoRA has none; with
+    `--only 04`, the merged model notebook 03 left says. The baselines are timed only where notebook 04 loads them."""
+    import c2llm_lib.hardware as hardware
+
+    def rank(only=("04",), **sets):
+        return measure.evaluated_rank(load_setup(PARAMS / "default.yaml", sets, outputs=tmp_path, only=list(only)))
+
+    assert rank(dtype="bfloat16") == 256 and rank(dtype="float16", merge_last=2, lora_r=8) == 16
+    assert rank(dtype="float32") is None and rank(use_lora=False) is None
+    assert rank(eval_released="codefuse-ai/C2LLM-0.5B") is None
+    monkeypatch.setattr(hardware, "auto_dtype", lambda device: (torch.float32, "a CPU without bf16"))
+    assert rank(dtype="auto") is None  # the merge is dense wherever notebook 03's CPU resolves auto to float32
+    monkeypatch.setattr(hardware, "auto_dtype", lambda device: (torch.bfloat16, "a CPU with bf16"))
+    assert rank(dtype="auto") == 256
+    record = tmp_path / "default" / "merged" / "c2llm_config.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"model": {"use_lora": True, "lora_r": 128}}))
+    assert rank() == 128 and rank(only=("03", "04")) == 256  # an earlier merge's, unless notebook 03 merges anew
+    record.write_text(json.dumps({"model": {"use_lora": False, "lora_r": 64}}))
+    assert rank() is None
+    record.write_text("{not json")  # notebook 04 names what is wrong with it; the projection takes the params' rule
+    assert rank() == 256
+    setup = load_setup(PARAMS / "default.yaml", only=["04"])
+    assert measure.untrained_sets(setup) == ["unseen"]
+    assert measure.untrained_sets(load_setup(PARAMS / "default.yaml", {"baselines": ["bm25"]}, only=["04"])) == []
+    no_libraries = load_setup(PARAMS / "default.yaml", {"unseen_packages": []}, only=["04"])
+    assert measure.untrained_sets(no_libraries) == []  # notebook 04 would not load the untrained poolers at all
+    who = measure.subject(no_libraries, torch.device("cpu"), True, None)
+    assert not measure.probe_spec(
+        no_libraries, who, 1, Limits(), None, ["inference"], torch.device("cpu")
+    ).eval_untrained
+
+
+@pytest.mark.parametrize("untrained_slowest", [0.0275, 0.5])  # the baselines' third quartile
+def test_the_projection_times_the_model_and_the_baselines_at_their_own_rates(untrained_slowest, monkeypatch):
     """Notebook 04's model pass at the merged adapter's rate, the untrained baselines' pass at the bare backbone's:
-    the projection was one rate, the training adapter's, for both."""
+    the projection was one rate, the training adapter's, for both. Either pass's spread makes the time an estimate."""
+    import c2llm_lib.hardware as hardware
     from tools.preflight.probe import ProbeResult
 
+    monkeypatch.setattr(hardware, "auto_dtype", lambda device: (torch.bfloat16, "a CPU with bf16"))
     setup = load_setup(PARAMS / "default.yaml", only=["04"])
-    assert measure.evaluated_rank(setup) == setup.merge.merge_last * setup.model.lora_r == 256
-    assert measure.untrained_sets(setup) == ["unseen"]
-    released = load_setup(PARAMS / "default.yaml", {"eval_released": "codefuse-ai/C2LLM-0.5B"}, only=["04"])
-    assert measure.evaluated_rank(released) is None
-    assert measure.evaluated_rank(load_setup(PARAMS / "default.yaml", {"use_lora": False}, only=["04"])) is None
-    assert measure.untrained_sets(load_setup(PARAMS / "default.yaml", {"baselines": ["bm25"]}, only=["04"])) == []
     who = measure.subject(setup, torch.device("cpu"), True, None)
     spec = measure.probe_spec(setup, who, 1, Limits(), None, ["inference"], torch.device("cpu"))
     assert spec.eval_adapter_rank == 256 and spec.eval_untrained
     timing = {"texts": 4, "tokens": 1000, "passes": 5}
     inference = {**timing, "seconds": 0.1, "quartiles": [0.1, 0.11], "tokens_per_second": 10_000.0, "adapter_rank": 256,
-                 "untrained": {**timing, "seconds": 0.025, "quartiles": [0.025, 0.0275], "tokens_per_second": 40_000.0,
-                               "adapter_rank": 0}}  # fmt: skip
+                 "untrained": {**timing, "seconds": 0.025, "quartiles": [0.025, untrained_slowest],
+                               "tokens_per_second": 40_000.0, "adapter_rank": 0}}  # fmt: skip
     found = [(ProbeResult("tiny", "cpu", "bfloat16", {}, 0, inference=inference), "")]
-    sets = TaskSets(offline_tasks(limit=2, max_documents=None), [], [], "", {})
-    sets.unseen = sets.heldout[:1]  # one task counted as an unseen library's: the baselines encode it too
+    heldout = offline_tasks(limit=2, max_documents=None)
+    library = dataclasses.replace(heldout[0], name="unseen-tinylib-text2code")  # the baselines encode it too
+    sets = TaskSets(heldout, [], [library], "", {})
     check = measure.projection_check(setup, found, who, spec, None, row_count(setup), 0, 0, [], 1,
                                      torch.device("cpu"), sets)  # fmt: skip
     counted = check.values["evaluation"]
     model, untrained = counted["tokens"], counted["untrained_tokens"]
     assert 0 < untrained < model and counted["passes_tokens"] == pytest.approx(model + untrained)
     assert check.values["eval_seconds"] == pytest.approx(model / 10_000 + untrained / 40_000)
+    assert untrained == pytest.approx(counted["tasks"]["unseen-tinylib-text2code"]["tokens"])
     assert check.values["eval_seconds_range"] == [
         pytest.approx(model / 10_000 + untrained / 40_000),
-        pytest.approx(model * 0.11 / 1000 + untrained * 0.0275 / 1000),
+        pytest.approx(model * 0.11 / 1000 + untrained * untrained_slowest / 1000),
     ]
+    assert check.values["eval_basis"] == ("estimate" if untrained_slowest > 0.05 else "measured")
     assert "the merged adapter of rank 256" in check.message and "the backbone without an adapter" in check.message
     stand_in = measure.Subject(who.model, who.train, None, "the tiny stand-in", True, QWEN25_CODER_05B)
     found[0][0].gemm_gflops = {"peak": 500.0}

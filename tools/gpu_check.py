@@ -373,7 +373,7 @@ def preflight_lines(name: str, f: dict[str, Any]) -> list[str]:
     if "inference" in f:
         inference = f["inference"]
         rank = inference.get("adapter_rank")
-        form = f"merged adapter of rank {rank}" if rank else "no adapter"
+        form = "the training's adapter" if rank is None else f"merged adapter of rank {rank}" if rank else "no adapter"
         rows.append(f"| inference tokens/s ({inference['texts']} texts, {form}) | "
                     f"{fmt(inference['tokens_per_second'], ',.0f')} | - |")  # fmt: skip
         if "untrained_tokens_per_second" in inference:

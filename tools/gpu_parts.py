@@ -321,7 +321,8 @@ def probe_figures(result, spec, who) -> dict[str, Any]:
             "hours_8_gpus": planned["steps"] * speed["seconds_per_step"] / 3600,  # all-gather, all-reduce not counted
         }
     if result.inference:  # the form notebook 04 encodes (the merged adapter's rank, 0: none), and the bare backbone's
-        out["inference"] = {k: result.inference[k] for k in ("texts", "tokens", "tokens_per_second", "adapter_rank")}
+        kept = ("texts", "tokens", "tokens_per_second", "adapter_rank")  # adapter_rank: None from an older probe
+        out["inference"] = {k: result.inference.get(k) for k in kept}
         if "untrained" in result.inference:
             out["inference"]["untrained_tokens_per_second"] = result.inference["untrained"]["tokens_per_second"]
     return out

@@ -141,7 +141,12 @@ def evaluated_models(evaluation, run_dir) -> tuple[str, dict[str, Any]]:
                                                                 evaluation.eval_released_revision))  # fmt: skip
     else:
         label, trained = "C2LLM recipe (merged)", C2LLMEncoder.from_pretrained(run_dir.require("merged"))
-    used = {"heldout": True, "beir": bool(evaluation.beir_sets), "unseen": bool(evaluation.unseen_packages)}
-    scored = any(used[name] for name in evaluation.untrained_sets)  # else the untrained poolers are not loaded
-    poolings = [p for p in evaluation.baselines if p != "bm25"] if scored else []
+    poolings = [p for p in evaluation.baselines if p != "bm25"] if scores_untrained(evaluation) else []
     return label, {label: trained, **baselines(trained, poolings)}
+
+
+def scores_untrained(evaluation) -> bool:
+    """Whether notebook 04 loads the untrained poolers: a mean or last-token baseline is asked for, and a task set
+    `untrained_sets` names is evaluated (the held-out tasks always; the BEIR sets and unseen libraries when given)."""
+    used = {"heldout": True, "beir": bool(evaluation.beir_sets), "unseen": bool(evaluation.unseen_packages)}
+    return any(p != "bm25" for p in evaluation.baselines) and any(used[name] for name in evaluation.untrained_sets)

@@ -40,6 +40,7 @@ from c2llm_lib.batching import local_batch_size
 from c2llm_lib.config import ModelConfig, TrainConfig
 from c2llm_lib.distributed import die_with_parent
 from c2llm_lib.eval.tasks import TaskSets
+from c2llm_lib.hardware import resolve_dtype
 
 from ..scale import Arch, forward_flops_per_token, step_flops, step_keywords
 from .probe import ROOM, TRAINING, ProbeResult, ProbeSpec
@@ -109,21 +110,36 @@ def probe_spec(setup: Setup, who: Subject, nproc: int, limits: Limits, checkpoin
     )  # fmt: skip
 
 
+MERGE_DEVICE = torch.device("cpu")  # where notebook 03 merges: `merge.evaluation_form(..., device="cpu")`
+
+
 def evaluated_rank(setup: Setup) -> int | None:
-    """The LoRA rank of the merged model notebook 04 encodes when the run trained in 16 bits
-    (`merge.merge_as_adapter` stacks the merge_last checkpoints' adapters: merge_last x lora_r), or None where it
-    encodes no adapter: a release, or a training without LoRA. After float32 training the merge is dense: the probe,
-    which resolves the dtype, knows."""
-    if setup.evaluation.eval_released or not setup.model.use_lora:
+    """The LoRA rank of the merged model notebook 04 encodes, or None where it encodes no adapter (a release, a
+    training without LoRA, a dense merge). `merge.evaluation_form`'s rule: a training in 16 bits, its dtype resolved on
+    the merge's device, keeps the merge as one adapter stacking merge_last checkpoints' (merge_last x lora_r); after
+    float32 the update is folded in. With `--only 04`, the merged model an earlier notebook 03 left, where its record
+    can be read."""
+    if setup.evaluation.eval_released:
+        return None
+    record = setup.run_dir / "merged" / "c2llm_config.json"
+    if not setup.runs("03") and record.is_file():
+        try:
+            saved = json.loads(record.read_text())["model"]
+            return int(saved["lora_r"]) if saved["use_lora"] else None
+        except (OSError, ValueError, KeyError, TypeError):  # notebook 04 will name what is wrong with it
+            pass
+    if not setup.model.use_lora or resolve_dtype(setup.model.dtype, MERGE_DEVICE) == torch.float32:
         return None
     return setup.merge.merge_last * setup.model.lora_r
 
 
 def untrained_sets(setup: Setup) -> list[str]:
     """The task sets the untrained baselines encode, in one pass shared by both poolers: those `untrained_sets`
-    names, when a mean or last-token baseline runs."""
+    names, where notebook 04 loads the baselines at all (`eval.scoring.scores_untrained`)."""
+    from c2llm_lib.eval.scoring import scores_untrained
+
     ev = setup.evaluation
-    return list(ev.untrained_sets) if set(ev.baselines) & {"mean", "last_token"} else []
+    return list(ev.untrained_sets) if scores_untrained(ev) else []
 
 
 def child_env(gpu: int | None) -> dict[str, str]:
@@ -382,8 +398,9 @@ def inference_rate(found, who: Subject, setup: Setup,
         return None, "not measured", None
     model = result.inference
     inference = model.get("untrained", model) if untrained else model
-    rank = inference.get("adapter_rank", 0)
+    rank = inference.get("adapter_rank")  # absent: a probe from before it timed notebook 04's forms
     form = f"the base with the merged adapter of rank {rank}" if rank else "the backbone without an adapter"
+    form = "the training's adapter" if rank is None else form
     rate = inference["tokens_per_second"]
     if not who.stand_in or who.run_arch is None:
         first, third = inference["quartiles"]
@@ -394,7 +411,7 @@ def inference_rate(found, who: Subject, setup: Setup,
     gemm = result.gemm_gflops.get("peak", 0.0)
     if not gemm:
         return None, "not measured", None
-    flops = forward_flops_per_token(who.run_arch, setup.evaluation.eval_max_length, lora_r=rank,
+    flops = forward_flops_per_token(who.run_arch, setup.evaluation.eval_max_length, lora_r=rank or 0,
                                     lora_targets=setup.model.lora_targets)  # fmt: skip
     rate = gemm * 1e9 * ASSUMED_MFU / flops
     return rate, (f"a computed {rate:,.0f} tokens/s ({who.run_arch.name}'s forward FLOPs, {form}, at the measured "

@@ -27,7 +27,9 @@ OUT receives a `ProbeResult` as JSON. In order:
   notebook 04 encodes (`merge.evaluation_form`), not the training's: after 16-bit training the base with one adapter of
   rank `eval_adapter_rank` (merge_last x lora_r), after float32 training or without LoRA the bare backbone (the
   update folded in); with `eval_untrained`, also the untrained baselines' pass (the bare backbone, one warm-up), unless
-  that is the form already timed.
+  that is the form already timed. Compromises: the bare backbone runs through peft with its adapter disabled (and
+  under the encoder's `lora_compute` autocast), and in the probe's dtype: where notebook 03's CPU resolves `auto` to
+  float32 while a GPU trained in bf16, notebook 04 encodes a float32 dense merge that is timed here in bf16.
 - checkpoint: `train.save_checkpoint` of the adapter, head and optimizer state into the given folder, read back with
   `read_checkpoint` and compared tensor by tensor, with its size and the seconds it took.
 
@@ -378,19 +380,18 @@ def measure_inference(encoder, batch_size: int, length: int, seed: int, warm_ups
 
 
 def measure_evaluation(encoder, spec: ProbeSpec) -> dict[str, Any]:
-    """`measure_inference` of the forms notebook 04 encodes (`merge.evaluation_form`): after 16-bit training with LoRA
-    the base and one adapter of `spec.eval_adapter_rank` (added beside the training's, timed, then deleted: the
-    checkpoint round trip after sees the training's alone); else the bare backbone. With `spec.eval_untrained` the
-    untrained baselines' pass is timed too, as "untrained", where it differs from the form timed (the bare backbone).
-    "adapter_rank" names the rank timed (0: none)."""
+    """`measure_inference` of the forms notebook 04 encodes (`merge.evaluation_form`, decided by
+    `device.evaluated_rank`): the base and one adapter of `spec.eval_adapter_rank` (added beside the training's,
+    timed, then deleted: the checkpoint round trip after sees the training's alone); without one the bare backbone.
+    With `spec.eval_untrained` the untrained baselines' pass is timed too, as "untrained", where it differs from the
+    form timed (the bare backbone). "adapter_rank" names the rank timed (0: none)."""
     from contextlib import nullcontext
 
     from peft import LoraConfig, PeftModel
 
     backbone = encoder.backbone
     peft = isinstance(backbone, PeftModel)
-    dtype = next(encoder.base_model.parameters()).dtype
-    rank = spec.eval_adapter_rank if peft and dtype != torch.float32 else None  # float32: the dense merge
+    rank = spec.eval_adapter_rank if peft else None
 
     def timed(warm_ups: int = WARM_UPS) -> dict[str, Any]:
         return measure_inference(encoder, spec.eval_batch_size, spec.eval_max_length, spec.seed, warm_ups)
