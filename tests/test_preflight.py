@@ -960,6 +960,11 @@ def test_the_evaluated_form_follows_the_merge(tmp_path, monkeypatch):
     assert rank() is None
     record.write_text("{not json")  # notebook 04 names what is wrong with it; the projection takes the params' rule
     assert rank() == 256
+    for crafted in (0, -5, "64", True, None):  # never handed to the probe's LoraConfig
+        record.write_text(json.dumps({"model": {"use_lora": True, "lora_r": crafted}}))
+        assert rank() == 256, crafted
+    record.write_text(json.dumps({"model": {"use_lora": "yes", "lora_r": 8}}))
+    assert rank() == 256
     setup = load_setup(PARAMS / "default.yaml", only=["04"])
     assert measure.untrained_sets(setup) == ["unseen"]
     assert measure.untrained_sets(load_setup(PARAMS / "default.yaml", {"baselines": ["bm25"]}, only=["04"])) == []

@@ -125,9 +125,13 @@ def evaluated_rank(setup: Setup) -> int | None:
     if not setup.runs("03") and record.is_file():
         try:
             saved = json.loads(record.read_text())["model"]
-            return int(saved["lora_r"]) if saved["use_lora"] else None
+            rank, lora = saved["lora_r"], saved["use_lora"]
         except (OSError, ValueError, KeyError, TypeError):  # notebook 04 will name what is wrong with it
-            pass
+            rank, lora = None, None
+        if lora is False:
+            return None
+        if lora is True and type(rank) is int and rank > 0:  # a crafted rank (0, -5, "64", true) is not timed
+            return rank
     if not setup.model.use_lora or resolve_dtype(setup.model.dtype, MERGE_DEVICE) == torch.float32:
         return None
     return setup.merge.merge_last * setup.model.lora_r
