@@ -247,7 +247,7 @@ def test_own_data_gives_the_schedule_its_rows():
 
 
 def test_own_data_that_cannot_be_used_fails_with_the_readers_words(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(measure, "run_probes", lambda specs, timeout: [(None, "not measured here") for _ in specs])
+    monkeypatch.setattr(measure, "run_probes", lambda specs, *_: [(None, "not measured here") for _ in specs])
     bad = tmp_path / "pairs.jsonl"
     bad.write_text('{"query": "sort a list", "pos": ["sorted(xs)"]}\nnot json\n')
     args = [str(PARAMS / "own-pairs.yaml"), "--only", "01", "02", "--set", f"data_files=[{bad}]"]
@@ -666,7 +666,7 @@ def test_a_batch_the_schedule_refuses_is_never_measured(sets, only, tmp_path, mo
 
     started = []
 
-    def probes(specs, timeout):  # records what would have been measured; measures nothing
+    def probes(specs, timeout, folder):  # records what would have been measured; measures nothing
         started.extend(spec for spec, _ in specs)
         return [(None, "not measured in this test") for _ in specs]
 
@@ -737,10 +737,11 @@ def test_a_killed_preflight_leaves_no_measuring_process_and_its_scratch_goes_nex
     while probe is None and time.monotonic() < deadline and runner.poll() is None:
         for pid in descendants(runner.pid):
             try:
-                if b"tools.preflight.probe" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    probe = pid
+                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
+            if b"tools.preflight.probe" in args:
+                probe, spec = pid, Path(os.fsdecode(args[args.index(b"tools.preflight.probe") + 1]))
         time.sleep(0.2)
     assert probe is not None, "the preflight started no measuring process"
     runner.kill()
@@ -750,6 +751,7 @@ def test_a_killed_preflight_leaves_no_measuring_process_and_its_scratch_goes_nex
         time.sleep(0.2)
     assert not alive(probe)  # it died with the preflight
     [scratch] = tmp_path.glob(".smoke.preflight-*")  # left by the killed preflight, beside the run directory
+    assert spec.is_file() and scratch in spec.parents  # the probe's files too: nothing left in the system's /tmp
     assert not (tmp_path / "smoke").exists() and not (tmp_path / "smoke.preflight.json").exists()
     code, report, _ = preflight([str(PARAMS / "smoke.yaml"), "--only", "01"], tmp_path, capsys)
     assert code == 0 and not scratch.exists()  # the next preflight of the run removes it

@@ -176,10 +176,13 @@ def failure(proc: subprocess.Popen, log: Path, timeout: float, timed_out: bool) 
     return f"the measuring process exited with status {code}: {tail}"
 
 
-def run_probes(specs: list[tuple[ProbeSpec, int | None]], timeout: float) -> list[tuple[ProbeResult | None, str]]:
-    """Runs one child per (spec, GPU index or None) at once; [(result, '') or (None, why it gave none)]."""
+def run_probes(specs: list[tuple[ProbeSpec, int | None]], timeout: float,
+               folder: Path | None = None) -> list[tuple[ProbeResult | None, str]]:  # fmt: skip
+    """Runs one child per (spec, GPU index or None) at once; [(result, '') or (None, why it gave none)]. The children's
+    specs, results and logs go in a folder inside `folder` (the preflight's scratch beside the run, which the next
+    preflight removes when this one is killed), else in the system's temporary folder."""
     out: list[tuple[ProbeResult | None, str]] = []
-    with tempfile.TemporaryDirectory(prefix="c2llm-preflight-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="c2llm-preflight-", dir=folder) as tmp:
         procs = []
         try:
             for i, (spec, gpu) in enumerate(specs):

@@ -3,8 +3,8 @@ folder writable, the future run directory free to create, room on every filesyst
 round trip (written and read back by the probe, `probe.round_trip`).
 
 Nothing is written inside the run directory. Writes are tried in a hidden folder beside it,
-`<outputs>/.<run>.preflight-<pid>-*`, which the probe also writes its checkpoint into, and which is removed after; one
-left by a killed preflight (its process gone) is removed by the next preflight of the same run.
+`<outputs>/.<run>.preflight-<pid>-*`, which the probes also write their checkpoint, specs and logs into, and which is
+removed after; one left by a killed preflight (its process gone) is removed by the next preflight of the same run.
 
 The sizes are estimates from the recipe (`basis` computed), stated per item: the data mix from its sources' sizes
 (a row holds its query, positive and K negatives: about (2 + K) / 2 times the pairs' text), the checkpoints as

@@ -104,7 +104,7 @@ def device_checks(setup: Setup, limits: Limits, device, nproc: int, found: dict[
     spec = measure.probe_spec(setup, who, nproc, limits, scratch, wanted, device)
     gpus = measure.gpus_for(device, nproc)
     specs = [(dataclasses.replace(spec, search=i == 0), gpu) for i, gpu in enumerate(gpus)]  # one device searches
-    results = measure.run_probes(specs, limits.probe_timeout_s)
+    results = measure.run_probes(specs, limits.probe_timeout_s, scratch)
     checks, per_step = skipped, None
     if measured:
         checks.append(measure.memory_check(setup, spec, results, who))
