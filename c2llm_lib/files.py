@@ -1,6 +1,6 @@
 """Reading run and model files with errors that name the file (weights from safetensors only, finite; a pickle is
 refused unread); the one digest of files; `atomic_directory` and `replace_text`, which write a folder or a file
-whole or not at all.
+whole or not at all; `scratch_folder`, a process's own temporary folder, which a later one removes if it was killed.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import os
 import secrets
 import shutil
 import stat
+import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -177,6 +178,31 @@ def file_digest(path: str | Path) -> str:
     """A digest of every byte: a file's sha256 hex (as `sha256sum`), a folder's independent of where it lies."""
     path = Path(path)
     return fingerprint(path, ".", content_limit=None) if path.is_dir() else _sha256(path)
+
+
+# a process's scratch ----------------------------------------------------------------------------------------------
+OWNER = ".owner-pid"  # inside a scratch folder: the pid of the process that made it
+
+
+def scratch_folder(parent: str | Path, prefix: str) -> Path:
+    """A new folder `<prefix><pid>-*` in `parent` for this process's temporary files, its maker's pid written inside.
+    Its maker removes it; first, the folders of `prefix` whose maker is gone (a killed process removes nothing) are
+    removed, and only those: a link, another user's folder, or one without a positive pid, or whose process lives, is
+    left alone."""
+    for folder in Path(parent).glob(f"{prefix}*"):
+        try:
+            if folder.is_symlink() or folder.stat().st_uid != os.getuid():
+                continue
+            pid = int((folder / OWNER).read_text().strip())
+            if pid > 0:
+                os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (OSError, ValueError, OverflowError):
+            continue  # unreadable, not a pid, or another user's live process
+    folder = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
+    (folder / OWNER).write_text(f"{os.getpid()}\n")
+    return folder
 
 
 # writing a directory all at once --------------------------------------------------------------------------------

@@ -51,9 +51,13 @@ def test_the_cache_is_reused_with_its_report(fixture_root, tmp_path):
 
 def test_a_build_without_a_cache_leaves_nothing_in_the_temporary_directory(fixture_root, tmp_path):
     """The Arrow files of a build without a cache stay (memory-mapped, not read into memory) while the process
-    lives, and their folders go when it exits."""
+    lives, and their folders go when it exits; one left by a killed build goes when the next makes its own."""
     scratch = tmp_path / "tmp"
     scratch.mkdir()
+    killed = subprocess.Popen([sys.executable, "-c", "pass"])  # as if a build had been killed: its folder left
+    killed.wait()
+    (scratch / f"c2llm-data-{killed.pid}-x").mkdir()
+    (scratch / f"c2llm-data-{killed.pid}-x" / ".owner-pid").write_text(f"{killed.pid}\n")
     program = (
         "import json, os, sys; sys.path.insert(0, sys.argv[1])\n"
         "from c2llm_lib.data import add_hard_negatives, prepare_sources\n"

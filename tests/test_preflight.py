@@ -29,7 +29,7 @@ from c2llm_lib.eval.tasks import TaskSets
 from c2llm_lib.pipeline import main
 from tools.preflight import Limits, cli
 from tools.preflight import device as measure
-from tools.preflight.disk import Need, check_disk, remove_stale
+from tools.preflight.disk import Need, check_disk
 from tools.preflight.environment import check_attention, check_versions
 from tools.preflight.inputs import check_local_sets, check_schedule
 from tools.preflight.probe import ProbeSpec
@@ -774,20 +774,6 @@ def test_a_stand_in_is_the_tiny_model_on_a_cpu_and_random_weights_on_a_gpu():
     assert not gpu.stand_in and gpu.arch == QWEN25_CODER_05B and gpu.train.mrl_dims == [512, 256, 128, 64]
     own = measure.subject(setup, torch.device("cpu"), True, QWEN25_CODER_05B)
     assert own.arch is None and own.model == setup.model
-
-
-def test_stale_scratch_folders_of_killed_preflights_are_removed_and_nothing_else(tmp_path):
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    stale = tmp_path / f".smoke.preflight-{dead.pid}-abc"
-    live = tmp_path / f".smoke.preflight-{os.getpid()}-def"
-    mine = tmp_path / ".smoke.preflight-notes"
-    for folder, owner in ((stale, dead.pid), (live, os.getpid()), (mine, None)):
-        folder.mkdir()
-        if owner is not None:
-            (folder / ".preflight-owner").write_text(f"{owner}\n")
-    remove_stale(tmp_path, "smoke")
-    assert not stale.exists() and live.exists() and mine.exists()
 
 
 def test_the_cli_refuses_bad_limits(tmp_path, capsys):

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..files import scratch_folder
 from .decontamination import BEIR_TEXT, HELDOUT_TEXT, NO_SETS, RULES, UNSEEN_TEXT, EvalKeys, SetKeys, clean_rows
 from .negatives import mine_negatives, own_negatives, top_up_negatives
 from .records import RECORD_COLUMNS, DataError, RowChecker, SkipReport
@@ -157,8 +158,9 @@ def _store(prepared: Prepared, cache_dir: Path | None) -> Prepared:
 
 
 def _scratch_folder() -> str:
-    """A fresh temporary folder for Arrow files, removed at exit, so datasets' cache never answers for a generator."""
-    path = tempfile.mkdtemp(prefix="c2llm-data-")
+    """A fresh temporary folder for Arrow files, removed at exit (or, after a killed process, by the next that makes
+    one), so datasets' cache never answers for a generator."""
+    path = str(scratch_folder(tempfile.gettempdir(), "c2llm-data-"))
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
 

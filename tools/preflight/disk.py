@@ -20,13 +20,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from c2llm_lib.files import scratch_folder as owned_folder
+
 from ..scale import Arch, backbone_params, checkpoint_bytes, lora_params, pma_params
 from .report import Check, Limits, gib
 from .setup import Setup
 
 SPARE = 0.8  # a run should need at most this share of a filesystem's free space
 PROBE_BYTES = 1 << 20  # written and read back to prove the outputs folder writable
-OWNER = ".preflight-owner"  # inside a scratch folder: the pid of the preflight that made it
 PAIR_BYTES = 2048  # assumed text of one query-positive pair where no source size is known (stated in the check)
 
 
@@ -38,32 +39,13 @@ def nearest_existing(path: Path) -> Path:
     return path
 
 
-def remove_stale(outputs: Path, run: str) -> None:
-    """Scratch folders of this run's earlier preflights whose process is gone (killed), and only those."""
-    for folder in outputs.glob(f".{run}.preflight-*"):
-        owner = folder / OWNER
-        try:
-            pid = int(owner.read_text().strip())
-        except (OSError, ValueError):
-            continue  # not ours, or not yet written: left alone
-        try:
-            os.kill(pid, 0)
-            continue  # still running
-        except ProcessLookupError:
-            shutil.rmtree(folder, ignore_errors=True)
-        except PermissionError:
-            continue  # another user's process
-
-
 def scratch_folder(setup: Setup) -> tuple[Path | None, Check]:
     """A hidden folder beside the run directory in which writes are tried (None when the outputs folder is not
     writable), and the check: the outputs folder created if needed, a file written, synced, read back and removed."""
     outputs = setup.outputs
     try:
         outputs.mkdir(parents=True, exist_ok=True)
-        remove_stale(outputs, setup.name)
-        folder = Path(tempfile.mkdtemp(prefix=f".{setup.name}.preflight-{os.getpid()}-", dir=outputs))
-        (folder / OWNER).write_text(f"{os.getpid()}\n")
+        folder = owned_folder(outputs, f".{setup.name}.preflight-")  # and those of killed preflights removed
         data = os.urandom(PROBE_BYTES)
         with open(folder / "probe.bin", "wb") as handle:
             handle.write(data)
