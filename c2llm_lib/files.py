@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import secrets
 import shutil
 import stat
@@ -181,27 +182,57 @@ def file_digest(path: str | Path) -> str:
 
 
 # a process's scratch ----------------------------------------------------------------------------------------------
-OWNER = ".owner-pid"  # inside a scratch folder: the pid of the process that made it
+OWNER = ".owner.json"  # inside a scratch folder: who made it (pid, host, pid namespace)
+_SWEPT: set[tuple[str, str]] = set()  # (parent, prefix) this process has swept already
+
+
+def _maker() -> dict[str, Any]:
+    """This process as a scratch folder records it: a pid means something only on its host and in its namespace."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = None
+    return {"pid": os.getpid(), "host": platform.node(), "pid_namespace": namespace}
+
+
+def _orphaned(folder: os.DirEntry, prefix: str, here: dict[str, Any]) -> bool:
+    """Whether `folder` is a scratch folder of `prefix` made on this host, in this pid namespace, by this user, by a
+    process that is gone; anything unreadable or made elsewhere is not (a pid elsewhere cannot be asked after)."""
+    try:
+        if not folder.is_dir(follow_symlinks=False) or folder.stat(follow_symlinks=False).st_uid != os.getuid():
+            return False
+        maker = json.loads((Path(folder.path) / OWNER).read_text())
+        pid = maker["pid"]
+        if here["pid_namespace"] is None or any(maker[key] != here[key] for key in ("host", "pid_namespace")):
+            return False
+        if type(pid) is not int or pid <= 0 or not folder.name.startswith(f"{prefix}{pid}-"):
+            return False  # a bool, a float, or a record that does not name the folder's maker
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, ValueError, TypeError, KeyError, OverflowError):
+        pass  # unreadable, not a record of ours, or another user's live process
+    return False
 
 
 def scratch_folder(parent: str | Path, prefix: str) -> Path:
-    """A new folder `<prefix><pid>-*` in `parent` for this process's temporary files, its maker's pid written inside.
-    Its maker removes it; first, the folders of `prefix` whose maker is gone (a killed process removes nothing) are
-    removed, and only those: a link, another user's folder, or one without a positive pid, or whose process lives, is
-    left alone."""
-    for folder in Path(parent).glob(f"{prefix}*"):
-        try:
-            if folder.is_symlink() or folder.stat().st_uid != os.getuid():
-                continue
-            pid = int((folder / OWNER).read_text().strip())
-            if pid > 0:
-                os.kill(pid, 0)
-        except ProcessLookupError:
-            shutil.rmtree(folder, ignore_errors=True)
-        except (OSError, ValueError, OverflowError):
-            continue  # unreadable, not a pid, or another user's live process
+    """A new folder `<prefix><pid>-*` in `parent` for this process's temporary files, its maker recorded inside. Its
+    maker removes it; a killed process removes nothing, so the first call of a process for `parent` and `prefix`
+    removes the folders of `prefix` whose maker is gone, and only those (`_orphaned`): a folder made on another host
+    sharing the filesystem, in another pid namespace, by another user, or without a readable record is left alone."""
+    here = _maker()
+    if (str(parent), prefix) not in _SWEPT:
+        _SWEPT.add((str(parent), prefix))
+        with os.scandir(parent) as entries:
+            orphans = [Path(e.path) for e in entries if e.name.startswith(prefix) and _orphaned(e, prefix, here)]
+        for orphan in orphans:
+            shutil.rmtree(orphan, ignore_errors=True)
     folder = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
-    (folder / OWNER).write_text(f"{os.getpid()}\n")
+    try:
+        (folder / OWNER).write_text(json.dumps(here) + "\n")
+    except OSError:
+        shutil.rmtree(folder, ignore_errors=True)  # a folder without its record could never be swept
+        raise
     return folder
 
 

@@ -49,10 +49,12 @@ def pytest_xdist_make_scheduler(config, log):
     return ByFile(config, log)
 
 
-# The whole suite's peak on disk under pytest's temporary folder (trainings, checkpoints, mirrors, exports), measured
-# in a fresh clone on 2 workers (docs/tests.md), with room to spare. Below it the suite would fail in scattered setups
-# with "No space left on device"; it stops before the first test instead, saying so.
-SUITE_DISK_GIB = 3.0  # measured: 1.2 GiB at the peak
+# The free space the whole suite asks of its temporary folder's filesystem: its temporary files (trainings,
+# checkpoints, mirrors, exports) peaked at 1.2 GiB in a fresh clone on 2 workers (docs/tests.md). Below it the suite
+# would fail in scattered setups with "No space left on device"; it stops before the first test instead, saying so.
+SUITE_DISK_GIB = 3.0
+# options that narrow a run or run no test: such a run is not checked
+NARROWING = ("keyword", "markexpr", "deselect", "lf", "collectonly", "showfixtures", "show_fixtures_per_test")
 
 
 def disk_shortfall(folder: Path, need_bytes: int) -> str:
@@ -63,16 +65,18 @@ def disk_shortfall(folder: Path, need_bytes: int) -> str:
     free = shutil.disk_usage(existing).free
     if free >= need_bytes:
         return ""
-    return (f"the test suite writes up to {need_bytes / 2**30:.1f} GiB under {folder} and its filesystem has "
-            f"{free / 2**30:.1f} GiB free: free space there, or point TMPDIR (or --basetemp) at a filesystem with "
-            "room")  # fmt: skip
+    return (f"the test suite needs {need_bytes / 2**30:.1f} GiB free for its temporary files under {folder}, and its "
+            f"filesystem has {free / 2**30:.1f} GiB: free space there, point TMPDIR at a filesystem with room, or name "
+            "the tests to run a part of the suite")  # fmt: skip
 
 
 def pytest_sessionstart(session):
-    """The whole suite (run without paths, as `make test` and CI run it) first checks its room on disk; an xdist
-    worker leaves that to the process that started it."""
+    """The whole suite (run without paths or options that narrow it, as `make test` and CI run it) first checks its
+    room on disk; an xdist worker leaves that to the process that started it."""
     config = session.config
     if hasattr(config, "workerinput") or config.args_source != pytest.Config.ArgsSource.TESTPATHS:
+        return
+    if any(getattr(config.option, name, None) for name in NARROWING):
         return
     folder = Path(config.option.basetemp or tempfile.gettempdir())
     why = disk_shortfall(folder, int(SUITE_DISK_GIB * 2**30))

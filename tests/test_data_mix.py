@@ -10,6 +10,7 @@ import pytest
 
 from c2llm_lib.data import DataError, add_hard_negatives, prepare_rows, prepare_sources
 from c2llm_lib.data.decontamination import OFFLINE_EVAL_TEXT
+from c2llm_lib.files import OWNER, _maker
 
 from source_fixtures import write_fixtures
 
@@ -57,7 +58,7 @@ def test_a_build_without_a_cache_leaves_nothing_in_the_temporary_directory(fixtu
     killed = subprocess.Popen([sys.executable, "-c", "pass"])  # as if a build had been killed: its folder left
     killed.wait()
     (scratch / f"c2llm-data-{killed.pid}-x").mkdir()
-    (scratch / f"c2llm-data-{killed.pid}-x" / ".owner-pid").write_text(f"{killed.pid}\n")
+    (scratch / f"c2llm-data-{killed.pid}-x" / OWNER).write_text(json.dumps({**_maker(), "pid": killed.pid}))
     program = (
         "import json, os, sys; sys.path.insert(0, sys.argv[1])\n"
         "from c2llm_lib.data import add_hard_negatives, prepare_sources\n"

@@ -43,8 +43,8 @@ def test_a_filesystem_without_room_for_the_suite_is_named_with_both_figures(tmp_
     assert not folder.exists()
 
 
-def session(source, basetemp, worker=False):
-    config = SimpleNamespace(args_source=source, option=SimpleNamespace(basetemp=str(basetemp)))
+def session(source, basetemp, worker=False, **options):
+    config = SimpleNamespace(args_source=source, option=SimpleNamespace(basetemp=str(basetemp), **options))
     if worker:
         config.workerinput = {}
     return SimpleNamespace(config=config)
@@ -54,13 +54,11 @@ def test_the_whole_suite_stops_before_its_first_test_when_the_disk_is_short(tmp_
     monkeypatch.setattr(conftest, "SUITE_DISK_GIB", shutil.disk_usage(tmp_path).free / 2**30 + 8)
     whole = pytest.Config.ArgsSource.TESTPATHS
     with pytest.raises(pytest.exit.Exception, match="free space there") as stopped:
-        conftest.pytest_sessionstart(session(whole, tmp_path))
+        conftest.pytest_sessionstart(session(whole, tmp_path, keyword="", collectonly=False))
     assert stopped.value.returncode == pytest.ExitCode.USAGE_ERROR
     assert conftest.pytest_sessionstart(session(whole, tmp_path, worker=True)) is None  # its controller checked
     assert conftest.pytest_sessionstart(session(pytest.Config.ArgsSource.ARGS, tmp_path)) is None  # a part of it
+    assert conftest.pytest_sessionstart(session(whole, tmp_path, keyword="merge")) is None  # -k: a part of it
+    assert conftest.pytest_sessionstart(session(whole, tmp_path, collectonly=True)) is None  # runs no test
     monkeypatch.setattr(conftest, "SUITE_DISK_GIB", 0.0)
     assert conftest.pytest_sessionstart(session(whole, tmp_path)) is None
-
-
-def test_the_suites_disk_need_is_set():
-    assert 1 <= conftest.SUITE_DISK_GIB <= 64  # measured in docs/tests.md; 0 would check nothing

@@ -186,11 +186,11 @@ def run_probes(specs: list[tuple[ProbeSpec, int | None]], timeout: float,
         procs = []
         try:
             for i, (spec, gpu) in enumerate(specs):
-                folder = Path(tmp)
-                (folder / f"spec-{i}.json").write_text(json.dumps(dataclasses.asdict(spec)))
-                log = (folder / f"log-{i}.txt").open("w")
-                cmd = [sys.executable, "-m", "tools.preflight.probe", str(folder / f"spec-{i}.json"),
-                       str(folder / f"out-{i}.json")]  # fmt: skip
+                work = Path(tmp)
+                (work / f"spec-{i}.json").write_text(json.dumps(dataclasses.asdict(spec)))
+                log = (work / f"log-{i}.txt").open("w")
+                cmd = [sys.executable, "-m", "tools.preflight.probe", str(work / f"spec-{i}.json"),
+                       str(work / f"out-{i}.json")]  # fmt: skip
                 # the kernel kills a probe when the preflight dies: no measuring process is left holding a GPU
                 dies = functools.partial(die_with_parent, os.getpid(), signal.SIGKILL)
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(gpu),

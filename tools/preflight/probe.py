@@ -92,7 +92,7 @@ class ProbeSpec:
     eval_adapter_rank: int | None = None  # the LoRA rank notebook 04's merged model has after 16-bit training
     # (merge_last x lora_r: `merge.merge_as_adapter`); None: no adapter (a release, no LoRA, a dense merge)
     eval_untrained: bool = False  # also time the untrained baselines' pass (the backbone without any adapter)
-    checkpoint_dir: str | None = None  # an empty folder for the round trip (beside the run directory)
+    checkpoint_dir: str | None = None  # a folder for the round trip (the preflight's scratch beside the run directory)
     search: bool = True  # when the largest batch does not fit, measure the settings that lower its memory
     seed: int = 0
 

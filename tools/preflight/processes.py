@@ -75,8 +75,11 @@ def rank_main(rank: int, world: int, port: int, params: str, folder: str, sizes:
         dist.destroy_process_group()
 
 
-def check_processes(setup: Setup, nproc: int, texts: int, width: int, trainable: int) -> Check:
-    """The ranks of this machine start, agree on the recipe and dtype, and gather; several machines: the endpoint."""
+def check_processes(setup: Setup, nproc: int, texts: int, width: int, trainable: int,
+                    folder: Path | None = None) -> Check:  # fmt: skip
+    """The ranks of this machine start, agree on the recipe and dtype, and gather; several machines: the endpoint.
+    Their params and result go in a folder inside `folder` (the preflight's scratch), else the system's temporary
+    folder."""
     world = nproc * setup.launch.nnodes
     if world == 1:
         return Check("processes", "ranks", "pass", "1 process: nothing to gather", basis="given")
@@ -95,7 +98,7 @@ def check_processes(setup: Setup, nproc: int, texts: int, width: int, trainable:
     from c2llm_lib.train.launch import trainer_params
 
     cuda = torch.cuda.is_available() and setup.model.device in ("auto", "cuda")
-    with tempfile.TemporaryDirectory(prefix="c2llm-preflight-ranks-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="c2llm-preflight-ranks-", dir=folder) as tmp:
         params = Path(tmp) / "params.yaml"
         params.write_text(trainer_params(setup.model, setup.train))
         error = spawn(nproc, (free_port(), str(params), tmp, (texts, width, trainable, cuda)))

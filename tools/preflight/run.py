@@ -178,7 +178,7 @@ def run_preflight(params_file: str | Path, sets: dict[str, Any] | None = None, o
         elif setup.trains:
             width = figures.get("width") or (run_arch.hidden if run_arch else 0)
             report.checks.append(check_processes(setup, nproc, figures.get("texts", 0), width,
-                                                 figures.get("trainable", 0)))  # fmt: skip
+                                                 figures.get("trainable", 0), scratch))  # fmt: skip
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
