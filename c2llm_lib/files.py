@@ -201,7 +201,11 @@ def _orphaned(folder: os.DirEntry, prefix: str, here: dict[str, Any]) -> bool:
     try:
         if not folder.is_dir(follow_symlinks=False) or folder.stat(follow_symlinks=False).st_uid != os.getuid():
             return False
-        maker = json.loads((Path(folder.path) / OWNER).read_text())
+        record = Path(folder.path) / OWNER
+        found = os.lstat(record)
+        if not stat.S_ISREG(found.st_mode) or found.st_size > 4096:
+            return False  # a link, a pipe (read would block) or a file too large to be a record
+        maker = json.loads(record.read_text())
         pid = maker["pid"]
         if here["pid_namespace"] is None or any(maker[key] != here[key] for key in ("host", "pid_namespace")):
             return False

@@ -58,6 +58,10 @@ def test_only_the_folders_of_makers_gone_from_this_host_and_namespace_are_remove
         "another prefix": plant(tmp_path / f".run.preflight-{gone}-j", dead),
         "a longer prefix": plant(tmp_path / f"c2llm-data-x.{gone}-k", dead),
     }
+    pipe = plant(tmp_path / f"c2llm-data-{gone}-pipe", None)
+    os.mkfifo(pipe / OWNER)  # reading it would wait for a writer for ever
+    large = plant(tmp_path / f"c2llm-data-{gone}-large", json.dumps(dead) + " " * 8192)
+    folders.update({"a pipe for a record": pipe, "a record too large": large})
     link = tmp_path / f"c2llm-data-{gone}-link"
     link.symlink_to(plant(tmp_path / "elsewhere", dead))  # not followed (rmtree refuses a link too)
     made = scratch_folder(tmp_path, "c2llm-data-")
